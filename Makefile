@@ -1,0 +1,51 @@
+# The two commands of the README. Both work on a fresh machine with only Python >= 3.10.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.minidist-installed
+
+.PHONY: tour test test-unit test-notebooks lint format exercises bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch first: with no torch present, pin the CPU-friendly 2.13.0 so that an unpinned
+# install does not pull a multi-GB CUDA build. On a CPU torch use triton 3.8.0 (3.9.0's
+# interpreter rejects masks that mix vector and scalar conditions); a CUDA torch keeps
+# the triton it pins.
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null \
+	  || [ "$$(uname -s)" != "Linux" ] || $(PY) -m pip install --quiet "triton==3.8.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+tour: $(STAMP)
+	$(PY) -m minidist tour
+
+test: $(STAMP) lint test-unit test-notebooks
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test-unit: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests
+
+test-notebooks: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks solutions
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+exercises: $(STAMP)
+	$(PY) -m minidist exercises
+
+bench: $(STAMP)
+	$(PY) -m minidist bench ddp
+
+clean:
+	rm -rf $(VENV) minidist_tour .pytest_cache

@@ -1,0 +1,247 @@
+"""The one door to torch.distributed: every collective and p2p call minidist makes.
+
+Each function here calls the `torch.distributed` op of the same name and, while a
+`record()` context is open on this rank, appends a `CommRecord` to its `Ledger`: the op,
+the group's size and ranks, the payload in bytes, and the bytes this rank sends on a ring
+(the NCCL-tests "bus bandwidth" factors, SYLLABUS section 0):
+
+    all-reduce 2(N-1)/N·S      reduce-scatter, all-gather, all-to-all (N-1)/N·S
+    broadcast, reduce S        send S (the receiver records S received, 0 sent)
+
+where S is the size of the full tensor (the all-gather output, the reduce-scatter input).
+Records also carry start and end times (an async op ends when its future completes), which
+is what the data-parallel timeline draws.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+ReduceOp = dist.ReduceOp
+
+_active_ledgers: list[Ledger] = []
+
+RING_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 0.0,
+}
+
+
+def ring_bytes(op: str, payload_bytes: int, group_size: int) -> float:
+    """Bytes one rank sends for `op` on a ring of `group_size` ranks (0 for a group of 1)."""
+    if group_size == 1 and op not in ("send", "recv"):
+        return 0.0
+    return RING_FACTORS[op](group_size) * payload_bytes
+
+
+@dataclass
+class CommRecord:
+    op: str
+    group_size: int
+    group_ranks: tuple[int, ...]
+    payload_bytes: int
+    ring_bytes: float
+    dtype: torch.dtype
+    start: float
+    end: float | None = None
+    tag: str = ""
+
+
+@dataclass
+class Ledger:
+    """What one rank communicated inside a `record()` block."""
+
+    records: list[CommRecord] = field(default_factory=list)
+
+    def ops(self) -> list[str]:
+        return [r.op for r in self.records]
+
+    def total_ring_bytes(self, op: str | None = None) -> float:
+        return sum(r.ring_bytes for r in self.records if op is None or r.op == op)
+
+    def total_payload_bytes(self, op: str | None = None) -> int:
+        return sum(r.payload_bytes for r in self.records if op is None or r.op == op)
+
+    def summary(self) -> dict[tuple[str, int], dict[str, float]]:
+        """{(op, group_size): {calls, payload_bytes, ring_bytes}} in first-seen order."""
+        out: dict[tuple[str, int], dict[str, float]] = {}
+        for r in self.records:
+            row = out.setdefault((r.op, r.group_size), dict(calls=0, payload_bytes=0, ring_bytes=0))
+            row["calls"] += 1
+            row["payload_bytes"] += r.payload_bytes
+            row["ring_bytes"] += r.ring_bytes
+        return out
+
+    def table(self) -> str:
+        lines = [f"{'op':<15}{'group':>6}{'calls':>7}{'payload':>14}{'sent/rank (ring)':>18}"]
+        for (op, n), row in self.summary().items():
+            lines.append(
+                f"{op:<15}{n:>6}{row['calls']:>7}{_fmt_bytes(row['payload_bytes']):>14}"
+                f"{_fmt_bytes(row['ring_bytes']):>18}"
+            )
+        lines.append(f"{'total':<28}{'':>14}{_fmt_bytes(self.total_ring_bytes()):>18}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@contextlib.contextmanager
+def record() -> Iterator[Ledger]:
+    """Record every minidist collective this rank makes inside the block."""
+    ledger = Ledger()
+    _active_ledgers.append(ledger)
+    try:
+        yield ledger
+    finally:
+        _active_ledgers.remove(ledger)
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    if group is None or group is dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | None:
+    """Append a record to the open ledgers (the caller stamps its end time)."""
+    if not _active_ledgers:
+        return None
+    ranks = _group_ranks(group)
+    payload = tensor.numel() * tensor.element_size()
+    rec = CommRecord(
+        op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
+        start=time.perf_counter(), tag=tag,
+    )  # fmt: skip
+    for ledger in _active_ledgers:
+        ledger.records.append(rec)
+    return rec
+
+
+def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag=""):
+    rec = _log(op, tensor, group, tag=tag)
+    work = call()
+    _stamp_end(rec, work if async_op else None)
+    return work
+
+
+def _stamp_end(rec: CommRecord | None, work) -> None:
+    if rec is None:
+        return
+    if work is None:
+        rec.end = time.perf_counter()
+    else:
+        work.get_future().then(lambda fut: setattr(rec, "end", time.perf_counter()))
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
+    return _run(
+        "all_reduce", tensor, group, async_op,
+        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op), tag,
+    )  # fmt: skip
+
+
+def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
+    """`output` (1/N of `input`) receives this rank's reduced chunk of `input`."""
+    return _run(
+        "reduce_scatter", input, group, async_op,
+        lambda: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op),
+        tag,
+    )  # fmt: skip
+
+
+def all_gather(output, input, group=None, async_op=False, tag=""):
+    """`output` (N times `input`) receives every rank's `input`, in rank order."""
+    return _run(
+        "all_gather", output, group, async_op,
+        lambda: dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), tag,
+    )  # fmt: skip
+
+
+def broadcast(tensor, src, group=None, async_op=False, tag=""):
+    return _run(
+        "broadcast", tensor, group, async_op,
+        lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), tag,
+    )  # fmt: skip
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
+    return _run(
+        "reduce", tensor, group, async_op,
+        lambda: dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op), tag,
+    )  # fmt: skip
+
+
+def all_to_all(
+    output,
+    input,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group=None,
+    async_op=False,
+    tag="",
+):
+    """Rank i's j-th input chunk lands as rank j's i-th output chunk."""
+    if input_split_sizes is None:
+        own = input.numel() // dist.get_world_size(group)
+    else:
+        own = input_split_sizes[dist.get_rank(group)] * (input[0].numel() if input.dim() else 1)
+    elem = input.element_size()
+    n = len(_group_ranks(group))
+    # Ring factor (N-1)/N assumes even chunks; record what this rank really sends instead.
+    rec = _log("all_to_all", input, group, tag=tag)
+    if rec is not None:
+        rec.ring_bytes = float((input.numel() - own) * elem) if n > 1 else 0.0
+    work = dist.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
+    _stamp_end(rec, work if async_op else None)
+    return work
+
+
+def send(tensor, dst, group=None, tag=""):
+    return _run("send", tensor, group, False, lambda: dist.send(tensor, dst, group=group), tag)
+
+
+def recv(tensor, src, group=None, tag=""):
+    return _run("recv", tensor, group, False, lambda: dist.recv(tensor, src, group=group), tag)
+
+
+def batch_isend_irecv(ops: list[tuple[str, torch.Tensor, int]], group=None, tag="") -> list:
+    """Post several sends/receives at once: `ops` is [("send"|"recv", tensor, peer), ...].
+
+    Returns the works to wait on. Posting both directions together is what keeps a ring or a
+    pipeline from deadlocking when every rank sends before it receives.
+    """
+    p2p = []
+    for kind, tensor, peer in ops:
+        if kind not in ("send", "recv"):
+            raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
+        fn = dist.isend if kind == "send" else dist.irecv
+        p2p.append(dist.P2POp(fn, tensor, peer, group=group))
+        _stamp_end(_log(kind, tensor, group, tag=tag), None)
+    return dist.batch_isend_irecv(p2p)
+
+
+def barrier(group=None) -> None:
+    dist.barrier(group=group)

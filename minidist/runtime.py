@@ -1,0 +1,297 @@
+"""A world of real processes: start N ranks, run a function on each, collect the results.
+
+`launch(fn, world_size, *args)` starts `world_size` processes on this machine, initialises
+the default `torch.distributed` process group in each (gloo on CPU, NCCL when every rank can
+own a GPU), runs `fn(*args)` on every rank and returns the per-rank return values in rank
+order. Under `torchrun` the same call joins the world torchrun started instead.
+
+How the pieces fit:
+- Rendezvous: each world meets in a `FileStore` in a fresh temporary folder, so worlds never
+  race for a port. (A `TCPStore` served from a thread of the parent is not safe here: a
+  rank forked while that thread holds a lock can deadlock in rendezvous.)
+- Start method: fork where it is safe (Linux, CUDA not initialised in the parent), else
+  spawn. Under spawn the function travels by value with cloudpickle, which is what lets a
+  function defined in a notebook cell run in a fresh interpreter.
+- Failure: the parent waits on every rank's result pipe and process sentinel at once. The
+  first rank that raises (or dies) stops the world: the caller gets that rank's traceback,
+  every other rank is terminated. A world that outlives `timeout_s` is stopped with an error
+  naming the ranks still running. No child outlives the call, Ctrl-C included.
+
+The native equivalent is `torch.multiprocessing.spawn` / `torchrun`; minidist adds result
+collection, by-value shipping of notebook functions and the fast-fail guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+__all__ = ["launch", "RankFailedError", "WorldTimeoutError", "under_torchrun", "default_backend"]
+
+_GRACE_S = 1.0
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised or died; carries the rank number and that rank's traceback."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed:\n{message}")
+        self.rank = rank
+
+
+class WorldTimeoutError(TimeoutError):
+    """The world ran past its timeout; names the ranks that had not finished."""
+
+    def __init__(self, ranks: list[int], timeout_s: float):
+        super().__init__(
+            f"ranks {ranks} still running after timeout_s={timeout_s:g}s; they were stopped. "
+            "A rank usually hangs in a collective that the other ranks never join "
+            "(different op order or tensor sizes on different ranks)."
+        )
+        self.ranks = ranks
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (or any launcher setting its env)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def default_backend(world_size: int) -> str:
+    """NCCL when every rank can own a GPU, gloo otherwise."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def _pick_start_method(start_method: str | None, backend: str) -> str:
+    if start_method is not None:
+        return start_method
+    if sys.platform == "linux" and backend == "gloo" and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def _ship(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"launch: fn={name} (or its args) cannot be pickled to send to spawned ranks: "
+            f"{type(exc).__name__}: {exc}. Under start_method='spawn' each rank is a fresh "
+            "interpreter, so fn and everything it captures must be picklable. Move "
+            "unpicklable objects (open files, locks, CUDA tensors, process groups) inside fn "
+            "and create them on each rank, or define fn in an importable module."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _main_module_hidden(hide: bool):
+    """Stop spawned ranks from re-running the caller's `__main__`.
+
+    multiprocessing's spawn re-imports the main script in every child so that functions
+    defined there can be found by name. minidist ships `fn` by value instead, so the
+    re-import is unneeded, and in a script without an `if __name__ == "__main__"` guard it
+    would start the whole world again inside each rank.
+    """
+    main = sys.modules.get("__main__")
+    if not hide or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn) -> None:
+    """Body of one rank: join the world, run the function, send back (status, value, time)."""
+    joined = False
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
+        torch.set_num_threads(cfg["threads"])
+        timeout = timedelta(seconds=cfg["timeout_s"])
+        if cfg["backend"] == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            cfg["backend"],
+            store=dist.FileStore(cfg["store_path"], world_size),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        joined = True
+        message = ("ok", fn(*args, **kwargs), time.time())
+    except BaseException:
+        # Stamped before this rank leaves the group: the others fail only after that.
+        message = ("error", traceback.format_exc(), time.time())
+    try:
+        data = cloudpickle.dumps(message)
+    except Exception:
+        why = "the result could not be pickled:\n" + traceback.format_exc()
+        data = cloudpickle.dumps(("error", why, time.time()))
+    conn.send_bytes(data)
+    conn.close()
+    if joined and message[0] == "ok":
+        dist.destroy_process_group()
+
+
+def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s) -> list:
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size is not None and world_size != env_world:
+        raise ValueError(
+            f"launch: world_size={world_size} but torchrun started WORLD_SIZE={env_world}; "
+            "pass world_size=None (or the same number) under torchrun"
+        )
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    result = fn(*args, **kwargs)
+    results = [None] * env_world
+    dist.all_gather_object(results, result)
+    return results
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int | None,
+    *args: Any,
+    backend: str | None = None,
+    timeout_s: float = 120.0,
+    start_method: str | None = None,
+    threads_per_rank: int | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on every rank of a new world; return results in rank order.
+
+    Args:
+        fn: the function each rank runs; it sees an initialised default process group
+            (`dist.get_rank()`, `dist.get_world_size()`).
+        world_size: number of processes (ranks) to start.
+        backend: "gloo" or "nccl"; default NCCL when every rank can own a GPU, else gloo.
+        timeout_s: the whole world is stopped after this many seconds; it is also the
+            timeout of every collective.
+        start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
+        threads_per_rank: torch intra-op threads per rank (default: cores / world_size).
+    """
+    if under_torchrun():
+        return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s)
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
+    backend = backend or default_backend(world_size)
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"launch: backend='nccl' needs one GPU per rank: world_size={world_size}, "
+            f"GPUs={torch.cuda.device_count()}"
+        )
+    method = _pick_start_method(start_method, backend)
+    payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
+    cfg = {
+        "store_path": os.path.join(tempfile.mkdtemp(prefix="minidist-"), "store"),
+        "backend": backend,
+        "timeout_s": timeout_s,
+        "threads": threads_per_rank or max(1, (os.cpu_count() or 1) // world_size),
+    }
+    ctx = mp.get_context(method)
+    procs, conns = [], []
+    try:
+        with _main_module_hidden(method == "spawn"):
+            for rank in range(world_size):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_rank_main,
+                    args=(payload, rank, world_size, cfg, send_end),
+                    name=f"minidist-rank{rank}",
+                    daemon=True,
+                )
+                p.start()
+                send_end.close()
+                procs.append(p)
+                conns.append(recv_end)
+        return _collect(procs, conns, timeout_s)
+    finally:
+        _reap(procs)
+        for c in conns:
+            c.close()
+        shutil.rmtree(os.path.dirname(cfg["store_path"]), ignore_errors=True)
+
+
+def _collect(procs, conns, timeout_s) -> list:
+    """Wait for every rank; on the first failure, stop the world and report its root cause."""
+    results: dict[int, Any] = {}
+    failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
+    deadline = time.monotonic() + timeout_s
+    by_conn = {c: r for r, c in enumerate(conns)}
+    by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+    while len(results) + len(failures) < len(procs):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if failures:
+                break
+            raise WorldTimeoutError(sorted(set(range(len(procs))) - set(results)), timeout_s)
+        waiting = [c for c, r in by_conn.items() if r not in results and r not in failures]
+        waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
+        for ready in wait(waiting, timeout=remaining):
+            rank = by_conn.get(ready, by_sentinel.get(ready))
+            if rank in results or rank in failures:
+                continue
+            if ready in by_conn:
+                try:
+                    status, value, stamp = cloudpickle.loads(ready.recv_bytes())
+                except EOFError:
+                    failures[rank] = (time.time(), _exit_message(procs[rank]))
+                    continue
+                if status == "ok":
+                    results[rank] = value
+                else:
+                    failures[rank] = (stamp, value)
+            elif not conns[rank].poll():
+                failures[rank] = (time.time(), _exit_message(procs[rank]))
+        if failures:
+            # The others usually fail a moment later in a collective with the failed rank;
+            # wait briefly so the root cause (the earliest failure) is the one reported.
+            deadline = min(deadline, time.monotonic() + _GRACE_S)
+    if failures:
+        rank = min(failures, key=lambda r: failures[r][0])
+        others = sorted(set(failures) - {rank})
+        also = f"\n(ranks {others} failed after it)" if others else ""
+        raise RankFailedError(rank, failures[rank][1] + also)
+    return [results[r] for r in range(len(procs))]
+
+
+def _exit_message(proc) -> str:
+    proc.join(1.0)
+    return f"the process exited with code {proc.exitcode} before returning a result"
+
+
+def _reap(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
