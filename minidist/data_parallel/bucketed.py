@@ -219,7 +219,7 @@ class BucketedDataParallel(nn.Module):
             )
         for bucket in self.buckets:
             bucket.work.wait()
-        if self.unused:
+        if self.find_unused_parameters:
             self._resolve_unused()
 
     def _got_no_grad(self, name: str) -> bool:
@@ -228,11 +228,14 @@ class BucketedDataParallel(nn.Module):
         return i not in self.buckets[b].ready_order
 
     def _resolve_unused(self) -> None:
+        """Which ranks had a gradient for each parameter: one flag per parameter, summed.
+
+        Over *all* parameters, so that every rank makes this call whatever it left unused.
+        """
         has_grad = torch.tensor(
-            [float(self.params[i].grad is not None) for i in self.unused],
-            device=self.buckets[0].buffer.device,
+            [float(p.grad is not None) for p in self.params], device=self.buckets[0].buffer.device
         )
         comm.all_reduce(has_grad, group=self.group, tag="unused-flags")
-        for i, count in zip(self.unused, has_grad.tolist()):
+        for i in self.unused:
             b, pos = self.slot[i]
-            self.params[i].grad = self.buckets[b].views[pos] if count > 0 else None
+            self.params[i].grad = self.buckets[b].views[pos] if has_grad[i] > 0 else None

@@ -20,7 +20,7 @@ import torch.nn as nn
 from .. import comm
 
 
-def _first_rank(group) -> int:
+def first_rank(group) -> int:
     """Global rank of the group's rank 0, the source of the initial broadcast."""
     return dist.get_global_rank(group, 0) if group is not None else 0
 
