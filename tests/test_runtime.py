@@ -1,0 +1,180 @@
+"""launch: results in rank order, fast failure with the rank's traceback, timeouts, no orphans."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+import minidist
+
+
+def live_children() -> list[int]:
+    """PIDs of this process's running children (zombies and multiprocessing's long-lived
+    resource tracker, which spawn starts once per parent, excluded)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"resource_tracker" not in f.read():
+                    pids.append(int(entry))
+    return pids
+
+
+def rank_and_size():
+    return dist.get_rank(), dist.get_world_size(), os.getpid()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_results_in_rank_order(world):
+    results = minidist.launch(rank_and_size, world)
+    assert [r[:2] for r in results] == [(r, world) for r in range(world)]
+    assert len({r[2] for r in results}) == world  # real, distinct processes
+    assert live_children() == []
+
+
+def fail_on_rank(bad_rank):
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"deliberate failure on rank {bad_rank}")
+    dist.barrier()  # the others wait for the failed rank in a collective
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_failing_rank_fails_fast_with_its_traceback(start_method):
+    t0 = time.monotonic()
+    with pytest.raises(minidist.RankFailedError) as info:
+        minidist.launch(fail_on_rank, 4, 2, start_method=start_method, timeout_s=60)
+    assert time.monotonic() - t0 < 20  # not the 60 s timeout
+    assert info.value.rank == 2
+    assert "deliberate failure on rank 2" in str(info.value)
+    assert "fail_on_rank" in str(info.value)  # the traceback names the function
+    assert live_children() == []
+
+
+def hang_on_rank_one():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    dist.barrier()
+
+
+def test_hanging_rank_is_stopped_at_timeout_and_named():
+    t0 = time.monotonic()
+    with pytest.raises((minidist.WorldTimeoutError, minidist.RankFailedError)) as info:
+        minidist.launch(hang_on_rank_one, 2, timeout_s=3)
+    assert time.monotonic() - t0 < 15
+    if isinstance(info.value, minidist.WorldTimeoutError):
+        assert 1 in info.value.ranks
+    else:  # rank 0's barrier timed out first: its error says so
+        assert info.value.rank == 0
+    assert live_children() == []
+
+
+def exit_without_result():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def test_rank_that_dies_is_reported():
+    with pytest.raises(minidist.RankFailedError, match="exited with code 3"):
+        minidist.launch(exit_without_result, 2, timeout_s=30)
+    assert live_children() == []
+
+
+def test_notebook_style_function_runs_under_spawn():
+    # A function whose module cannot be imported by the child, as in a notebook cell.
+    namespace = {"__name__": "__main__"}
+    exec(
+        textwrap.dedent(
+            """
+            import torch, torch.distributed as dist
+            SCALE = 3
+            def cell_fn(x):
+                t = torch.tensor([float(dist.get_rank())])
+                dist.all_reduce(t)
+                return x * SCALE + t.item()
+            """
+        ),
+        namespace,
+    )
+    assert minidist.launch(namespace["cell_fn"], 2, 1, start_method="spawn") == [4.0, 4.0]
+
+
+def test_unpicklable_function_gets_a_clear_error():
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            return 1
+
+    with pytest.raises(TypeError, match="cannot be pickled.*spawn"):
+        minidist.launch(uses_lock, 2, start_method="spawn")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5])
+def test_bad_world_size_is_named(bad):
+    with pytest.raises(ValueError, match="world_size"):
+        minidist.launch(rank_and_size, bad)
+
+
+def test_interrupt_reaps_children(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, time, minidist
+            def sleeper():
+                open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
+                time.sleep(600)
+            minidist.launch(sleeper, 2, timeout_s=600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_joins_a_torchrun_world(tmp_path):
+    script = tmp_path / "under_torchrun.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch, torch.distributed as dist, minidist
+            def fn():
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                return (dist.get_rank(), t.item())
+            results = minidist.launch(fn, 2)
+            if dist.get_rank() == 0:
+                print("RESULTS", results)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(script)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "RESULTS [(0, 2.0), (1, 2.0)]" in out.stdout
