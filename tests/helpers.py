@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from minidist.data import lm_batches, make_corpus, regression_batches, CharTokenizer
+from minidist.data import CharTokenizer, lm_batches, make_corpus, regression_batches
 from minidist.models import GPT, MLP, GPTConfig, MLPConfig, lm_loss
 
 GLOBAL_BATCH = 8

@@ -34,7 +34,9 @@ def dp_rank(kind: str, model_name: str, bucket_cap_mb: float = 25.0):
         before_step = None
     local = [shard_batch(b, rank, world) for b in batches]
     with comm.record() as ledger:
-        trace = train(model, local, loss_fn, make_optimizer(model.parameters()), wrapped, before_step)
+        trace = train(
+            model, local, loss_fn, make_optimizer(model.parameters()), wrapped, before_step
+        )
     n_buckets = len(wrapped.buckets) if kind == "bucketed" else None
     return trace, ledger.records, n_buckets
 

@@ -1,0 +1,52 @@
+"""`python -m minidist tour | bench NAME | exercises [--check]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minidist")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tour = sub.add_parser("tour", help="run every technique on a local CPU world, print a table")
+    tour.add_argument("--world-size", type=int, default=4)
+    tour.add_argument("--out", default="minidist_tour", help="folder for the plots")
+    tour.add_argument("--only", nargs="*", help="run only these rows (by name)")
+
+    bench = sub.add_parser("bench", help="benchmark a technique against its torch equivalent")
+    bench.add_argument("name", help="which benchmark, e.g. ddp")
+    bench.add_argument("--world-size", type=int, default=2)
+    bench.add_argument("--rounds", type=int, default=15)
+    bench.add_argument("--steps", type=int, default=5, help="steps per timed round")
+
+    ex = sub.add_parser("exercises", help="generate exercises/ from solutions/")
+    ex.add_argument("--solutions", default="solutions")
+    ex.add_argument("--exercises", default="exercises")
+    ex.add_argument("--check", action="store_true", help="only report stale notebooks")
+
+    args = parser.parse_args(argv)
+    if args.command == "tour":
+        from .tour import run_tour
+
+        return run_tour(args.world_size, Path(args.out), args.only)
+    if args.command == "bench":
+        from .bench import run_bench
+
+        return run_bench(args.name, args.world_size, args.rounds, args.steps)
+    from .course.exercises import generate, stale
+
+    if args.check:
+        out = stale(args.solutions, args.exercises)
+        for path in out:
+            print(f"stale: {path} (run: python -m minidist exercises)")
+        return 1 if out else 0
+    for path in generate(args.solutions, args.exercises):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

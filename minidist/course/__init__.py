@@ -1,0 +1,1 @@
+"""The course machinery: exercise generation and the checkers learners call."""
