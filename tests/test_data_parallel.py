@@ -164,3 +164,24 @@ def test_bad_bucket_cap_is_named():
 
     with pytest.raises(minidist.RankFailedError, match="bucket_cap_mb=0"):
         minidist.launch(rank_fn, 2)
+
+
+def ours_vs_torch_ddp():
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    traces = []
+    for wrap in (
+        lambda m: BucketedDataParallel(m, bucket_cap_mb=0.01),
+        lambda m: DistributedDataParallel(m, bucket_cap_mb=0.01),
+    ):
+        model, batches, loss_fn = build("gpt")
+        local = [shard_batch(b, rank, world) for b in batches]
+        traces.append(train(model, local, loss_fn, make_optimizer(model.parameters()), wrap(model)))
+    return traces
+
+
+def test_same_result_as_torch_ddp():
+    ours, native = minidist.launch(ours_vs_torch_ddp, 2)[0]
+    assert max_abs_diff(ours.params, native.params) < PARAM_TOL
+    assert ours.losses == pytest.approx(native.losses, abs=LOSS_TOL)

@@ -1,0 +1,329 @@
+"""Checkers for the data-parallel exercises (notebook 01, SYLLABUS section 1).
+
+1. `check_average_gradients(average_gradients)`: naive DP. After `backward()` every rank
+   calls the learner's `average_gradients(model)`, which must leave in every `p.grad` the
+   mean over ranks (all-reduce SUM, then divide by N). Compared on worlds of 2 and 4 with one
+   process training on the concatenated batch.
+2. `check_grad_bucket(GradBucket)`: one DDP bucket (Li et al. 2020, "PyTorch Distributed",
+   sections 3.2-3.3). `GradBucket(params, world_size)` lays the gradients of `params` out
+   in a flat buffer in the given order; `on_grad_ready(param)` (a post-accumulate-grad hook)
+   copies the gradient into its slot and, when the last one arrives, pre-divides the buffer
+   by N and launches ONE `comm.all_reduce(buffer, async_op=True)`; `wait()` finishes it,
+   writes the mean back into every `param.grad` and readies the bucket for the next step.
+
+Both compare gradients with the reference and read a `comm.record()` ledger, so a wrong
+answer is named: forgot to divide, divided twice, skipped parameters, launched per
+parameter, launched early, wrong offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import comm
+from ..data import regression_batches, shard_batch
+from ..models import MLP, MLPConfig
+from ..runtime import RankFailedError
+from .check import fail, passed, run_on_world
+
+GLOBAL_BATCH = 8
+STEPS = 2
+WORLDS = (2, 4)
+# float32: only the summation order differs from one process (N partial sums, not one).
+ATOL, RTOL = 1e-6, 1e-5
+
+
+def _model_and_batches(steps: int = STEPS) -> tuple[nn.Module, list]:
+    """The same on every rank: a 3-layer MLP with one frozen bias, and its global batches."""
+    torch.manual_seed(0)
+    cfg = MLPConfig(in_dim=8, hidden=16, out_dim=4, layers=3)
+    model = MLP(cfg)
+    model.layers[0].bias.requires_grad_(False)
+    return model, regression_batches(steps, GLOBAL_BATCH, cfg.in_dim, cfg.out_dim, seed=0)
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _reference() -> list[dict[str, torch.Tensor]]:
+    """Per-step gradients of one process training on the whole batch."""
+    model, batches = _model_and_batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for x, y in batches:
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        out.append(_grads(model))
+        opt.step()
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=RTOL)
+
+
+def _scale(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The c that best fits got = c·ref (least squares)."""
+    return float((got * ref).sum() / (ref * ref).sum().clamp_min(1e-30))
+
+
+def _diagnose_values(
+    got: dict[str, torch.Tensor],
+    ref: dict[str, torch.Tensor],
+    local: dict[str, torch.Tensor],
+    world: int,
+    layout_problem: str | None = None,
+) -> str | None:
+    """Name what is wrong with averaged gradients `got`, or None when they are right.
+
+    `layout_problem` (what the buffer layout shows) comes before the generic answer, when
+    the error is not a uniform scale.
+    """
+    missing = sorted(ref.keys() - got.keys())
+    if missing:
+        return f"parameters {missing} have no gradient after your code ran (grad is None)."
+    wrong = [n for n in ref if not _close(got[n], ref[n])]
+    if not wrong:
+        return None
+    untouched = [n for n in wrong if _close(got[n], local[n])]
+    if untouched == wrong and len(wrong) < len(ref):
+        return (
+            f"parameters {wrong} still hold this rank's own gradient: they were skipped "
+            "(loop over every parameter that has a gradient)."
+        )
+    if untouched == wrong:
+        return (
+            "every gradient is still this rank's own: nothing was all-reduced "
+            "(call comm.all_reduce on each p.grad, in place)."
+        )
+    scales = [_scale(got[n], ref[n]) for n in wrong]
+    if all(abs(c - world) < 1e-3 * world for c in scales) and len(wrong) == len(ref):
+        return (
+            f"gradients are {world}x too large: you summed over the {world} ranks but forgot "
+            f"to divide by the world size N={world}."
+        )
+    if all(abs(c - 1 / world) < 1e-3 for c in scales) and len(wrong) == len(ref):
+        return (
+            f"gradients are {world}x too small: you divided by N={world} twice "
+            "(once before and once after the all-reduce, or all-reduced an average)."
+        )
+    if len(set(round(c, 4) for c in scales)) == 1 and len(wrong) == len(ref):
+        return (
+            f"gradients are {scales[0]:.4g}x the mean: divide the sum by the world size "
+            f"(dist.get_world_size() = {world}), nothing else."
+        )
+    return layout_problem or (
+        f"gradients of {wrong} differ from the mean over ranks; the others are right. "
+        "All-reduce (SUM) each gradient in place, then divide it by N."
+    )
+
+
+# -- exercise 1: average the gradients (naive DP) -------------------------------------------
+
+
+def _average_rank(average_gradients: Callable[[nn.Module], None]) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches = _model_and_batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    for batch in batches:
+        x, y = shard_batch(batch, rank, world)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        local = _grads(model)
+        with comm.record() as ledger:
+            average_gradients(model)
+        steps.append(dict(local=local, got=_grads(model), ops=ledger.ops()))
+        opt.step()
+    return dict(steps=steps)
+
+
+def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> None:
+    """Run `average_gradients(model)` after backward on worlds of 2 and 4; name the mistake."""
+    reference = _reference()
+    n_trainable = len(reference[0])
+    for world in WORLDS:
+        try:
+            results = run_on_world(_average_rank, world, average_gradients)
+        except RankFailedError as exc:
+            if "NoneType" in str(exc):
+                fail(
+                    "your code touched a gradient that is None: a frozen parameter "
+                    "(requires_grad=False) has no gradient. Skip parameters whose grad is None."
+                )
+            raise
+        for step, ref in enumerate(reference):
+            for rank, res in enumerate(results):
+                s = res["steps"][step]
+                problem = _diagnose_values(s["got"], ref, s["local"], world)
+                if problem:
+                    fail(f"world of {world}, step {step}, rank {rank}: {problem}")
+        ops = results[0]["steps"][0]["ops"]
+        if ops.count("all_reduce") != n_trainable:
+            fail(
+                f"the gradients are right but the ledger shows {len(ops)} minidist "
+                f"collectives ({ops}); naive DP makes one comm.all_reduce per parameter "
+                f"with a gradient ({n_trainable} here). Use minidist.comm so it is recorded."
+            )
+    passed(
+        f"average_gradients matches one process on the concatenated batch for N={WORLDS} "
+        f"({n_trainable} all-reduces per step, frozen parameter skipped)"
+    )
+
+
+# -- exercise 2: the hook that fills a bucket ------------------------------------------------
+
+
+def _bucket_rank(bucket_cls: type) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches = _model_and_batches()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names = [n for n, _ in reversed(named)]  # reverse registration order, as DDP does
+    params = [p for _, p in reversed(named)]
+    bucket = bucket_cls(params, world)
+    by_id = {id(p): n for n, p in named}
+    state: dict = {}
+
+    def hook(p: torch.Tensor) -> None:
+        state["local"][by_id[id(p)]] = p.grad.detach().clone()
+        state["hooks"] += 1
+        before = len(state["ledger"].records)
+        bucket.on_grad_ready(p)
+        # the hook number at which each all-reduce was launched (1-based)
+        state["launches"] += [state["hooks"]] * (len(state["ledger"].records) - before)
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    for batch in batches:
+        x, y = shard_batch(batch, rank, world)
+        opt.zero_grad()
+        with comm.record() as ledger:
+            state.update(local={}, hooks=0, launches=[], ledger=ledger)
+            F.mse_loss(model(x), y).backward()
+            in_backward = len(ledger.records)
+            bucket.wait()
+        steps.append(
+            dict(
+                local=state["local"],
+                got=_grads(model),
+                buffer=_buffer_copy(bucket),
+                launches=state["launches"],
+                in_backward=in_backward,
+                records=[(r.op, r.payload_bytes) for r in ledger.records],
+            )
+        )
+        opt.step()
+    sizes = [p.numel() for p in params]
+    return dict(steps=steps, names=names, sizes=sizes)
+
+
+def _buffer_copy(bucket) -> torch.Tensor | None:
+    buffer = getattr(bucket, "buffer", None)
+    return buffer.detach().clone() if isinstance(buffer, torch.Tensor) else None
+
+
+def _find_slot(values: torch.Tensor, flat: torch.Tensor) -> int | None:
+    """Offset in `flat` where `values` sits, or None."""
+    n = values.numel()
+    for off in range(flat.numel() - n + 1):
+        if torch.allclose(flat[off : off + n], values, atol=ATOL, rtol=RTOL):
+            return off
+    return None
+
+
+def _diagnose_offsets(
+    buffer: torch.Tensor | None, ref: dict[str, torch.Tensor], names: list[str]
+) -> str | None:
+    """Look inside the learner's buffer: which slot does not hold its parameter's gradient?"""
+    total = sum(ref[n].numel() for n in names)
+    if buffer is None or buffer.numel() != total:
+        return None
+    flat = buffer.detach().flatten().float()
+    offset = 0
+    for n in names:
+        size = ref[n].numel()
+        if not _close(flat[offset : offset + size], ref[n].flatten()):
+            found = _find_slot(ref[n].flatten(), flat)
+            where = f"sits at offset {found}" if found is not None else "is nowhere in the buffer"
+            return (
+                f"wrong offsets: after wait() {n}'s mean gradient {where}, but its slot is "
+                f"[{offset}, {offset + size}). A parameter's offset is the sum of numel() of "
+                "the parameters before it in `params`; slots must not overlap, and the same "
+                "offset is used to copy in (on_grad_ready) and out (wait)."
+            )
+        offset += size
+    return None
+
+
+def _diagnose_launches(step: dict, n_params: int, total_bytes: int) -> str | None:
+    reduces = [b for op, b in step["records"] if op == "all_reduce"]
+    launches = step["launches"]
+    if not reduces:
+        return (
+            "the bucket was never all-reduced through minidist.comm: when the last gradient "
+            "arrives, call comm.all_reduce(self.buffer, async_op=True) and keep the work."
+        )
+    if len(reduces) == n_params and n_params > 1:
+        return (
+            f"{n_params} all-reduces for {n_params} parameters: you launched one per parameter. "
+            "A bucket launches ONE all-reduce of its whole flat buffer, when its last "
+            "gradient has arrived."
+        )
+    if len(reduces) > 1:
+        return f"the bucket launched {len(reduces)} all-reduces in one step; it must launch one."
+    if step["in_backward"] == 0:
+        return (
+            "the all-reduce was launched in wait(), after backward finished, so it cannot "
+            "overlap backward: launch it from on_grad_ready when the last gradient arrives."
+        )
+    if launches and launches[0] < n_params:
+        return (
+            f"the all-reduce was launched when gradient {launches[0]} of {n_params} arrived: "
+            "before the bucket was full. Count the gradients still pending and launch at zero."
+        )
+    if reduces[0] != total_bytes:
+        return (
+            f"the all-reduce carried {reduces[0]} bytes but the bucket holds {total_bytes}: "
+            "all-reduce the whole flat buffer."
+        )
+    return None
+
+
+def check_grad_bucket(bucket_cls: type) -> None:
+    """Hook `bucket_cls(params, world_size)` into backward for N = 2 and 4; name the mistake."""
+    reference = _reference()
+    for world in WORLDS:
+        results = run_on_world(_bucket_rank, world, bucket_cls)
+        names, sizes = results[0]["names"], results[0]["sizes"]
+        total_bytes = 4 * sum(sizes)
+        for step, ref in enumerate(reference):
+            for rank, res in enumerate(results):
+                s = res["steps"][step]
+                where = f"world of {world}, step {step}, rank {rank}"
+                problem = _diagnose_launches(s, len(names), total_bytes)
+                if problem and step > 0 and not s["records"]:
+                    problem = (
+                        "the first step was right but the second never all-reduced: wait() "
+                        "must reset the pending count so the next backward launches again."
+                    )
+                problem = problem or _diagnose_values(
+                    s["got"],
+                    ref,
+                    s["local"],
+                    world,
+                    _diagnose_offsets(s["buffer"], ref, names),
+                )
+                if problem:
+                    fail(f"{where}: {problem}")
+    passed(
+        f"GradBucket matches one process for N={WORLDS}: one async all-reduce of "
+        f"{total_bytes} bytes per step, launched by the last of {len(names)} hooks"
+    )

@@ -1,0 +1,139 @@
+"""The ledger records every collective with the NCCL-tests ring factors; ring all-reduce works."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist import comm
+from minidist.ring import ring_all_reduce
+
+S = 48  # elements: divisible by 2, 3 and 4
+F32 = 4
+
+
+def every_collective():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    full = torch.full((S,), float(rank + 1))
+    chunk = torch.empty(S // n)
+    with comm.record() as ledger:
+        comm.all_reduce(full.clone())
+        comm.reduce_scatter(chunk, full.clone())
+        comm.all_gather(torch.empty(S), chunk)
+        comm.broadcast(full.clone(), src=0)
+        comm.reduce(full.clone(), dst=0)
+        comm.all_to_all(torch.empty(S), full.clone())
+        peer = (rank + 1) % n, (rank - 1) % n
+        for w in comm.batch_isend_irecv(
+            [("send", full, peer[0]), ("recv", torch.empty(S), peer[1])]
+        ):
+            w.wait()
+    return [(r.op, r.group_size, r.payload_bytes, r.ring_bytes) for r in ledger.records]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ledger_bytes_match_ring_theory(n):
+    b = S * F32
+    expected = [
+        ("all_reduce", n, b, 2 * (n - 1) / n * b),
+        ("reduce_scatter", n, b, (n - 1) / n * b),
+        ("all_gather", n, b, (n - 1) / n * b),
+        ("broadcast", n, b, b),
+        ("reduce", n, b, b),
+        ("all_to_all", n, b, (n - 1) / n * b),
+        ("send", n, b, b),
+        ("recv", n, b, 0),
+    ]
+    for records in minidist.launch(every_collective, n):
+        assert [(op, g, p) for op, g, p, _ in records] == [(op, g, p) for op, g, p, _ in expected]
+        assert [r for *_, r in records] == pytest.approx([r for *_, r in expected])
+
+
+def collectives_are_real():
+    """The wrappers must compute what torch.distributed computes."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(8.0) + rank
+    summed = x.clone()
+    comm.all_reduce(summed)
+    mine = torch.empty(8 // n)
+    comm.reduce_scatter(mine, x.clone())
+    gathered = torch.empty(8 * n)
+    comm.all_gather(gathered, x)
+    swapped = torch.empty(8)
+    comm.all_to_all(swapped, x)
+    return summed, mine, gathered, swapped
+
+
+def test_wrappers_compute_the_collective():
+    results = minidist.launch(collectives_are_real, 2)
+    total = torch.arange(8.0) * 2 + 1
+    for rank, (summed, mine, gathered, swapped) in enumerate(results):
+        assert torch.equal(summed, total)
+        assert torch.equal(mine, total[rank * 4 : (rank + 1) * 4])
+        assert torch.equal(gathered, torch.cat([torch.arange(8.0), torch.arange(8.0) + 1]))
+        assert torch.equal(
+            swapped, torch.cat([(torch.arange(8.0) + r)[rank * 4 : rank * 4 + 4] for r in range(2)])
+        )
+
+
+def subgroup_ledger():
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[rank // 2]
+    t = torch.ones(10)
+    with comm.record() as ledger:
+        comm.all_reduce(t, group=mine)
+    r = ledger.records[0]
+    return r.group_size, r.group_ranks, r.ring_bytes, t[0].item()
+
+
+def test_subgroups_are_recorded_with_their_ranks():
+    results = minidist.launch(subgroup_ledger, 4)
+    assert results[0] == (2, (0, 1), 40.0, 2.0)
+    assert results[3] == (2, (2, 3), 40.0, 2.0)
+
+
+def ledger_outside_record():
+    comm.all_reduce(torch.ones(4))  # not recorded: no open ledger
+    with comm.record() as outer:
+        comm.all_reduce(torch.ones(4))
+        with comm.record() as inner:
+            comm.all_reduce(torch.ones(4), async_op=True).wait()
+    return len(outer.records), len(inner.records), inner.records[0].end is not None, outer.table()
+
+
+def test_nested_ledgers_and_async_end_times():
+    n_outer, n_inner, has_end, table = minidist.launch(ledger_outside_record, 2)[0]
+    assert (n_outer, n_inner, has_end) == (2, 1, True)
+    assert "all_reduce" in table and "total" in table
+
+
+def ring_vs_dist(numel, integer):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = (
+        torch.randint(-50, 50, (numel,), generator=g).float()
+        if integer
+        else torch.randn(numel, generator=g)
+    )
+    x = x.reshape(-1, 1) if numel % 2 == 0 else x
+    expected = x.clone()
+    dist.all_reduce(expected)
+    with comm.record() as ledger:
+        ring_all_reduce(x)
+    return x, expected, ledger.total_ring_bytes("send")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("numel", [1, 7, 64])
+def test_ring_all_reduce_equals_dist_all_reduce(n, numel):
+    for x, expected, _ in minidist.launch(ring_vs_dist, n, numel, True):
+        assert torch.equal(x, expected)  # integers: exact whatever the summation order
+    for x, expected, sent in minidist.launch(ring_vs_dist, n, numel, False):
+        assert torch.allclose(x, expected, atol=1e-6)
+        padded = -(-numel // n) * n
+        assert sent == 2 * (n - 1) / n * padded * F32
+
+
+def test_ring_bytes_of_a_group_of_one_is_zero():
+    assert comm.ring_bytes("all_reduce", 100, 1) == 0
+    assert comm.ring_bytes("send", 100, 1) == 100

@@ -1,0 +1,56 @@
+"""The course machinery: exercises are generated, fresh, and every stub says so when run."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from minidist.course.exercises import BEGIN, END, STUB, count_regions, stale, stub_source
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def test_stub_source_replaces_each_region_at_its_indentation():
+    src = f"def f(x):\n    {BEGIN}\n    return 2 * x\n    {END}\n\nprint(1)\n"
+    assert stub_source(src) == f"def f(x):\n    {STUB}\n\nprint(1)\n"
+    assert stub_source("a = 1\n") == "a = 1\n"
+
+
+@pytest.mark.parametrize("bad", [f"{BEGIN}\nx\n", f"x\n{END}\n", f"{BEGIN}\n{BEGIN}\n{END}\n"])
+def test_unbalanced_markers_are_reported(bad):
+    with pytest.raises(ValueError, match="SOLUTION"):
+        stub_source(bad)
+
+
+def test_exercises_are_not_stale():
+    out = stale(ROOT / "solutions", ROOT / "exercises")
+    assert not out, f"regenerate with `python -m minidist exercises`: {out}"
+
+
+def test_every_solution_has_exercises_with_checks():
+    solutions = sorted((ROOT / "solutions").glob("*.ipynb"))
+    assert len(solutions) >= 2 and len(EXERCISES) == len(solutions)
+    for path in solutions:
+        nb = json.loads(path.read_text())
+        assert count_regions(nb) >= 2, f"{path.name}: fewer than two exercises"
+        assert not any(STUB in "".join(c["source"]) for c in nb["cells"]), path.name
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=[p.name for p in EXERCISES])
+def test_every_exercise_check_raises_not_implemented(path):
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True).execute()
+    errors = {}
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                errors[i] = out["ename"]
+    assert errors, f"{path.name}: no exercise stub raised"
+    assert set(errors.values()) == {"NotImplementedError"}, errors
+    check_cells = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "check_" in c.source
+    ]
+    assert check_cells and all(i in errors for i in check_cells), (check_cells, errors)
