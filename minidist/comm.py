@@ -25,6 +25,10 @@ import torch.distributed as dist
 
 ReduceOp = dist.ReduceOp
 
+# torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 _active_ledgers: list[Ledger] = []
 
 RING_FACTORS = {
@@ -165,7 +169,7 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, t
     """`output` (1/N of `input`) receives this rank's reduced chunk of `input`."""
     return _run(
         "reduce_scatter", input, group, async_op,
-        lambda: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op),
+        lambda: _reduce_scatter_flat(output, input, op=op, group=group, async_op=async_op),
         tag,
     )  # fmt: skip
 
@@ -174,7 +178,7 @@ def all_gather(output, input, group=None, async_op=False, tag=""):
     """`output` (N times `input`) receives every rank's `input`, in rank order."""
     return _run(
         "all_gather", output, group, async_op,
-        lambda: dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), tag,
+        lambda: _all_gather_flat(output, input, group=group, async_op=async_op), tag,
     )  # fmt: skip
 
 

@@ -43,7 +43,9 @@ def stub_source(source: str) -> str:
             out.append(line)
     if inside:
         raise ValueError(f"{BEGIN!r} without {END!r} in cell:\n{source}")
-    return "".join(out)
+    stubbed = "".join(out)
+    # A region that ended the cell must not leave a newline the cell did not have.
+    return stubbed if source.endswith("\n") else stubbed.rstrip("\n")
 
 
 def _cell_source(cell: dict) -> str:
