@@ -154,7 +154,7 @@ def _dp_rank(kind: str):
     return trace.params, ledger.total_ring_bytes() / _DP_STEPS, memory, timeline
 
 
-def _dp_row(kind: str, world_size: int, out_dir: Path) -> TourRow:
+def _dp_row(kind: str, label: str, world_size: int, out_dir: Path) -> TourRow:
     from .models import lm_loss
     from .training import make_optimizer, max_abs_diff, train
     from .viz.data_parallel import plot_timeline
@@ -167,7 +167,7 @@ def _dp_row(kind: str, world_size: int, out_dir: Path) -> TourRow:
     fig = plot_timeline([r[3] for r in results], title=f"{kind} data parallel, {world_size} ranks")
     fig.savefig(out_dir / f"dp_{kind}_timeline.png", dpi=100, bbox_inches="tight")
     return TourRow(
-        f"{kind} DP", diff < 1e-5, diff,
+        label, diff < 1e-5, diff,
         memory_per_rank=results[0][2],
         memory_theory=3 * 4 * psi,  # fp32 params + grads + SGD momentum, all replicated
         bytes_per_rank=results[0][1],
@@ -177,9 +177,9 @@ def _dp_row(kind: str, world_size: int, out_dir: Path) -> TourRow:
 
 @tour_row("naive DP")
 def naive_dp_row(world_size: int, out_dir: Path) -> TourRow:
-    return _dp_row("naive", world_size, out_dir)
+    return _dp_row("naive", "naive DP", world_size, out_dir)
 
 
 @tour_row("bucketed DDP")
 def bucketed_dp_row(world_size: int, out_dir: Path) -> TourRow:
-    return _dp_row("bucketed", world_size, out_dir)
+    return _dp_row("bucketed", "bucketed DDP", world_size, out_dir)
