@@ -43,6 +43,8 @@ import torch.distributed as dist
 __all__ = ["launch", "RankFailedError", "WorldTimeoutError", "under_torchrun", "default_backend"]
 
 _GRACE_S = 1.0
+_COLLECTIVE_TIMEOUT_MARGIN_S = 10.0
+_BACKENDS = ("gloo", "nccl")
 
 
 class RankFailedError(RuntimeError):
@@ -127,7 +129,10 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn) -> Non
     try:
         fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
         torch.set_num_threads(cfg["threads"])
-        timeout = timedelta(seconds=cfg["timeout_s"])
+        # Collectives time out a little after the parent stops the world, so that a hang is
+        # reported by the parent, naming every rank still running, not by one rank's
+        # collective timeout.
+        timeout = timedelta(seconds=cfg["timeout_s"] + _COLLECTIVE_TIMEOUT_MARGIN_S)
         if cfg["backend"] == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(
@@ -188,8 +193,8 @@ def launch(
             (`dist.get_rank()`, `dist.get_world_size()`).
         world_size: number of processes (ranks) to start.
         backend: "gloo" or "nccl"; default NCCL when every rank can own a GPU, else gloo.
-        timeout_s: the whole world is stopped after this many seconds; it is also the
-            timeout of every collective.
+        timeout_s: the whole world is stopped after this many seconds (under torchrun, where
+            nothing can be stopped, it is the timeout of every collective).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
         threads_per_rank: torch intra-op threads per rank (default: cores / world_size).
     """
@@ -200,6 +205,8 @@ def launch(
     if timeout_s <= 0:
         raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
     backend = backend or default_backend(world_size)
+    if backend not in _BACKENDS:
+        raise ValueError(f"launch: backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(
             f"launch: backend='nccl' needs one GPU per rank: world_size={world_size}, "

@@ -5,6 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from helpers import STEPS, build
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist import comm
@@ -185,3 +187,22 @@ def test_same_result_as_torch_ddp():
     ours, native = minidist.launch(ours_vs_torch_ddp, 2)[0]
     assert max_abs_diff(ours.params, native.params) < PARAM_TOL
     assert ours.losses == pytest.approx(native.losses, abs=LOSS_TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=30),
+    cap=st.integers(4, 2000),
+    first_cap=st.integers(4, 2000),
+)
+def test_plan_buckets_properties(sizes, cap, first_cap):
+    params = [torch.zeros(n) for n in sizes]
+    plan = plan_buckets(params, cap, first_cap)
+    # every parameter exactly once, in reverse registration order
+    assert [i for bucket in plan for i in bucket] == list(reversed(range(len(sizes))))
+    for b, bucket in enumerate(plan):
+        limit = first_cap if b == 0 else cap
+        nbytes = [4 * sizes[i] for i in bucket]
+        assert sum(nbytes[:-1]) < limit  # a bucket closes as soon as it reaches its cap
+        if b < len(plan) - 1:
+            assert sum(nbytes) >= limit  # ...and only then

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import minidist
@@ -71,13 +72,10 @@ def hang_on_rank_one():
 
 def test_hanging_rank_is_stopped_at_timeout_and_named():
     t0 = time.monotonic()
-    with pytest.raises((minidist.WorldTimeoutError, minidist.RankFailedError)) as info:
+    with pytest.raises(minidist.WorldTimeoutError, match=r"ranks \[0, 1\] still running") as info:
         minidist.launch(hang_on_rank_one, 2, timeout_s=3)
-    assert time.monotonic() - t0 < 15
-    if isinstance(info.value, minidist.WorldTimeoutError):
-        assert 1 in info.value.ranks
-    else:  # rank 0's barrier timed out first: its error says so
-        assert info.value.rank == 0
+    assert 3 <= time.monotonic() - t0 < 10
+    assert info.value.ranks == [0, 1]  # rank 1 sleeps, rank 0 waits for it in the barrier
     assert live_children() == []
 
 
@@ -127,6 +125,25 @@ def test_unpicklable_function_gets_a_clear_error():
 def test_bad_world_size_is_named(bad):
     with pytest.raises(ValueError, match="world_size"):
         minidist.launch(rank_and_size, bad)
+
+
+def test_bad_backend_and_timeout_are_named():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        minidist.launch(rank_and_size, 2, backend="mpi-ish")
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        minidist.launch(rank_and_size, 2, timeout_s=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="nccl.*one GPU per rank"):
+            minidist.launch(rank_and_size, 2, backend="nccl")
+
+
+def big_result():
+    return torch.full((4_000_000,), float(dist.get_rank()))  # 16 MB, far above a pipe buffer
+
+
+def test_large_results_come_back():
+    results = minidist.launch(big_result, 2)
+    assert [float(r[-1]) for r in results] == [0.0, 1.0]
 
 
 def test_interrupt_reaps_children(tmp_path):
