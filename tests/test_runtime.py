@@ -56,8 +56,9 @@ def fail_on_rank(bad_rank):
 def test_failing_rank_fails_fast_with_its_traceback(start_method):
     t0 = time.monotonic()
     with pytest.raises(minidist.RankFailedError) as info:
-        minidist.launch(fail_on_rank, 4, 2, start_method=start_method, timeout_s=60)
-    assert time.monotonic() - t0 < 20  # not the 60 s timeout
+        minidist.launch(fail_on_rank, 4, 2, start_method=start_method, timeout_s=300)
+    # Far below the timeout: spawn's start-up (each rank imports torch) is most of it.
+    assert time.monotonic() - t0 < 60
     assert info.value.rank == 2
     assert "deliberate failure on rank 2" in str(info.value)
     assert "fail_on_rank" in str(info.value)  # the traceback names the function
