@@ -245,7 +245,3 @@ def batch_isend_irecv(ops: list[tuple[str, torch.Tensor, int]], group=None, tag=
         p2p.append(dist.P2POp(fn, tensor, peer, group=group))
         _stamp_end(_log(kind, tensor, group, tag=tag), None)
     return dist.batch_isend_irecv(p2p)
-
-
-def barrier(group=None) -> None:
-    dist.barrier(group=group)

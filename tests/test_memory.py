@@ -49,3 +49,9 @@ def test_saved_activations_of_a_linear_relu_stack():
     with torch.no_grad(), SavedActivations(model) as nothing:
         model(x)
     assert nothing.bytes == 0
+
+
+def test_cuda_peak_is_none_without_a_gpu():
+    from minidist.memory import cuda_peak_bytes
+
+    assert (cuda_peak_bytes() is None) == (not torch.cuda.is_available())

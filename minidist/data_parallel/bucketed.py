@@ -210,8 +210,12 @@ class BucketedDataParallel(nn.Module):
     def _finalize(self) -> None:
         self.last_backward_end = time.perf_counter()
         if self.next_bucket < len(self.buckets):
-            missing = [self.param_names[i] for b in self.buckets for i in b.param_indices]
-            missing = [n for n in missing if self._got_no_grad(n)]
+            missing = [
+                self.param_names[i]
+                for b in self.buckets[self.next_bucket :]
+                for i in b.param_indices
+                if i not in b.ready_order
+            ]
             raise RuntimeError(
                 f"BucketedDataParallel: parameters {missing} received no gradient in this "
                 "backward, so their buckets were never reduced. Pass "
@@ -221,11 +225,6 @@ class BucketedDataParallel(nn.Module):
             bucket.work.wait()
         if self.find_unused_parameters:
             self._resolve_unused()
-
-    def _got_no_grad(self, name: str) -> bool:
-        i = self.param_names.index(name)
-        b, _ = self.slot[i]
-        return i not in self.buckets[b].ready_order
 
     def _resolve_unused(self) -> None:
         """Which ranks had a gradient for each parameter: one flag per parameter, summed.
