@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-unit test-notebooks lint format exercises bench clean
+.PHONY: tour test test-unit test-notebooks lint format exercises notebooks bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 
 exercises: $(STAMP)
+	$(PY) -m minidist exercises
+
+# Re-execute every lesson and solution in place (outputs are kept in git), then regenerate
+# exercises/ from the solutions.
+notebooks: $(STAMP)
+	for nb in notebooks/*.ipynb solutions/*.ipynb; do \
+	  TRITON_INTERPRET=1 $(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; \
+	done
 	$(PY) -m minidist exercises
 
 bench: $(STAMP)
