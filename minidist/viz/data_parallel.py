@@ -1,6 +1,6 @@
 """Pictures for data parallelism (notebook 01): the step timeline per rank and the buckets.
 
-- `plot_timeline`: for each rank, a compute lane (forward, backward, optimizer step) above a
+- `plot_timeline`: for each rank, a compute lane (forward, backward, wait + step) above a
   communication lane (one bar per all-reduce, labelled by its tag), with the overlap
   fraction in the rank's label. Li et al. 2020, "PyTorch Distributed", section 3.2: bucketed
   all-reduces launched from autograd hooks run while backward is still computing.
@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from ..data_parallel.timeline import StepTimeline
 
 _COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "step": "#55a868", "comm": "#c44e52"}
+# After backward a rank first waits for its outstanding all-reduces, then steps.
+_LABELS = {"forward": "forward", "backward": "backward", "step": "wait for comm + step"}
 
 
 def plot_timeline(timelines: Sequence[StepTimeline], title: str = "") -> Figure:
@@ -33,7 +35,7 @@ def plot_timeline(timelines: Sequence[StepTimeline], title: str = "") -> Figure:
         ]
         for name, start, end in phases:
             ax.barh(compute_y, 1e3 * (end - start), left=1e3 * start, height=0.7,
-                    color=_COLORS[name], label=name if rank == 0 else None)  # fmt: skip
+                    color=_COLORS[name], label=_LABELS[name] if rank == 0 else None)  # fmt: skip
         for i, (start, end, tag, _) in enumerate(t.comm):
             # alternate shades so back-to-back all-reduces stay distinguishable
             ax.barh(comm_y, 1e3 * (end - start), left=1e3 * start, height=0.7,
