@@ -206,16 +206,15 @@ def all_to_all(
     tag="",
 ):
     """Rank i's j-th input chunk lands as rank j's i-th output chunk."""
-    if input_split_sizes is None:
-        own = input.numel() // dist.get_world_size(group)
-    else:
-        own = input_split_sizes[dist.get_rank(group)] * (input[0].numel() if input.dim() else 1)
-    elem = input.element_size()
-    n = len(_group_ranks(group))
-    # Ring factor (N-1)/N assumes even chunks; record what this rank really sends instead.
     rec = _log("all_to_all", input, group, tag=tag)
-    if rec is not None:
-        rec.ring_bytes = float((input.numel() - own) * elem) if n > 1 else 0.0
+    if rec is not None and rec.group_size > 1:
+        # The (N-1)/N factor assumes even chunks; record what this rank really sends instead.
+        if input_split_sizes is None:
+            own = input.numel() // rec.group_size
+        else:
+            row = input[0].numel() if input.dim() else 1
+            own = input_split_sizes[dist.get_rank(group)] * row
+        rec.ring_bytes = float((input.numel() - own) * input.element_size())
     work = dist.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
     )
