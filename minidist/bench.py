@@ -6,7 +6,8 @@ ratios, so drift in the machine's speed hits both sides alike. Each figure is pr
 `name=value` line, easy to grep in CI logs and to paste into an issue.
 
 Speed goals live here, never in tests: a timed assertion on a shared 2-core machine fails
-for reasons that have nothing to do with the code.
+for reasons that have nothing to do with the code. The benches themselves live in the lesson
+packages (`@bench(name)` in `minidist/<lesson>/lesson.py`, found through `minidist.registry`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
-from .runtime import launch
+from . import comm
+from .registry import benches
 
 
 @dataclass
@@ -49,7 +50,7 @@ def interleaved_ab(
         order = [(step_a, result.seconds_a), (step_b, result.seconds_b)]
         for step, out in order if r % 2 == 0 else order[::-1]:
             if dist.is_initialized():
-                dist.barrier()
+                comm.barrier()
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
@@ -57,63 +58,10 @@ def interleaved_ab(
     return result
 
 
-def _ddp_rank(rounds: int, steps: int, bucket_cap_mb: float) -> dict:
-    from torch.nn.parallel import DistributedDataParallel
-
-    from .data_parallel import BucketedDataParallel
-    from .data_parallel.timeline import step_timeline
-    from .models import GPT, GPTConfig, lm_loss
-
-    cfg = GPTConfig(vocab_size=256, seq_len=64, layers=4, heads=4, hidden=192)
-    torch.manual_seed(0)
-    ours_model, torch_model = GPT(cfg), GPT(cfg)
-    torch_model.load_state_dict(ours_model.state_dict())
-    ours = BucketedDataParallel(ours_model, bucket_cap_mb=bucket_cap_mb)
-    native = DistributedDataParallel(torch_model, bucket_cap_mb=bucket_cap_mb)
-    opt_ours = torch.optim.SGD(ours_model.parameters(), lr=0.01)
-    opt_native = torch.optim.SGD(torch_model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    idx = torch.randint(cfg.vocab_size, (8, cfg.seq_len), generator=g)
-
-    def step(model, opt):
-        opt.zero_grad()
-        lm_loss(model(idx), idx).backward()
-        opt.step()
-
-    ab = interleaved_ab(
-        lambda: step(ours, opt_ours), lambda: step(native, opt_native), rounds, steps
-    )
-    overlaps = [step_timeline(ours, (idx, idx), lm_loss, opt_ours).overlap for _ in range(5)]
-    return {
-        "ratio": ab.ratio,
-        "ms_ours": 1e3 * statistics.median(ab.seconds_a),
-        "ms_torch": 1e3 * statistics.median(ab.seconds_b),
-        "overlap": statistics.median(overlaps),
-        "buckets": len(ours.buckets),
-        "params": sum(p.numel() for p in ours_model.parameters()),
-    }
-
-
-def bench_ddp(world_size: int, rounds: int, steps: int) -> dict[str, float]:
-    """minidist's BucketedDataParallel vs torch DDP: same GPT, world, bucket cap and data."""
-    r = launch(_ddp_rank, world_size, rounds, steps, 1.0, timeout_s=1800)[0]
-    return {
-        "ddp_step_ratio_vs_torch": r["ratio"],
-        "ddp_step_ms_minidist": r["ms_ours"],
-        "ddp_step_ms_torch": r["ms_torch"],
-        "ddp_overlap": r["overlap"],
-        "ddp_buckets": r["buckets"],
-        "ddp_params": r["params"],
-        "world_size": world_size,
-    }
-
-
-BENCHES: dict[str, Callable[[int, int, int], dict[str, float]]] = {"ddp": bench_ddp}
-
-
 def run_bench(name: str, world_size: int, rounds: int, steps: int) -> int:
-    if name not in BENCHES:
-        raise SystemExit(f"bench: unknown name {name!r}; choose one of {sorted(BENCHES)}")
-    for key, value in BENCHES[name](world_size, rounds, steps).items():
+    registered = benches()
+    if name not in registered:
+        raise SystemExit(f"bench: unknown name {name!r}; choose one of {sorted(registered)}")
+    for key, value in registered[name](world_size, rounds, steps).items():
         print(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return 0

@@ -3,7 +3,7 @@
 Each function here calls the `torch.distributed` op of the same name and, while a
 `record()` context is open on this rank, appends a `CommRecord` to its `Ledger`: the op,
 the group's size and ranks, the payload in bytes, and the bytes this rank sends on a ring
-(the NCCL-tests "bus bandwidth" factors, SYLLABUS section 0):
+(the "bus bandwidth" factors of NCCL-tests, doc/PERFORMANCE.md):
 
     all-reduce 2(N-1)/N·S      reduce-scatter, all-gather, all-to-all (N-1)/N·S
     broadcast, reduce S        send S (the receiver records S received, 0 sent)
@@ -40,6 +40,7 @@ RING_FACTORS = {
     "reduce": lambda n: 1.0,
     "send": lambda n: 1.0,
     "recv": lambda n: 0.0,
+    "barrier": lambda n: 0.0,
 }
 
 
@@ -220,6 +221,11 @@ def all_to_all(
     )
     _stamp_end(rec, work if async_op else None)
     return work
+
+
+def barrier(group=None, tag=""):
+    """Wait until every rank of `group` arrives (recorded with no payload)."""
+    return _run("barrier", torch.empty(0), group, False, lambda: dist.barrier(group=group), tag)
 
 
 def send(tensor, dst, group=None, tag=""):

@@ -3,9 +3,10 @@
 - `tensor_bytes`: bytes of a set of tensors, each underlying storage counted once (a view,
   a tied weight or a gradient that lives inside a flat bucket is not counted twice).
 - `model_state_bytes`: parameters, gradients and optimizer state of one rank, the three
-  terms of the ZeRO memory formulas (SYLLABUS section 2).
+  terms of the memory formulas of Rajbhandari et al. 2020, "ZeRO", section 3.1.
 - `SavedActivations`: bytes autograd saves for backward during a forward, measured with
-  `torch.autograd.graph.saved_tensors_hooks` (SYLLABUS section 6).
+  `torch.autograd.graph.saved_tensors_hooks` (the activations that recomputation, Chen et
+  al. 2016 "Training Deep Nets with Sublinear Memory Cost", trades for compute).
 - `cuda_peak_bytes`: `torch.cuda.max_memory_allocated` where a GPU exists.
 
 Counting storages instead of reading an allocator makes memory per rank measurable on a

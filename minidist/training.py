@@ -1,9 +1,11 @@
-"""Training loops shared by the references, the techniques, the tests and the tour.
+"""The training loop shared by the references, the techniques, the tests and the tour.
 
 Every technique is checked the same way: train the same model on the same data twice,
-once in one process without parallelism (`train`) and once on a world (the technique's
-own loop, usually `train` with a `forward` and a `before_step` hook), then compare the
-losses, gradients and parameters (`max_abs_diff`).
+once in one process without parallelism and once on a world, both with `train`, then
+compare the losses, gradients and parameters (`max_abs_diff`). On a world `train` is given a
+`ParallelModule` and reads the state through the comparison contract (`full_grads`,
+`full_parameters`: whole tensors under the single-process names, see `minidist.parallel`),
+so replicated, sharded, split and staged techniques are compared the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from .parallel import ParallelModule, named_grads, named_parameters
 
 
 @dataclass
@@ -36,25 +40,29 @@ def train(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     optimizer: torch.optim.Optimizer | None = None,
     forward: Callable | None = None,
-    before_step: Callable[[], None] | None = None,
 ) -> TrainTrace:
-    """One optimizer step per batch; `forward` defaults to `model`, `before_step` to nothing."""
+    """One optimizer step per batch; returns the losses, last gradients and final parameters.
+
+    `model` is a plain module (the single-process reference) or a `ParallelModule`, whose
+    `finish_gradient_sync()` runs between backward and step and whose full state is read
+    through the comparison contract. `forward` replaces `model(x)`, e.g. a torch
+    `DistributedDataParallel` around `model`.
+    """
     optimizer = optimizer or make_optimizer(model.parameters())
     forward = forward or model
+    parallel = isinstance(model, ParallelModule)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for x, y in batches:
         optimizer.zero_grad()
         loss = loss_fn(forward(x), y)
         loss.backward()
-        if before_step is not None:
-            before_step()
-        grads = {
-            n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
-        }
+        if parallel:
+            model.finish_gradient_sync()
+        grads = model.full_grads() if parallel else named_grads(model)
         optimizer.step()
         losses.append(loss.item())
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = model.full_parameters() if parallel else named_parameters(model)
     return TrainTrace(losses, grads, params)
 
 

@@ -6,7 +6,10 @@ import sys
 import pytest
 
 from minidist.bench import ABResult, interleaved_ab
-from minidist.tour import ROWS, TourRow, format_table
+from minidist.registry import TourRow, tour_rows
+from minidist.tour import format_table
+
+ROWS = tour_rows()
 
 
 def test_ab_ratio_is_the_median_of_per_round_ratios():
@@ -49,6 +52,10 @@ def test_tour_row_matches_reference_and_theory(name, tmp_path):
     if row.memory_theory is not None:
         assert row.memory_per_rank == row.memory_theory
     assert "yes" in format_table([row])
+
+
+def test_every_lesson_registers_a_row_in_lesson_order():
+    assert list(ROWS) == ["ring all-reduce", "naive DP", "bucketed DDP"]
 
 
 def test_tour_table_flags_a_mismatch():

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
+from minidist.collectives import ring_all_reduce
+from minidist.collectives.check import check_ring_all_gather, check_ring_all_reduce
 from minidist.course.check import CheckFailed
-from minidist.course.check_collectives import check_ring_all_gather, check_ring_all_reduce
-from minidist.ring import ring_all_reduce
 
 
 def _ring_all_reduce(tensor, all_gather_phase=True, all_gather_offset=1):

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from minidist import comm
 from minidist.course.check import CheckFailed
-from minidist.course.check_data_parallel import check_average_gradients, check_grad_bucket
+from minidist.data_parallel.check import check_average_gradients, check_grad_bucket
 
 # -- exercise 1: average_gradients ---------------------------------------------------------
 

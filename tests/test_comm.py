@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 import minidist
 from minidist import comm
-from minidist.ring import ring_all_reduce
+from minidist.collectives import ring_all_reduce
 
 S = 48  # elements: divisible by 2, 3 and 4
 F32 = 4

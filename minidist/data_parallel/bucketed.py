@@ -1,20 +1,23 @@
 """Bucketed, overlapped data parallelism: what `torch.nn.parallel.DistributedDataParallel` does.
 
-Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
-section 3.2 (gradient bucketing, overlapping computation with communication) and 3.3
-(the Reducer). SYLLABUS section 1.
+Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training"
+(VLDB), section 3.2 (gradient bucketing, overlapping computation with communication) and 3.3
+(the Reducer).
 
 - Buckets: parameters are grouped in *reverse registration order* (roughly the order in
-  which backward produces their gradients) into flat buffers of about `bucket_cap_mb`; the
-  first bucket is capped at `first_bucket_cap_mb` so communication starts early.
-- Hooks: a post-accumulate-grad hook on every parameter copies its gradient into its slot
-  of the bucket (afterwards `param.grad` *is* that slot, so later steps skip the copy).
-  When a bucket's last gradient arrives the bucket is pre-divided by N and its all-reduce
-  is launched asynchronously, while autograd keeps computing earlier layers.
-- Order: buckets are launched strictly in index order, so every rank issues the same
-  collectives in the same order even if gradients become ready in a different order.
+  which backward produces their gradients) into flat buffers; a bucket closes once its
+  bytes reach `bucket_cap_mb` (so it may exceed the cap by its last parameter); the first
+  bucket closes at `first_bucket_cap_mb` so communication starts early.
+- Hooks: a post-accumulate-grad hook on every parameter hands its gradient to its
+  `GradBucket` (the class the exercise of lesson 01 builds), which copies it into its slot
+  (afterwards `param.grad` *is* that slot, so later steps skip the copy) and counts the
+  gradients still pending. When none is, the bucket is ready.
+- Order: ready buckets are launched strictly in index order (pre-divided by N, one async
+  all-reduce each), so every rank issues the same collectives in the same order even when
+  gradients become ready in a different order on different ranks.
 - End of backward: a callback queued on the autograd engine waits for every bucket.
 - `no_sync()`: gradients accumulate locally; the next synchronised backward reduces the sum.
+  It sets `require_backward_grad_sync`, the flag torch's DDP has (nanoGPT sets it directly).
 - Frozen parameters (requires_grad=False) are left out. Parameters unused in a forward need
   `find_unused_parameters=True`: the autograd graph is walked after forward, unused ones
   contribute zeros, and one small all-reduce of "has a gradient" flags keeps `grad=None`
@@ -26,15 +29,13 @@ section 3.2 (gradient bucketing, overlapping computation with communication) and
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from .naive import broadcast_parameters
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 
 MiB = 1024 * 1024
 
@@ -64,17 +65,56 @@ def plan_buckets(
     return buckets
 
 
-@dataclass
-class Bucket:
-    param_indices: list[int]
-    buffer: torch.Tensor
-    views: list[torch.Tensor]
-    pending: int = 0
-    work: object = None
-    ready_order: list[int] = field(default_factory=list)
+class GradBucket:
+    """One flat gradient buffer, filled by hooks, all-reduced once per backward.
+
+    The same shape as the exercise's `GradBucket`: slots laid out in the order of `params`,
+    `on_grad_ready(param)` copies a gradient in and counts the pending ones. Launching is the
+    wrapper's job here (`launch`), because buckets must be launched in index order.
+    """
+
+    def __init__(self, index: int, params: list[torch.Tensor]):
+        self.index = index
+        self.params = params
+        self.buffer = torch.zeros(
+            sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
+        )
+        self.slots: dict[int, torch.Tensor] = {}  # id(param) -> view of its slot
+        offset = 0
+        for p in params:
+            self.slots[id(p)] = self.buffer[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.reset()
+
+    def reset(self) -> None:
+        self.pending = len(self.params)
+        self.arrived: set[int] = set()
+        self.work = None
+
+    def on_grad_ready(self, param: torch.Tensor) -> bool:
+        """Put `param.grad` (zeros if it has none) into its slot; True once the bucket is full."""
+        slot = self.slots[id(param)]
+        if param.grad is None:
+            slot.zero_()
+        elif param.grad.data_ptr() != slot.data_ptr():
+            slot.copy_(param.grad)
+            param.grad = slot
+        self.pending -= 1
+        self.arrived.add(id(param))
+        return self.pending == 0
+
+    def launch(self, world_size: int, group) -> None:
+        """Pre-divide by N (the sum of the divided values is the mean), then all-reduce."""
+        self.buffer.div_(world_size)
+        self.work = comm.all_reduce(
+            self.buffer, group=group, async_op=True, tag=f"bucket{self.index}"
+        )
+
+    def wait(self) -> None:
+        self.work.wait()
 
 
-class BucketedDataParallel(nn.Module):
+class BucketedDataParallel(ParallelModule):
     """DDP with gradient buckets whose all-reduces overlap the rest of backward."""
 
     def __init__(
@@ -91,58 +131,43 @@ class BucketedDataParallel(nn.Module):
                 f"bucket_cap_mb={bucket_cap_mb} and first_bucket_cap_mb={first_bucket_cap_mb} "
                 "must both be > 0"
             )
+        verify_same_model(module, group, "BucketedDataParallel")
         self.module = module
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters = find_unused_parameters
-        self.require_grad_sync = True
-        broadcast_parameters(
-            module, src=dist.get_global_rank(group, 0) if group else 0, group=group
-        )
+        self.require_backward_grad_sync = True
+        broadcast_parameters(module, group)
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.param_names = [n for n, _ in named]
+        self.param_names = {id(p): n for n, p in named}
         self.params = [p for _, p in named]
         plan = plan_buckets(self.params, int(bucket_cap_mb * MiB), int(first_bucket_cap_mb * MiB))
-        self.buckets: list[Bucket] = []
-        self.slot: dict[int, tuple[int, int]] = {}  # param index -> (bucket, position)
-        for b, indices in enumerate(plan):
-            dtype = self.params[indices[0]].dtype
-            buffer = torch.zeros(
-                sum(self.params[i].numel() for i in indices), dtype=dtype,
-                device=self.params[indices[0]].device,
-            )  # fmt: skip
-            views, offset = [], 0
-            for pos, i in enumerate(indices):
-                n = self.params[i].numel()
-                views.append(buffer[offset : offset + n].view_as(self.params[i]))
-                offset += n
-                self.slot[i] = (b, pos)
-            self.buckets.append(Bucket(indices, buffer, views))
-        for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self._on_grad_ready(i))
+        self.buckets = [
+            GradBucket(b, [self.params[i] for i in indices]) for b, indices in enumerate(plan)
+        ]
+        self.bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
         self._reset()
-        self.last_backward_end: float | None = None
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
-        if torch.is_grad_enabled() and self.require_grad_sync:
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._reset()
             if self.find_unused_parameters:
                 self.unused = self._unused_params(out)
         return out
 
     def _reset(self) -> None:
-        for b in self.buckets:
-            b.pending = len(b.param_indices)
-            b.work = None
-            b.ready_order = []
+        for bucket in self.buckets:
+            bucket.reset()
         self.next_bucket = 0
         self.backward_started = False
-        self.unused: list[int] = []
+        self.unused: list[torch.Tensor] = []
 
-    def _unused_params(self, out) -> list[int]:
+    def _unused_params(self, out) -> list[torch.Tensor]:
         """Parameters the autograd graph of `out` does not reach."""
         outputs = out if isinstance(out, (tuple, list)) else [out]
         stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn]
@@ -155,66 +180,41 @@ class BucketedDataParallel(nn.Module):
             if hasattr(fn, "variable"):
                 reached.add(id(fn.variable))
             stack.extend(next_fn for next_fn, _ in fn.next_functions)
-        return [i for i, p in enumerate(self.params) if id(p) not in reached]
+        return [p for p in self.params if id(p) not in reached]
 
     # -- backward -----------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally; the first backward after the block reduces them."""
-        previous, self.require_grad_sync = self.require_grad_sync, False
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
-            self.require_grad_sync = previous
+            self.require_backward_grad_sync = previous
 
     @torch.no_grad()
-    def _on_grad_ready(self, index: int) -> None:
-        if not self.require_grad_sync:
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self.require_backward_grad_sync:
             return
         if not self.backward_started:
             self.backward_started = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-            for i in self.unused:
-                self._contribute_unused(i)
-        b, pos = self.slot[index]
-        p, view = self.params[index], self.buckets[b].views[pos]
-        if p.grad.data_ptr() != view.data_ptr():
-            view.copy_(p.grad)
-            p.grad = view
-        self._mark_ready(b, index)
-
-    def _contribute_unused(self, index: int) -> None:
-        b, pos = self.slot[index]
-        grad = self.params[index].grad
-        view = self.buckets[b].views[pos]
-        if grad is None:
-            view.zero_()
-        elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
-        self._mark_ready(b, index)
-
-    def _mark_ready(self, b: int, index: int) -> None:
-        bucket = self.buckets[b]
-        bucket.pending -= 1
-        bucket.ready_order.append(index)
+            for p in self.unused:  # they contribute zeros (or a no_sync-accumulated gradient)
+                self.bucket_of[id(p)].on_grad_ready(p)
+        self.bucket_of[id(param)].on_grad_ready(param)
         # Launch in index order only: every rank must issue the same collectives in order.
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
-            ready = self.buckets[self.next_bucket]
-            ready.buffer.div_(self.world_size)  # pre-divide: the sum is then the mean
-            ready.work = comm.all_reduce(
-                ready.buffer, group=self.group, async_op=True, tag=f"bucket{self.next_bucket}"
-            )
+            self.buckets[self.next_bucket].launch(self.world_size, self.group)
             self.next_bucket += 1
 
     @torch.no_grad()
     def _finalize(self) -> None:
-        self.last_backward_end = time.perf_counter()
         if self.next_bucket < len(self.buckets):
             missing = [
-                self.param_names[i]
-                for b in self.buckets[self.next_bucket :]
-                for i in b.param_indices
-                if i not in b.ready_order
+                self.param_names[id(p)]
+                for bucket in self.buckets[self.next_bucket :]
+                for p in bucket.params
+                if id(p) not in bucket.arrived
             ]
             raise RuntimeError(
                 f"BucketedDataParallel: parameters {missing} received no gradient in this "
@@ -222,7 +222,7 @@ class BucketedDataParallel(nn.Module):
                 "find_unused_parameters=True if some parameters are unused in forward."
             )
         for bucket in self.buckets:
-            bucket.work.wait()
+            bucket.wait()
         if self.find_unused_parameters:
             self._resolve_unused()
 
@@ -235,6 +235,7 @@ class BucketedDataParallel(nn.Module):
             [float(p.grad is not None) for p in self.params], device=self.buckets[0].buffer.device
         )
         comm.all_reduce(has_grad, group=self.group, tag="unused-flags")
-        for i in self.unused:
-            b, pos = self.slot[i]
-            self.params[i].grad = self.buckets[b].views[pos] if has_grad[i] > 0 else None
+        unused = {id(p) for p in self.unused}
+        for p, flag in zip(self.params, has_grad.tolist()):
+            if id(p) in unused:
+                p.grad = self.bucket_of[id(p)].slots[id(p)] if flag > 0 else None

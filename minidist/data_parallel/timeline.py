@@ -1,9 +1,12 @@
 """When did communication happen, relative to backward? The numbers behind the DDP timeline.
 
-`step_timeline` runs one training step of a `BucketedDataParallel` model and returns the
-start and end of backward and of every bucket's all-reduce (from the ledger). `overlap`
-is the fraction of communication time that ran while backward was still computing: 1.0
-means the all-reduces were entirely hidden, 0.0 means none were (naive DP).
+`step_timeline` runs one training step of any `ParallelModule` and returns the end of
+forward, the end of backward's computation (the last gradient a parameter received, read
+from post-accumulate-grad hooks of its own), the end of the step, and every collective
+(from the ledger). `overlap` is the fraction of communication time that ran while backward
+was still computing: 1.0 means the all-reduces were entirely hidden, 0.0 means none were
+(naive DP). Li et al. 2020, "PyTorch Distributed", section 3.2.3 (overlapping computation
+with communication).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import comm
+from ..parallel import ParallelModule
 
 
 @dataclass
@@ -49,25 +53,37 @@ def overlap_fraction(intervals: list[tuple[float, float]], compute_end: float) -
 
 
 def step_timeline(
-    ddp, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable, optimizer
+    model: ParallelModule,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    loss_fn: Callable,
+    optimizer: torch.optim.Optimizer,
 ) -> StepTimeline:
-    """One step of `ddp` (a BucketedDataParallel, or a naive one with `all_reduce_gradients`)."""
+    """One step of `model`: forward, backward, `finish_gradient_sync()`, optimizer step."""
     x, y = batch
-    optimizer.zero_grad()
-    with comm.record() as ledger:
-        t0 = time.perf_counter()
-        loss = loss_fn(ddp(x), y)
-        forward_end = time.perf_counter()
-        loss.backward()
-        if hasattr(ddp, "all_reduce_gradients"):
-            backward_end = time.perf_counter()
-            ddp.all_reduce_gradients()
-        else:
-            backward_end = ddp.last_backward_end
-        optimizer.step()
-        step_end = time.perf_counter()
+    last_grad = [0.0]
+
+    def stamp(_param: torch.Tensor) -> None:
+        last_grad[0] = time.perf_counter()
+
+    # Registered after the wrapper's own hooks, so each fires once the wrapper's has run.
+    handles = [
+        p.register_post_accumulate_grad_hook(stamp) for p in model.parameters() if p.requires_grad
+    ]
+    try:
+        optimizer.zero_grad()
+        with comm.record() as ledger:
+            t0 = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            forward_end = time.perf_counter()
+            loss.backward()
+            model.finish_gradient_sync()
+            optimizer.step()
+            step_end = time.perf_counter()
+    finally:
+        for h in handles:
+            h.remove()
     records = [
         (r.start - t0, (r.end if r.end is not None else step_end) - t0, r.tag, r.payload_bytes)
         for r in ledger.records
     ]
-    return StepTimeline(forward_end - t0, backward_end - t0, step_end - t0, records)
+    return StepTimeline(forward_end - t0, last_grad[0] - t0, step_end - t0, records)

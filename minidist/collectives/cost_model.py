@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from .. import comm
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,22 @@ class CostModel:
 
 
 def time_all_reduce(sizes_bytes: list[int], repeats: int = 5, group=None) -> list[float]:
-    """Median seconds of `dist.all_reduce` on a float32 tensor of each size (call on a rank).
+    """Median seconds of an all-reduce of a float32 tensor of each size (call on a rank).
 
     Each size gets one untimed warm-up (first use of a buffer size allocates), then `repeats`
     timed calls, each starting after a barrier so that every rank enters together and the
-    time is the collective's, not the wait for a late rank.
+    time is the collective's, not the wait for a late rank. All through `minidist.comm`, so a
+    ledger open around the sweep sees every call.
     """
     out = []
     for size in sizes_bytes:
         tensor = torch.ones(max(1, size // 4), dtype=torch.float32)
-        dist.all_reduce(tensor, group=group)
+        comm.all_reduce(tensor, group=group)
         times = []
         for _ in range(repeats):
-            dist.barrier(group=group)
+            comm.barrier(group=group)
             start = time.perf_counter()
-            dist.all_reduce(tensor, group=group)
+            comm.all_reduce(tensor, group=group)
             times.append(time.perf_counter() - start)
         out.append(statistics.median(times))
     return out

@@ -1,4 +1,4 @@
-"""Checkers for the data-parallel exercises (notebook 01, SYLLABUS section 1).
+"""Checkers for the data-parallel exercises of lesson 01.
 
 1. `check_average_gradients(average_gradients)`: naive DP. After `backward()` every rank
    calls the learner's `average_gradients(model)`, which must leave in every `p.grad` the
@@ -23,105 +23,34 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import comm
-from ..data import regression_batches, shard_batch
-from ..models import MLP, MLPConfig
+from ..course.check import close, diagnose_values, fail, grads, passed, run_on_world
+from ..data import shard_batch
 from ..runtime import RankFailedError
-from .check import fail, passed, run_on_world
+from .fixture import build
 
 GLOBAL_BATCH = 8
 STEPS = 2
 WORLDS = (2, 4)
-# float32: only the summation order differs from one process (N partial sums, not one).
-ATOL, RTOL = 1e-6, 1e-5
 
 
-def _model_and_batches(steps: int = STEPS) -> tuple[nn.Module, list]:
-    """The same on every rank: a 3-layer MLP with one frozen bias, and its global batches."""
-    torch.manual_seed(0)
-    cfg = MLPConfig(in_dim=8, hidden=16, out_dim=4, layers=3)
-    model = MLP(cfg)
-    model.layers[0].bias.requires_grad_(False)
-    return model, regression_batches(steps, GLOBAL_BATCH, cfg.in_dim, cfg.out_dim, seed=0)
-
-
-def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+def _fixture():
+    """Lesson 01's MLP (3 layers, one frozen bias), smaller, and its global batches."""
+    return build("mlp", steps=STEPS, global_batch=GLOBAL_BATCH, in_dim=8, hidden=16)
 
 
 def _reference() -> list[dict[str, torch.Tensor]]:
     """Per-step gradients of one process training on the whole batch."""
-    model, batches = _model_and_batches()
+    model, batches, loss_fn = _fixture()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = []
     for x, y in batches:
         opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        out.append(_grads(model))
+        loss_fn(model(x), y).backward()
+        out.append(grads(model))
         opt.step()
     return out
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=RTOL)
-
-
-def _scale(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """The c that best fits got = c·ref (least squares)."""
-    return float((got * ref).sum() / (ref * ref).sum().clamp_min(1e-30))
-
-
-def _diagnose_values(
-    got: dict[str, torch.Tensor],
-    ref: dict[str, torch.Tensor],
-    local: dict[str, torch.Tensor],
-    world: int,
-    layout_problem: str | None = None,
-) -> str | None:
-    """Name what is wrong with averaged gradients `got`, or None when they are right.
-
-    `layout_problem` (what the buffer layout shows) comes before the generic answer, when
-    the error is not a uniform scale.
-    """
-    missing = sorted(ref.keys() - got.keys())
-    if missing:
-        return f"parameters {missing} have no gradient after your code ran (grad is None)."
-    wrong = [n for n in ref if not _close(got[n], ref[n])]
-    if not wrong:
-        return None
-    untouched = [n for n in wrong if _close(got[n], local[n])]
-    if untouched == wrong and len(wrong) < len(ref):
-        return (
-            f"parameters {wrong} still hold this rank's own gradient: they were skipped "
-            "(loop over every parameter that has a gradient)."
-        )
-    if untouched == wrong:
-        return (
-            "every gradient is still this rank's own: nothing was all-reduced "
-            "(call comm.all_reduce on each p.grad, in place)."
-        )
-    scales = [_scale(got[n], ref[n]) for n in wrong]
-    if all(abs(c - world) < 1e-3 * world for c in scales) and len(wrong) == len(ref):
-        return (
-            f"gradients are {world}x too large: you summed over the {world} ranks but forgot "
-            f"to divide by the world size N={world}."
-        )
-    if all(abs(c - 1 / world) < 1e-3 for c in scales) and len(wrong) == len(ref):
-        return (
-            f"gradients are {world}x too small: you divided by N={world} twice "
-            "(once before and once after the all-reduce, or all-reduced an average)."
-        )
-    if len(set(round(c, 4) for c in scales)) == 1 and len(wrong) == len(ref):
-        return (
-            f"gradients are {scales[0]:.4g}x the mean: divide the sum by the world size "
-            f"(dist.get_world_size() = {world}), nothing else."
-        )
-    return layout_problem or (
-        f"gradients of {wrong} differ from the mean over ranks; the others are right. "
-        "All-reduce (SUM) each gradient in place, then divide it by N."
-    )
 
 
 # -- exercise 1: average the gradients (naive DP) -------------------------------------------
@@ -129,17 +58,17 @@ def _diagnose_values(
 
 def _average_rank(average_gradients: Callable[[nn.Module], None]) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches = _model_and_batches()
+    model, batches, loss_fn = _fixture()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     steps = []
     for batch in batches:
         x, y = shard_batch(batch, rank, world)
         opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        local = _grads(model)
+        loss_fn(model(x), y).backward()
+        local = grads(model)
         with comm.record() as ledger:
             average_gradients(model)
-        steps.append(dict(local=local, got=_grads(model), ops=ledger.ops()))
+        steps.append(dict(local=local, got=grads(model), ops=ledger.ops()))
         opt.step()
     return dict(steps=steps)
 
@@ -161,7 +90,7 @@ def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> N
         for step, ref in enumerate(reference):
             for rank, res in enumerate(results):
                 s = res["steps"][step]
-                problem = _diagnose_values(s["got"], ref, s["local"], world)
+                problem = diagnose_values(s["got"], ref, s["local"], world)
                 if problem:
                     fail(f"world of {world}, step {step}, rank {rank}: {problem}")
         ops = results[0]["steps"][0]["ops"]
@@ -182,7 +111,7 @@ def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> N
 
 def _bucket_rank(bucket_cls: type) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches = _model_and_batches()
+    model, batches, loss_fn = _fixture()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     names = [n for n, _ in reversed(named)]  # reverse registration order, as DDP does
     params = [p for _, p in reversed(named)]
@@ -207,13 +136,13 @@ def _bucket_rank(bucket_cls: type) -> dict:
         opt.zero_grad()
         with comm.record() as ledger:
             state.update(local={}, hooks=0, launches=[], ledger=ledger)
-            F.mse_loss(model(x), y).backward()
+            loss_fn(model(x), y).backward()
             in_backward = len(ledger.records)
             bucket.wait()
         steps.append(
             dict(
                 local=state["local"],
-                got=_grads(model),
+                got=grads(model),
                 buffer=_buffer_copy(bucket),
                 launches=state["launches"],
                 in_backward=in_backward,
@@ -234,7 +163,7 @@ def _find_slot(values: torch.Tensor, flat: torch.Tensor) -> int | None:
     """Offset in `flat` where `values` sits, or None."""
     n = values.numel()
     for off in range(flat.numel() - n + 1):
-        if torch.allclose(flat[off : off + n], values, atol=ATOL, rtol=RTOL):
+        if close(flat[off : off + n], values):
             return off
     return None
 
@@ -250,7 +179,7 @@ def _diagnose_offsets(
     offset = 0
     for n in names:
         size = ref[n].numel()
-        if not _close(flat[offset : offset + size], ref[n].flatten()):
+        if not close(flat[offset : offset + size], ref[n].flatten()):
             found = _find_slot(ref[n].flatten(), flat)
             where = f"sits at offset {found}" if found is not None else "is nowhere in the buffer"
             return (
@@ -314,7 +243,7 @@ def check_grad_bucket(bucket_cls: type) -> None:
                         "the first step was right but the second never all-reduced: wait() "
                         "must reset the pending count so the next backward launches again."
                     )
-                problem = problem or _diagnose_values(
+                problem = problem or diagnose_values(
                     s["got"],
                     ref,
                     s["local"],

@@ -4,7 +4,7 @@ import pytest
 
 import minidist
 from minidist import comm
-from minidist.cost_model import CostModel, fit_alpha_beta, time_all_reduce
+from minidist.collectives.cost_model import CostModel, fit_alpha_beta, time_all_reduce
 
 
 def test_fit_recovers_alpha_and_bandwidth_exactly():

@@ -1,10 +1,14 @@
-"""Pictures for notebook 00: who holds what before and after a collective, step by step.
+"""Pictures for lesson 00: who holds what before and after a collective, and what it costs.
 
 - `plot_collective`: one row per rank, one coloured cell per element (use one element per
   chunk to read it as chunks), labelled with its value, before and after the collective.
   The colour follows the value, so a chunk that moved keeps its colour.
 - `plot_ring_steps`: the same rows after every step of a ring algorithm, with the cells that
   changed in that step outlined (Patarasuk & Yuan 2009: reduce-scatter, then all-gather).
+- `plot_cost_model`: measured all-reduce time vs size on log-log axes with the fitted α-β
+  line (Hockney 1994): flat where the latency α dominates, slope 1 where bandwidth does.
+
+Every function returns a matplotlib Figure and shows nothing itself.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from .. import comm
+from .cost_model import CostModel
 
 _CMAP = plt.get_cmap("YlGnBu")
 
@@ -96,5 +104,36 @@ def plot_ring_steps(steps: Sequence[tuple[str, Sequence[torch.Tensor]]], chunk: 
         previous = state
     for ax in list(axes.flat)[len(steps) :]:
         ax.set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_model(
+    measured: dict[int, tuple[list[int], list[float]]], models: dict[int, CostModel]
+) -> Figure:
+    """Measured all-reduce seconds (points) and the fitted α-β model (lines), per world size.
+
+    `measured[N]` is (tensor sizes in bytes, seconds); `models[N]` the fit for that N.
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (n, (sizes, seconds)) in enumerate(sorted(measured.items())):
+        color = f"C{i}"
+        ax.plot(sizes, np.asarray(seconds) * 1e3, "o", color=color, label=f"measured, N={n}")
+        if n in models:
+            m = models[n]
+            grid = np.geomspace(min(sizes), max(sizes), 100)
+            ax.plot(
+                grid, m.predict(comm.ring_bytes("all_reduce", 1, n) * grid) * 1e3, "-",
+                color=color,
+                label=f"α-β fit, N={n}: α={m.alpha_s * 1e6:.0f} µs, "
+                f"bw={m.bandwidth_bytes_per_s / 1e9:.2f} GB/s",
+            )  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor size S (bytes)")
+    ax.set_ylabel("all-reduce time (ms)")
+    ax.set_title("time = α + 2(N-1)/N·S / bandwidth")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from .check import fail, passed, run_on_world
+from ..course.check import fail, passed, run_on_world
+from . import theory
 
 ALL_REDUCE_CASES = [(2, 8), (4, 8), (3, 9), (3, 7), (4, 10)]  # (world, length)
 ALL_GATHER_CASES = [(2, 3), (4, 2), (3, 5), (4, 1)]  # (world, chunk length)
@@ -80,10 +81,9 @@ def check_ring_all_reduce(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
                 )
             fail(message)
         even_passed = even_passed or length % n == 0
-        chunk_bytes = -(-length // n) * 4
         _check_ledger(
             "ring all-reduce", n, [o for _, o, _ in results], [s for _, _, s in results],
-            2 * (n - 1) * chunk_bytes,
+            theory.ring_all_reduce_bytes(length, n),
         )  # fmt: skip
     passed("ring all-reduce equals dist.all_reduce on 2, 3 and 4 ranks; 2(N-1)/N·S sent per rank")
 
@@ -174,7 +174,7 @@ def check_ring_all_gather(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
             fail(message)
         _check_ledger(
             "ring all-gather", n, [o for _, o, _ in results], [s for _, _, s in results],
-            (n - 1) * length * 4,
+            theory.ring_all_gather_bytes(length, n),
         )  # fmt: skip
     passed("ring all-gather equals dist.all_gather on 2, 3 and 4 ranks; (N-1)/N·S sent per rank")
 

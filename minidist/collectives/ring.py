@@ -1,7 +1,8 @@
 """Ring all-reduce built from send/recv: a reduce-scatter followed by an all-gather.
 
 Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
-workstations"; the algorithm behind Horovod and NCCL's ring (SYLLABUS section 0).
+workstations" (J. Parallel Distrib. Comput. 69(2)), section 3; the algorithm behind
+Horovod and NCCL's ring.
 
 The tensor is cut into N chunks. In N-1 reduce-scatter steps every rank sends one chunk to
 its right neighbour and adds the chunk arriving from its left, so afterwards rank r holds
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import comm
+from .. import comm
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:

@@ -1,0 +1,117 @@
+"""What every parallel wrapper shares: the comparison contract and the start-up checks.
+
+**The comparison contract.** Each technique is checked against the same model trained in
+one process. A replicated wrapper (DDP) holds the whole model on every rank, a sharded one
+(ZeRO, FSDP) a slice of each parameter, a split one (tensor parallel) a slice of each layer,
+a staged one (pipeline) some layers. `ParallelModule` asks each of them for the same thing:
+the full, unsharded parameters and gradients under the single-process model's names,
+gathered on demand (`full_parameters`, `full_grads`), and one call after backward that
+finishes the gradient synchronisation (`finish_gradient_sync`). `minidist.training.train`
+and the step timeline use only that interface, never a wrapper's internals.
+
+**Start-up.** Every replica must start from the same parameters (`broadcast_parameters`,
+as `torch.nn.parallel.DistributedDataParallel` does at construction), and every rank must
+hold the same model: a rank with a different layer shape or layer count would issue
+collectives of other sizes or in another order, which hangs or aborts inside the backend
+much later. `verify_same_model` checks it with one small collective and names the first
+parameter that differs (DDP's `_verify_param_shape_across_processes` does the same).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import comm
+
+
+class ParallelModule(nn.Module):
+    """A parallel wrapper around `self.module`, comparable with the single-process model.
+
+    The defaults describe a replicated model (every rank holds all of `self.module`);
+    sharded, split and staged wrappers override `full_parameters` and `full_grads` to gather.
+    """
+
+    module: nn.Module
+
+    def finish_gradient_sync(self) -> None:
+        """Called after `backward()`, before `optimizer.step()`; a no-op where hooks did it."""
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, under the single-process model's name (a copy)."""
+        return named_parameters(self.module)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Every gradient that exists, whole, under the single-process model's name (a copy)."""
+        return named_grads(self.module)
+
+
+def named_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: a copy of the parameter} of a module every rank holds whole."""
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def named_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: a copy of the gradient} for every parameter that has one."""
+    return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def first_rank(group) -> int:
+    """Global rank of the group's rank 0: the source of the initial broadcast."""
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
+def broadcast_parameters(module: nn.Module, group=None) -> None:
+    """Make every replica start from the group's rank 0 parameters and buffers."""
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            comm.broadcast(t.data, src=first_rank(group), group=group, tag="init")
+
+
+def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> None:
+    """Raise on every rank unless every rank's `module` has the same parameters and shapes.
+
+    Each rank all-gathers the length of its description (names and shapes of parameters and
+    buffers, in order), then the descriptions themselves padded to the longest, so a mismatch
+    costs two small collectives and never a hang. The error names the first entry that
+    differs and which ranks hold which version.
+    """
+    mine = _describe(module)
+    n = dist.get_world_size(group)
+    encoded = torch.frombuffer(bytearray(mine.encode()), dtype=torch.uint8)
+    lengths = torch.zeros(n, dtype=torch.int64)
+    comm.all_gather(lengths, torch.tensor([encoded.numel()]), group=group, tag="verify-model")
+    longest = int(lengths.max())
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: encoded.numel()] = encoded
+    everyone = torch.empty(n * longest, dtype=torch.uint8)
+    comm.all_gather(everyone, padded, group=group, tag="verify-model")
+    texts = [
+        bytes(everyone[r * longest : r * longest + int(lengths[r])].tolist()).decode()
+        for r in range(n)
+    ]
+    if len(set(texts)) == 1:
+        return
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    rows = [t.split("\n") for t in texts]
+    depth = next(
+        i for i in range(max(map(len, rows))) if len({r[i] if i < len(r) else "" for r in rows}) > 1
+    )
+    versions: dict[str, list[int]] = {}
+    for rank, r in zip(ranks, rows):
+        versions.setdefault(r[depth] if depth < len(r) else "(nothing: fewer entries)", []).append(
+            rank
+        )
+    detail = "; ".join(f"ranks {rs}: {entry}" for entry, rs in versions.items())
+    raise ValueError(
+        f"{who}: the model differs between ranks, first at entry {depth} of its parameters "
+        f"and buffers: {detail}. Every rank must build the same model (same config, same "
+        "layers), or the ranks' collectives will not match."
+    )
+
+
+def _describe(module: nn.Module) -> str:
+    params = [f"parameter {n} {tuple(p.shape)} {p.dtype}" for n, p in module.named_parameters()]
+    buffers = [f"buffer {n} {tuple(b.shape)} {b.dtype}" for n, b in module.named_buffers()]
+    return "\n".join(params + buffers)
