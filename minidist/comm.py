@@ -62,6 +62,7 @@ class CommRecord:
     start: float
     end: float | None = None
     tag: str = ""
+    sent: torch.Tensor | None = None  # a copy of what a send carried (`record(keep_sent=True)`)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Ledger:
     """What one rank communicated inside a `record()` block."""
 
     records: list[CommRecord] = field(default_factory=list)
+    keep_sent: bool = False
 
     def ops(self) -> list[str]:
         return [r.op for r in self.records]
@@ -112,9 +114,13 @@ def _fmt_bytes(n: float) -> str:
 
 
 @contextlib.contextmanager
-def record() -> Iterator[Ledger]:
-    """Record every minidist collective this rank makes inside the block."""
-    ledger = Ledger()
+def record(keep_sent: bool = False) -> Iterator[Ledger]:
+    """Record every minidist collective this rank makes inside the block.
+
+    With `keep_sent=True` each send's record also keeps a copy of the tensor it carried (the
+    exercise checkers read them to say which chunk went where at which step).
+    """
+    ledger = Ledger(keep_sent=keep_sent)
     _active_ledgers.append(ledger)
     try:
         yield ledger
@@ -138,6 +144,8 @@ def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | No
         op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
         start=time.perf_counter(), tag=tag,
     )  # fmt: skip
+    if op == "send" and any(ledger.keep_sent for ledger in _active_ledgers):
+        rec.sent = tensor.detach().clone()
     for ledger in _active_ledgers:
         ledger.records.append(rec)
     return rec
@@ -146,17 +154,40 @@ def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | No
 def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag=""):
     rec = _log(op, tensor, group, tag=tag)
     work = call()
-    _stamp_end(rec, work if async_op else None)
-    return work
+    return _stamp_end(rec, work if async_op else None) or work
 
 
-def _stamp_end(rec: CommRecord | None, work) -> None:
+class _StampOnWait:
+    """An async work whose backend has no future (gloo's reduce-scatter): the end is stamped
+    when `wait()` returns, an upper bound of when the collective finished."""
+
+    def __init__(self, work, rec: CommRecord):
+        self._work, self._rec = work, rec
+
+    def wait(self, *args):
+        done = self._work.wait(*args)
+        if self._rec.end is None:
+            self._rec.end = time.perf_counter()
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _stamp_end(rec: CommRecord | None, work):
+    """Stamp the end now (blocking call) or when the async work completes; returns a
+    replacement for `work` when its completion can only be seen at `wait()`."""
     if rec is None:
-        return
+        return None
     if work is None:
         rec.end = time.perf_counter()
-    else:
-        work.get_future().then(lambda fut: setattr(rec, "end", time.perf_counter()))
+        return None
+    try:
+        future = work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented"
+        return _StampOnWait(work, rec)
+    future.then(lambda fut: setattr(rec, "end", time.perf_counter()))
+    return None
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
@@ -219,8 +250,7 @@ def all_to_all(
     work = dist.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
     )
-    _stamp_end(rec, work if async_op else None)
-    return work
+    return _stamp_end(rec, work if async_op else None) or work
 
 
 def barrier(group=None, tag=""):

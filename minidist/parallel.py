@@ -79,7 +79,8 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
     """
     mine = _describe(module)
     n = dist.get_world_size(group)
-    encoded = torch.frombuffer(bytearray(mine.encode()), dtype=torch.uint8)
+    # (torch.frombuffer refuses an empty buffer: a model without parameters or buffers)
+    encoded = torch.tensor(list(mine.encode()), dtype=torch.uint8)
     lengths = torch.zeros(n, dtype=torch.int64)
     comm.all_gather(lengths, torch.tensor([encoded.numel()]), group=group, tag="verify-model")
     longest = int(lengths.max())
@@ -94,7 +95,7 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
     if len(set(texts)) == 1:
         return
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
-    rows = [t.split("\n") for t in texts]
+    rows = [t.split("\n") if t else [] for t in texts]  # "" is no entry, not one empty entry
     depth = next(
         i for i in range(max(map(len, rows))) if len({r[i] if i < len(r) else "" for r in rows}) > 1
     )

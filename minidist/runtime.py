@@ -8,7 +8,8 @@ order. Under `torchrun` the same call joins the world torchrun started instead.
 How the pieces fit:
 - Rendezvous: each world meets in a `FileStore` in a fresh temporary folder, so worlds never
   race for a port. (A `TCPStore` served from a thread of the parent is not safe here: a
-  rank forked while that thread holds a lock can deadlock in rendezvous.)
+  rank forked while that thread holds a lock can deadlock in rendezvous.) Gloo ranks then
+  pass a barrier, so that none runs `fn` and exits while a peer is still connecting to it.
 - Start method: fork where it is safe (Linux, CUDA not initialised in the parent), else
   spawn. Under spawn the function travels by value with cloudpickle, which is what lets a
   function defined in a notebook cell run in a fresh interpreter.
@@ -16,6 +17,11 @@ How the pieces fit:
   first rank that raises (or dies) stops the world: the caller gets that rank's traceback,
   every other rank is terminated. A world that outlives `timeout_s` is stopped with an error
   naming the ranks still running. No child outlives the call, Ctrl-C included.
+- Stderr: each rank's file descriptor 2 is a pipe to the parent, which copies everything to
+  its own file descriptor 2 (where the ranks' output would have gone anyway) and keeps the
+  last lines of each rank. A rank killed by a signal or an `abort()` leaves no traceback,
+  only what native code (gloo, NCCL) wrote to stderr just before; those lines go into the
+  error.
 
 The native equivalent is `torch.multiprocessing.spawn` / `torchrun`; minidist adds result
 collection, by-value shipping of notebook functions and the fast-fail guarantees.
@@ -27,6 +33,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -44,6 +51,8 @@ __all__ = ["launch", "RankFailedError", "WorldTimeoutError", "under_torchrun", "
 
 _GRACE_S = 1.0
 _COLLECTIVE_TIMEOUT_MARGIN_S = 10.0
+_STDERR_TAIL_BYTES = 4000  # kept per rank
+_STDERR_TAIL_LINES = 20  # of those, put into the error of a rank that died
 _BACKENDS = ("gloo", "nccl")
 
 
@@ -79,9 +88,23 @@ def default_backend(world_size: int) -> str:
     return "gloo"
 
 
-def _pick_start_method(start_method: str | None, backend: str) -> str:
+def _pick_start_method(start_method: str | None, backend: str, threads: int | None) -> str:
+    """Fork where it is safe: Linux, gloo, no CUDA in the parent, one intra-op thread.
+
+    A forked child must not start a thread team of its own: torch's CPU build parallelises
+    with GNU OpenMP, which hangs in a forked child of a parent that already ran a parallel
+    region (any torch op on a tensor big enough). So forked ranks use one intra-op thread,
+    and asking for more means spawn.
+    """
     if start_method is not None:
+        if start_method == "fork" and threads is not None and threads > 1:
+            raise ValueError(
+                f"launch: threads_per_rank={threads} needs start_method='spawn': a forked rank "
+                "with several intra-op threads can hang (OpenMP after fork)"
+            )
         return start_method
+    if threads is not None and threads > 1:
+        return "spawn"
     if sys.platform == "linux" and backend == "gloo" and not torch.cuda.is_initialized():
         return "fork"
     return "spawn"
@@ -123,8 +146,12 @@ def _main_module_hidden(hide: bool):
         main.__dict__.update(saved)
 
 
-def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn) -> None:
+def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_conn) -> None:
     """Body of one rank: join the world, run the function, send back (status, value, time)."""
+    # Everything written to file descriptor 2 from here on, by Python or by native code,
+    # goes to the parent, which forwards it and keeps the tail for the error if we die.
+    os.dup2(err_conn.fileno(), 2)
+    err_conn.close()
     joined = False
     try:
         fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
@@ -142,6 +169,11 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn) -> Non
             world_size=world_size,
             timeout=timeout,
         )
+        if cfg["backend"] == "gloo":
+            # A gloo rank is through init_process_group before its peers may be: one that
+            # then runs a short fn and exits makes a peer still connecting fail
+            # ("connectFullMesh failed ... Connection closed by peer").
+            dist.barrier()
         joined = True
         message = ("ok", fn(*args, **kwargs), time.time())
     except BaseException:
@@ -196,7 +228,8 @@ def launch(
         timeout_s: the whole world is stopped after this many seconds (under torchrun, where
             nothing can be stopped, it is the timeout of every collective).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
-        threads_per_rank: torch intra-op threads per rank (default: cores / world_size).
+        threads_per_rank: torch intra-op threads per rank (default: 1 under fork, else
+            cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
     """
     if under_torchrun():
         return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s)
@@ -212,45 +245,116 @@ def launch(
             f"launch: backend='nccl' needs one GPU per rank: world_size={world_size}, "
             f"GPUs={torch.cuda.device_count()}"
         )
-    method = _pick_start_method(start_method, backend)
+    method = _pick_start_method(start_method, backend, threads_per_rank)
     payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
     cfg = {
         "store_path": os.path.join(tempfile.mkdtemp(prefix="minidist-"), "store"),
         "backend": backend,
         "timeout_s": timeout_s,
-        "threads": threads_per_rank or max(1, (os.cpu_count() or 1) // world_size),
+        "threads": threads_per_rank
+        or (1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)),
     }
     ctx = mp.get_context(method)
-    procs, conns = [], []
+    procs, conns, errs = [], [], []
     try:
         with _main_module_hidden(method == "spawn"):
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
-                p = ctx.Process(
-                    target=_rank_main,
-                    args=(payload, rank, world_size, cfg, send_end),
-                    name=f"minidist-rank{rank}",
-                    daemon=True,
-                )
-                p.start()
-                send_end.close()
-                procs.append(p)
                 conns.append(recv_end)
-        return _collect(procs, conns, timeout_s)
+                err_recv, err_send = ctx.Pipe(duplex=False)
+                errs.append(_StderrTail(err_recv))
+                try:
+                    p = ctx.Process(
+                        target=_rank_main,
+                        args=(payload, rank, world_size, cfg, send_end, err_send),
+                        name=f"minidist-rank{rank}",
+                        daemon=True,
+                    )
+                    p.start()
+                finally:
+                    send_end.close()
+                    err_send.close()
+                procs.append(p)
+        return _collect(procs, conns, errs, timeout_s)
     finally:
         _reap(procs)
+        for e in errs:
+            e.drain()  # what the ranks wrote last still reaches our stderr
+            e.close()
         for c in conns:
             c.close()
         shutil.rmtree(os.path.dirname(cfg["store_path"]), ignore_errors=True)
 
 
-def _collect(procs, conns, timeout_s) -> list:
+class _StderrTail:
+    """The parent's end of one rank's stderr pipe.
+
+    Every chunk read is written to this process's file descriptor 2 (not `sys.stderr`: in
+    Jupyter that would put rank noise into cell outputs) and the last few KB are kept for
+    the error message should the rank die. Reads never block: under fork a pipe's write end
+    may be held by more than the rank, so EOF is no sign that the rank is gone.
+    """
+
+    def __init__(self, conn):
+        self.conn = conn
+        os.set_blocking(conn.fileno(), False)
+        self.tail = bytearray()
+        self.trimmed = False
+        self.eof = False
+
+    def read(self) -> bool:
+        """Read and forward what the pipe holds now (one chunk); False if nothing or EOF."""
+        if self.eof:
+            return False
+        try:
+            data = os.read(self.conn.fileno(), 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        _write_fd2(data)
+        self.tail += data
+        if len(self.tail) > _STDERR_TAIL_BYTES:
+            del self.tail[:-_STDERR_TAIL_BYTES]
+            self.trimmed = True
+        return True
+
+    def drain(self, max_chunks: int = 64) -> None:
+        """Read until the pipe is empty (bounded, should something keep writing)."""
+        for _ in range(max_chunks):
+            if not self.read():
+                return
+
+    def last_lines(self, n: int = _STDERR_TAIL_LINES) -> str:
+        text = self.tail.decode(errors="replace")
+        if self.trimmed and "\n" in text:
+            text = text.split("\n", 1)[1]  # the first line was cut
+        return "\n".join(text.rstrip().splitlines()[-n:])
+
+    def close(self) -> None:
+        self.eof = True
+        self.conn.close()
+
+
+def _write_fd2(data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(2, data) :]
+    except OSError:
+        pass  # our stderr is closed or full and non-blocking: the tail is still kept
+
+
+def _collect(procs, conns, errs, timeout_s) -> list:
     """Wait for every rank; on the first failure, stop the world and report its root cause."""
     results: dict[int, Any] = {}
     failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
     deadline = time.monotonic() + timeout_s
     by_conn = {c: r for r, c in enumerate(conns)}
     by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+    by_err = {e.conn: e for e in errs}
     while len(results) + len(failures) < len(procs):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -259,7 +363,12 @@ def _collect(procs, conns, timeout_s) -> list:
             raise WorldTimeoutError(sorted(set(range(len(procs))) - set(results)), timeout_s)
         waiting = [c for c, r in by_conn.items() if r not in results and r not in failures]
         waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
+        # Stderr is read for as long as it is open, so that no rank blocks on a full pipe.
+        waiting += [c for c, e in by_err.items() if not e.eof]
         for ready in wait(waiting, timeout=remaining):
+            if ready in by_err:
+                by_err[ready].drain(max_chunks=16)
+                continue
             rank = by_conn.get(ready, by_sentinel.get(ready))
             if rank in results or rank in failures:
                 continue
@@ -267,14 +376,14 @@ def _collect(procs, conns, timeout_s) -> list:
                 try:
                     status, value, stamp = cloudpickle.loads(ready.recv_bytes())
                 except EOFError:
-                    failures[rank] = (time.time(), _exit_message(procs[rank]))
+                    failures[rank] = (time.time(), _exit_message(procs[rank], errs[rank]))
                     continue
                 if status == "ok":
                     results[rank] = value
                 else:
                     failures[rank] = (stamp, value)
             elif not conns[rank].poll():
-                failures[rank] = (time.time(), _exit_message(procs[rank]))
+                failures[rank] = (time.time(), _exit_message(procs[rank], errs[rank]))
         if failures:
             # The others usually fail a moment later in a collective with the failed rank;
             # wait briefly so the root cause (the earliest failure) is the one reported.
@@ -287,9 +396,23 @@ def _collect(procs, conns, timeout_s) -> list:
     return [results[r] for r in range(len(procs))]
 
 
-def _exit_message(proc) -> str:
+def _exit_message(proc, err: _StderrTail) -> str:
+    """Why a rank died without a result: its exit code (or signal) and its last stderr lines."""
     proc.join(1.0)
-    return f"the process exited with code {proc.exitcode} before returning a result"
+    code = proc.exitcode
+    if code is None:
+        how = "the process closed its result pipe without a result (still running)"
+    else:
+        how = f"the process exited with code {code}"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                how += f" ({signal.Signals(-code).name})"
+        how += " before returning a result"
+    err.drain()
+    lines = err.last_lines()
+    if not lines:
+        return how
+    return f"{how}; the last lines it wrote to stderr:\n{lines}"
 
 
 def _reap(procs) -> None:

@@ -1,5 +1,9 @@
 """The lesson-00 checkers pass a right answer and name the mistake in wrong ones."""
 
+import re
+import time
+from functools import partial
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,10 +14,21 @@ from minidist.collectives.check import check_ring_all_gather, check_ring_all_red
 from minidist.course.check import CheckFailed
 
 
-def _ring_all_reduce(tensor, all_gather_phase=True, all_gather_offset=1):
-    """A ring all-reduce with switchable mistakes (the correct one by default)."""
+def _ring_all_reduce(
+    tensor,
+    all_gather_phase=True,
+    all_gather_offset=1,
+    store_offset=0,
+    steps_extra=(0, 0),
+    recv_from_right=False,
+):
+    """A ring all-reduce with switchable mistakes (the correct one by default).
+
+    `store_offset` shifts where the all-gather copies the incoming chunk; `steps_extra` adds
+    steps to (reduce-scatter, all-gather).
+    """
     n, rank = dist.get_world_size(), dist.get_rank()
-    right, left = (rank + 1) % n, (rank - 1) % n
+    right, left = (rank + 1) % n, (rank + (1 if recv_from_right else -1)) % n
     padded = torch.zeros(-(-tensor.numel() // n) * n)
     padded[: tensor.numel()] = tensor
     chunks = padded.chunk(n)
@@ -26,13 +41,36 @@ def _ring_all_reduce(tensor, all_gather_phase=True, all_gather_offset=1):
             w.wait()
         chunks[recv_idx].add_(incoming) if add else chunks[recv_idx].copy_(incoming)
 
-    for s in range(n - 1):
+    for s in range(n - 1 + steps_extra[0]):
         step((rank - s) % n, (rank - s - 1) % n, add=True)
     if all_gather_phase:
-        for s in range(n - 1):
+        for s in range(n - 1 + steps_extra[1]):
             off = all_gather_offset
-            step((rank + off - s) % n, (rank + off - 1 - s) % n, add=False)
+            step((rank + off - s) % n, (rank + off - 1 - s - store_offset) % n, add=False)
     return padded[: tensor.numel()].clone()
+
+
+def _no_padding(tensor):
+    """Right sums, but chunks of unequal size (tensor_split), each received at its size."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = tensor.clone().tensor_split(n)
+    for add in (True, False):
+        for s in range(n - 1):
+            send_idx = (rank - s) % n if add else (rank + 1 - s) % n
+            recv_idx = (send_idx - 1) % n
+            incoming = torch.empty_like(chunks[recv_idx])
+            for w in comm.batch_isend_irecv(
+                [("send", chunks[send_idx], right), ("recv", incoming, left)]
+            ):
+                w.wait()
+            chunks[recv_idx].add_(incoming) if add else chunks[recv_idx].copy_(incoming)
+    return torch.cat(chunks)
+
+
+def _wrong_peer(tensor):
+    """Receives from the right neighbour instead of the left: right on 2 ranks, hangs on 4."""
+    return _ring_all_reduce(tensor, recv_from_right=True)
 
 
 def _forgot_all_gather(tensor):
@@ -104,11 +142,59 @@ def test_all_reduce_checker_passes_correct(capsys):
         (_rotated, "rotated"),
         (_averaged, "divided by N"),
         (_uses_dist, "no send/recv"),
+        # copies the incoming chunk of all-gather step s into (r-s-1) instead of (r-s)
+        (
+            lambda t: _ring_all_reduce(t, store_offset=1),
+            r"at all-gather step 0 rank \d received chunk \d's complete sum and copied it into "
+            r"chunk \d; it belongs in chunk \(r - s\) % N = \d",
+        ),
+        (lambda t: _ring_all_reduce(t, steps_extra=(1, 1)), "both phases ran N = 2 steps"),
+        (lambda t: _ring_all_reduce(t, steps_extra=(0, 1)), "one phase ran N = 2 steps"),
+        (_no_padding, r"sent chunks of \[2, 3\] elements.*pad with zeros to 9"),
     ],
 )
 def test_all_reduce_checker_names_the_mistake(fn, hint):
     with pytest.raises(CheckFailed, match=hint):
         check_ring_all_reduce(fn)
+
+
+@pytest.mark.parametrize("world, length", [(3, 9), (4, 10)])
+def test_misplaced_all_gather_chunk_is_named_with_its_step(world, length):
+    """On more than 2 ranks the mistake already shows in what is sent at the next step."""
+    from minidist.collectives.check import _all_reduce_input, _diagnose_sends, _run_rank
+    from minidist.runtime import launch
+
+    fn = partial(_ring_all_reduce, store_offset=1)
+    results = launch(_run_rank, world, fn, _all_reduce_input, length)
+    message = _diagnose_sends(world, length, [r[3] for r in results], [r[0] for r in results])
+    assert re.search(
+        r"at all-gather step 1 rank \d sent chunk \d, the right one, but it held the sum of "
+        r"ranks .*at all-gather step 0 rank \d received chunk \d's complete sum and copied it "
+        r"into chunk \d; it belongs in chunk \(r - s\) % N = \d",
+        message,
+    ), message
+
+
+def test_wrong_peer_is_reported_quickly_as_a_ring_hang():
+    t0 = time.monotonic()
+    with pytest.raises(CheckFailed, match=r"still waiting after 5 s.*\(r \+ 1\) % N") as info:
+        check_ring_all_reduce(_wrong_peer)
+    assert time.monotonic() - t0 < 20
+    assert "on a world of 4" in str(info.value)
+
+
+def _all_gather_wrong_block(chunk):
+    """Stores the chunk received at step s in block (r-s), its own block at step 0."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = torch.zeros(n, chunk.numel())
+    out[rank] = chunk
+    for s in range(n - 1):
+        send, recv = out[(rank - s) % n].clone(), torch.empty_like(chunk)
+        for w in comm.batch_isend_irecv([("send", send, right), ("recv", recv, left)]):
+            w.wait()
+        out[(rank - s) % n] = recv
+    return out.reshape(-1)
 
 
 def test_all_gather_checker(capsys):
@@ -118,6 +204,10 @@ def test_all_gather_checker(capsys):
         check_ring_all_gather(_all_gather_in_arrival_order)
     with pytest.raises(CheckFailed, match="left neighbour"):
         check_ring_all_gather(_all_gather_own_chunk)
+    with pytest.raises(
+        CheckFailed, match=r"at step 0 rank \d received rank \d's chunk; it belongs in block"
+    ):
+        check_ring_all_gather(_all_gather_wrong_block)
 
 
 def test_stub_surfaces_as_not_implemented():

@@ -155,6 +155,20 @@ class BucketNoReset(BucketRight):
             p.grad.copy_(self.slot(p).view_as(p))
 
 
+class BucketLastOfList(BucketRight):
+    """Launches when the last parameter of its list reports, relying on the arrival order."""
+
+    def on_grad_ready(self, param):
+        self.slot(param).copy_(param.grad.flatten())
+        if param is self.params[-1]:
+            self.launch()
+
+    def wait(self):
+        self.work.wait()
+        for p in self.params:
+            p.grad.copy_(self.slot(p).view_as(p))
+
+
 class BucketStub(BucketRight):
     def on_grad_ready(self, param):
         raise NotImplementedError("exercise: replace this line with your code")
@@ -173,6 +187,7 @@ def test_grad_bucket_passes(capsys):
         (BucketWrongOffset, "wrong offsets"),
         (BucketEarly, "before the bucket was full"),
         (BucketNoReset, "reset the pending count"),
+        (BucketLastOfList, "last parameter of the list .* gradients can arrive in any order"),
     ],
 )
 def test_grad_bucket_names_the_mistake(impl, hint):

@@ -1,5 +1,7 @@
 """The ledger records every collective with the NCCL-tests ring factors; ring all-reduce works."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -106,6 +108,68 @@ def test_nested_ledgers_and_async_end_times():
     n_outer, n_inner, has_end, table = minidist.launch(ledger_outside_record, 2)[0]
     assert (n_outer, n_inner, has_end) == (2, 1, True)
     assert "all_reduce" in table and "total" in table
+
+
+def async_end_after_return():
+    """Rank 1's async all-reduce cannot finish before rank 0 joins it, 0.3 s later."""
+    t = torch.ones(4)
+    comm.barrier()
+    if dist.get_rank() == 0:
+        time.sleep(0.3)
+        comm.all_reduce(t)
+        return None
+    with comm.record() as ledger:
+        work = comm.all_reduce(t, async_op=True)
+        returned = time.perf_counter()
+        work.wait()
+    rec = ledger.records[0]
+    deadline = time.perf_counter() + 2.0
+    while rec.end is None and time.perf_counter() < deadline:  # a future callback sets it
+        time.sleep(0.005)
+    return rec.start, returned, rec.end, t.tolist()
+
+
+def test_async_end_time_is_when_the_op_completed():
+    start, returned, end, summed = minidist.launch(async_end_after_return, 2, timeout_s=30)[1]
+    assert summed == [2.0] * 4
+    assert end is not None
+    # the op was still waiting for rank 0 when the call returned: it ended after that
+    assert start <= returned <= end
+
+
+def uneven_all_to_all(row: int):
+    """Rank s sends split(s, d) rows to rank d: every rank sends a different amount to each."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def split(src, dst):
+        return 1 + src + 2 * dst
+
+    def chunk(src, dst):  # values name the sender and the receiver
+        values = 1000 * src + 100 * dst + torch.arange(split(src, dst) * row, dtype=torch.float32)
+        return values.reshape(-1, row) if row > 1 else values
+
+    inp = torch.cat([chunk(rank, d) for d in range(n)])
+    out = torch.empty_like(torch.cat([chunk(s, rank) for s in range(n)]))
+    with comm.record() as ledger:
+        comm.all_to_all(
+            out, inp,
+            output_split_sizes=[split(s, rank) for s in range(n)],
+            input_split_sizes=[split(rank, d) for d in range(n)],
+        )  # fmt: skip
+    expected = torch.cat([chunk(s, rank) for s in range(n)])
+    (r,) = ledger.records
+    own = split(rank, rank) * row * F32  # the chunk a rank keeps is not sent
+    return torch.equal(out, expected), r.payload_bytes, r.ring_bytes, inp.numel() * F32, own
+
+
+@pytest.mark.parametrize("row", [1, 3])  # 1-D input, and rows of 3 elements
+def test_all_to_all_uneven_splits(row):
+    for rank, (landed, payload, sent, in_bytes, own) in enumerate(
+        minidist.launch(uneven_all_to_all, 3, row)
+    ):
+        assert landed, f"rank {rank}"
+        assert payload == in_bytes
+        assert sent == in_bytes - own, f"rank {rank}: sends all its input but its own chunk"
 
 
 def ring_vs_dist(numel, integer):

@@ -55,3 +55,20 @@ def test_every_exercise_check_raises_not_implemented(path):
     code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     check_cells = [i for i, src in code if calls_checker.search(src)]
     assert check_cells and all(i in errors for i in check_cells), (check_cells, errors)
+
+
+TEXT_FILES = sorted(
+    [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb"), ROOT / "README.md"]
+)
+
+
+@pytest.mark.parametrize("path", TEXT_FILES, ids=[p.name for p in TEXT_FILES])
+def test_text_names_only_lessons_that_exist(path):
+    """Every "notebook NN" / "lesson NN" (or a range "lessons NN-MM") names a notebook here."""
+    text = path.read_text()
+    named = set()
+    for first, last in re.findall(r"(?i)(?:notebook|lesson)s? (\d{2})(?:\s*[-–]\s*(\d{2}))?", text):
+        named.update(f"{n:02d}" for n in range(int(first), int(last or first) + 1))
+    existing = {p.name[:2] for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert named <= existing, f"{path.name} names lessons {sorted(named - existing)}"
+    assert "SYLLABUS" not in text, f"{path.name} cites a document the repository lacks"

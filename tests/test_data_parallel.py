@@ -4,10 +4,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidist
+from minidist import comm
 from minidist.data import shard_batch
 from minidist.data_parallel import BucketedDataParallel, plan_buckets
 from minidist.data_parallel.fixture import (
@@ -20,8 +22,11 @@ from minidist.data_parallel.fixture import (
     train_on_rank,
     trainable_params,
     unused_on_rank,
+    wrap,
 )
 from minidist.data_parallel.theory import bytes_sent_per_step
+from minidist.data_parallel.timeline import overlap_fraction, step_timeline, union_length
+from minidist.parallel import named_grads, named_parameters
 from minidist.training import make_optimizer, max_abs_diff, train
 
 # float32; the only difference from the reference is the order of summation (N partial
@@ -149,3 +154,143 @@ def test_plan_buckets_properties(sizes, cap, first_cap):
         assert sum(nbytes[:-1]) < limit  # a bucket closes as soon as it reaches its cap
         if b < len(plan) - 1:
             assert sum(nbytes) >= limit  # ...and only then
+
+
+class Branches(nn.Module):
+    """Two independent branches; `order` says which run in forward, and in which order.
+
+    Backward runs autograd nodes in reverse creation order, so the branch computed last in
+    forward gets its gradients first: the order of forward sets the order of readiness.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, order: tuple[str, ...]) -> torch.Tensor:
+        ys = [getattr(self, name)(x) for name in order]
+        return sum(ys[1:], ys[0])  # a + b == b + a exactly: only readiness depends on order
+
+
+BRANCH_MB = 80 / 2**20  # one branch (4x4 weight + 4 bias, float32) per bucket
+BRANCH_STEPS, BRANCH_BATCH = 2, 8
+
+
+def branch_batches():
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(BRANCH_BATCH, 4, generator=g), torch.randn(BRANCH_BATCH, 4, generator=g))
+        for _ in range(BRANCH_STEPS)
+    ]
+
+
+def branches_on_rank(orders: tuple[tuple[str, ...], ...], find_unused: bool):
+    """Train `Branches` (rank r runs `orders[r]`); the gradients' readiness order per step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = Branches()
+    ddp = BucketedDataParallel(
+        model, bucket_cap_mb=BRANCH_MB, first_bucket_cap_mb=BRANCH_MB,
+        find_unused_parameters=find_unused,
+    )  # fmt: skip
+    names = {id(p): n for n, p in model.named_parameters()}
+    ready: list[list[str]] = []
+    for p in model.parameters():  # after the wrapper's hooks: fire once it has seen the grad
+        p.register_post_accumulate_grad_hook(lambda p: ready[-1].append(names[id(p)]))
+    opt = make_optimizer(model.parameters())
+    with comm.record() as ledger:
+        for batch in branch_batches():
+            x, y = shard_batch(batch, rank, world)
+            ready.append([])
+            opt.zero_grad()
+            F.mse_loss(ddp(x, orders[rank]), y).backward()
+            grads = named_grads(model)
+            opt.step()
+    plan = [[names[id(p)] for p in bucket.params] for bucket in ddp.buckets]
+    tags = [r.tag for r in ledger.records if r.tag.startswith("bucket")]
+    return plan, ready, tags, grads, named_parameters(model)
+
+
+def branches_reference(orders: tuple[tuple[str, ...], ...]):
+    """One process: the mean over ranks of each rank's loss on its slice, as DP computes."""
+    torch.manual_seed(0)
+    model = Branches()
+    opt = make_optimizer(model.parameters())
+    for batch in branch_batches():
+        opt.zero_grad()
+        losses = [
+            F.mse_loss(model(x, order), y)
+            for x, y, order in (
+                (*shard_batch(batch, r, len(orders)), orders[r]) for r in range(len(orders))
+            )
+        ]
+        (sum(losses) / len(orders)).backward()
+        grads = named_grads(model)
+        opt.step()
+    return grads, named_parameters(model)
+
+
+@pytest.mark.parametrize(
+    "orders, find_unused",
+    [
+        # rank 0: b's bucket (0) is ready first; rank 1: a's bucket (1) is ready first
+        ((("a", "b"), ("b", "a")), False),
+        # rank 1 leaves a unused: its bucket 1 is complete (zeros) at the first hook
+        ((("a", "b"), ("b",)), True),
+    ],
+    ids=["swapped", "unused-on-one-rank"],
+)
+def test_buckets_launch_in_index_order_whatever_the_readiness_order(orders, find_unused):
+    results = minidist.launch(branches_on_rank, 2, orders, find_unused, timeout_s=30)
+    ref_grads, ref_params = branches_reference(orders)
+    for rank, (plan, ready, tags, grads, params) in enumerate(results):
+        assert plan == [["b.bias", "b.weight"], ["a.bias", "a.weight"]]
+        # the precondition: readiness really differs between ranks, on every step
+        for step in ready:
+            if rank == 0:
+                assert [n[0] for n in step] == list("bbaa")
+            elif find_unused:
+                assert [n[0] for n in step] == list("bb")  # a's bucket was ready before
+            else:
+                assert [n[0] for n in step] == list("aabb")
+        assert tags == ["bucket0", "bucket1"] * BRANCH_STEPS, f"rank {rank}"
+        # float32, two ranks summed instead of one process: ~1 ulp on the gradients
+        assert max_abs_diff(grads, ref_grads) < GRAD_TOL, f"rank {rank}"
+        assert max_abs_diff(params, ref_params) < PARAM_TOL, f"rank {rank}"
+
+
+def test_union_length_and_overlap_fraction():
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 2.0), (1.0, 3.0)]) == 3.0  # overlapping
+    assert union_length([(2.0, 3.0), (0.0, 1.0)]) == 2.0  # disjoint, unsorted
+    assert union_length([(0.0, 5.0), (1.0, 2.0)]) == 5.0  # nested
+    assert union_length([(0.0, 1.0), (1.0, 2.0)]) == 2.0  # touching
+    assert union_length([(0.0, 2.0), (3.0, 5.0)], until=4.0) == 3.0  # cut by until
+    assert union_length([(3.0, 5.0)], until=2.0) == 0.0  # entirely after until
+    assert overlap_fraction([], compute_end=1.0) == 0.0
+    assert overlap_fraction([(0.0, 2.0), (3.0, 5.0)], compute_end=1.0) == 0.25
+    assert overlap_fraction([(0.0, 2.0), (1.0, 3.0)], compute_end=10.0) == 1.0  # all hidden
+    assert overlap_fraction([(2.0, 3.0)], compute_end=1.0) == 0.0  # all after compute
+
+
+def timelines_on_rank():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for kind in ("naive", "bucketed"):
+        model, batches, loss_fn = build("mlp")
+        wrapped = wrap(kind, model, **SMALL_BUCKETS)
+        batch = shard_batch(batches[0], rank, world)
+        out[kind] = step_timeline(wrapped, batch, loss_fn, make_optimizer(model.parameters()))
+    return out
+
+
+def test_naive_overlaps_nothing_bucketed_something():
+    for timelines in minidist.launch(timelines_on_rank, 2, timeout_s=30):
+        naive, bucketed = timelines["naive"], timelines["bucketed"]
+        assert naive.comm and all(start >= naive.backward_end for start, *_ in naive.comm)
+        assert naive.overlap < 0.05  # naive all-reduces all start after backward
+        # every bucket is launched from a gradient hook, so before backward's last hook
+        assert len(bucketed.comm) > 1
+        assert all(start < bucketed.backward_end for start, *_ in bucketed.comm)
+        assert 0 < bucketed.overlap <= 1

@@ -7,6 +7,8 @@ before forward and reduce-scatters the gradients into the slices after backward.
 `minidist.training.train` compares it with one process exactly as it does DDP.
 """
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,7 +17,7 @@ import torch.nn as nn
 import minidist
 from minidist import comm
 from minidist.data import shard_batch
-from minidist.data_parallel.fixture import build, reference
+from minidist.data_parallel.fixture import build, reference, wrap
 from minidist.parallel import ParallelModule
 from minidist.training import max_abs_diff, train
 
@@ -96,3 +98,110 @@ def test_sharded_wrapper_meets_the_comparison_contract(model_name, world):
         # each rank really holds 1/N of each parameter (rounded up)
         full = [p.numel() for p in build(model_name).model.parameters()]
         assert shard_sizes == [-(-n // world) for n in full]
+
+
+class WithBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("running", torch.zeros(2))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def state_after_wrapping(kind: str):
+    """Every rank but 0 changes its parameters and buffers before wrapping."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = WithBuffers()
+    if rank != 0:
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                t.add_(rank)
+    wrap(kind, model)
+    return {n: t.clone() for n, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+@pytest.mark.parametrize("kind", ["naive", "bucketed"])
+def test_wrapping_broadcasts_rank0_parameters_and_buffers(kind):
+    states = minidist.launch(state_after_wrapping, 3, kind, timeout_s=30)
+    torch.manual_seed(0)
+    expected = WithBuffers()
+    assert set(states[0]) == {"lin.weight", "lin.bias", "running", "count", "scratch"}
+    for rank, state in enumerate(states):
+        for name, t in [*expected.named_parameters(), *expected.named_buffers()]:
+            assert torch.equal(state[name], t), f"rank {rank}: {name} is not rank 0's"
+
+
+def mlp(*widths: int) -> nn.Sequential:
+    layers = [nn.Linear(i, o) for i, o in zip(widths, widths[1:])]
+    return nn.Sequential(*layers)
+
+
+# rank -> the model that rank builds; every other rank builds mlp(4, 8, 2)
+ODD_ONE_OUT = {
+    "shape": (1, lambda: mlp(4, 6, 2)),  # first mismatch: 0.weight (8, 4) vs (6, 4)
+    "extra-layer": (2, lambda: mlp(4, 8, 2, 2)),  # first mismatch: 2.weight vs nothing
+    "no-parameters": (1, lambda: nn.Sequential(nn.ReLU())),  # 0.weight vs nothing
+}
+
+
+def wrap_model(kind: str, case: str | None, catch: bool):
+    """Wrap this rank's model; with `catch`, return the error message instead of raising."""
+    odd_rank, odd = ODD_ONE_OUT[case] if case else (None, None)
+    model = odd() if dist.get_rank() == odd_rank else mlp(4, 8, 2)
+    try:
+        with comm.record() as ledger:
+            wrap(kind, model)
+    except ValueError as e:
+        if not catch:
+            raise
+        return str(e)
+    return [r.tag for r in ledger.records]
+
+
+EXPECTED_MESSAGE = {
+    "shape": [
+        "first at entry 0",
+        "ranks [0, 2]: parameter 0.weight (8, 4) torch.float32",
+        "ranks [1]: parameter 0.weight (6, 4) torch.float32",
+    ],
+    "extra-layer": [
+        "first at entry 4",
+        "ranks [0, 1]: (nothing: fewer entries)",
+        "ranks [2]: parameter 2.weight (2, 2) torch.float32",
+    ],
+    "no-parameters": [
+        "first at entry 0",
+        "ranks [0, 2]: parameter 0.weight (8, 4) torch.float32",
+        "ranks [1]: (nothing: fewer entries)",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_ONE_OUT))
+@pytest.mark.parametrize("kind", ["naive", "bucketed"])
+def test_different_models_raise_on_every_rank_naming_the_mismatch(kind, case):
+    who = {"naive": "NaiveDataParallel", "bucketed": "BucketedDataParallel"}[kind]
+    start = time.perf_counter()
+    messages = minidist.launch(wrap_model, 3, kind, case, True, timeout_s=30)
+    for message in messages:  # every rank raised (none hangs), with the same message
+        assert isinstance(message, str) and message == messages[0]
+        assert message.startswith(f"{who}: the model differs between ranks")
+        for part in EXPECTED_MESSAGE[case]:
+            assert part in message
+    # uncaught, it fails the world quickly with that message
+    with pytest.raises(minidist.RankFailedError, match=r"ValueError: .*ranks \[") as info:
+        minidist.launch(wrap_model, 3, kind, case, False, timeout_s=30)
+    assert all(part in str(info.value) for part in EXPECTED_MESSAGE[case])
+    assert time.perf_counter() - start < 20
+
+
+@pytest.mark.parametrize("kind", ["naive", "bucketed"])
+def test_same_model_passes_the_check(kind):
+    for tags in minidist.launch(wrap_model, 3, kind, None, False, timeout_s=30):
+        # two small all-gathers, then the initial broadcast of the 4 parameters
+        assert tags == ["verify-model"] * 2 + ["init"] * 4

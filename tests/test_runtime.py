@@ -1,6 +1,8 @@
 """launch: results in rank order, fast failure with the rank's traceback, timeouts, no orphans."""
 
+import faulthandler
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -89,6 +91,101 @@ def exit_without_result():
 def test_rank_that_dies_is_reported():
     with pytest.raises(minidist.RankFailedError, match="exited with code 3"):
         minidist.launch(exit_without_result, 2, timeout_s=30)
+    assert live_children() == []
+
+
+def wait_for_file(path, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def abort_after_native_message(folder):
+    # Rank 1 dies only once rank 0 is past rendezvous, so that rank 0 never fails too (in
+    # init_process_group, as peers of a dead rank do) and races rank 1 to be reported.
+    ready = os.path.join(folder, "rank0-joined")
+    if dist.get_rank() == 0:
+        open(ready, "w").close()
+        return
+    wait_for_file(ready)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    faulthandler.disable()  # pytest's would dump every thread's stack to the terminal
+    os.write(2, b"noise that scrolls away\n" * 50)
+    # What gloo writes from C++ right before abort(): no Python traceback follows.
+    os.write(2, b"[enforce fail] Received data size doesn't match expected size (minidist)\n")
+    os.abort()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_rank_killed_by_abort_reports_its_last_stderr_lines(start_method, tmp_path):
+    with pytest.raises(minidist.RankFailedError) as info:
+        minidist.launch(
+            abort_after_native_message, 2, str(tmp_path), start_method=start_method, timeout_s=60
+        )
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert "exited with code -6 (SIGABRT)" in message
+    assert "Received data size doesn't match expected size (minidist)" in message
+    assert message.count("noise that scrolls away") < 50  # a tail, not everything
+    assert live_children() == []
+
+
+FLOOD_LINES = 2000  # of 110 bytes: 220 KB, far above a pipe buffer (64 KiB)
+
+
+def flood_stderr():
+    data = f"rank {dist.get_rank()} floods: {'x' * 94}\n".encode() * FLOOD_LINES
+    while data:
+        data = data[os.write(2, data) :]
+    return dist.get_rank()
+
+
+def test_rank_writing_lots_to_stderr_completes_and_is_forwarded(capfd):
+    t0 = time.monotonic()
+    assert minidist.launch(flood_stderr, 2, timeout_s=60) == [0, 1]
+    assert time.monotonic() - t0 < 30
+    err = capfd.readouterr().err  # forwarded to the parent's file descriptor 2
+    for rank in (0, 1):
+        assert err.count(f"rank {rank} floods: ") == FLOOD_LINES
+    assert live_children() == []
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_worlds_leave_no_file_descriptors_open(tmp_path):
+    minidist.launch(rank_and_size, 2)  # first use may open lasting fds (imports, caches)
+    before = open_fds()
+    for i in range(3):
+        minidist.launch(rank_and_size, 2)
+        minidist.launch(flood_stderr, 2)
+        (tmp_path / str(i)).mkdir()
+        with pytest.raises(minidist.RankFailedError):
+            minidist.launch(abort_after_native_message, 2, str(tmp_path / str(i)))
+        with pytest.raises(minidist.RankFailedError):
+            minidist.launch(fail_on_rank, 2, 1)
+    assert open_fds() == before
+    assert live_children() == []
+
+
+def fail_while_rank_one_sleeps(folder):
+    # Rank 0 fails only once rank 1 is past rendezvous: a rank still in init_process_group
+    # would fail by itself when rank 0 exits, and the world would end fast for that reason.
+    sleeping = os.path.join(folder, "rank1-sleeping")
+    if dist.get_rank() == 0:
+        wait_for_file(sleeping)
+        raise ValueError("rank 0 fails at once")
+    open(sleeping, "w").close()
+    time.sleep(60)  # outside any collective: nothing makes this rank fail by itself
+
+
+def test_failure_stops_ranks_outside_collectives_after_grace(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(minidist.RankFailedError, match="rank 0 fails at once") as info:
+        minidist.launch(fail_while_rank_one_sleeps, 2, str(tmp_path), timeout_s=120)
+    assert time.monotonic() - t0 < 20  # the grace period, not the 60 s sleep or the timeout
+    assert info.value.rank == 0
     assert live_children() == []
 
 
@@ -196,3 +293,18 @@ def test_joins_a_torchrun_world(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RESULTS [(0, 2.0), (1, 2.0)]" in out.stdout
+
+
+def big_matmul():
+    x = torch.randn(512, 512)
+    return float((x @ x).sum()) * 0 + torch.get_num_threads()
+
+
+def test_forked_world_of_one_after_the_parent_computed_does_not_hang():
+    """GNU OpenMP hangs in a forked child that starts a thread team after the parent ran one:
+    forked ranks get one intra-op thread."""
+    torch.set_num_threads(2)
+    torch.randn(512, 512) @ torch.randn(512, 512)  # the parent runs a parallel region
+    assert minidist.launch(big_matmul, 1, timeout_s=30) == [1]
+    with pytest.raises(ValueError, match="threads_per_rank=2 needs start_method='spawn'"):
+        minidist.launch(big_matmul, 1, start_method="fork", threads_per_rank=2)

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ..runtime import RankFailedError, WorldTimeoutError, launch
 
-CHECK_TIMEOUT_S = 10.0
+CHECK_TIMEOUT_S = 5.0
 
 
 class CheckFailed(AssertionError):

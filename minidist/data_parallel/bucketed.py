@@ -41,18 +41,25 @@ MiB = 1024 * 1024
 
 
 def plan_buckets(
-    params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int
+    params: list[torch.Tensor],
+    cap_bytes: int,
+    first_cap_bytes: int,
+    groups: list[int] | None = None,
 ) -> list[list[int]]:
     """Indices of `params` per bucket: reverse order, a bucket closes once it reaches its cap.
 
-    A bucket may exceed its cap by its last parameter (as in PyTorch); dtypes never mix.
+    A bucket may exceed its cap by its last parameter (as in PyTorch); dtypes never mix, nor
+    do parameters of different `groups` (e.g. optimizer param groups, when given).
     """
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
     for i in reversed(range(len(params))):
         p = params[i]
-        if current and params[current[0]].dtype != p.dtype:
+        if current and (
+            params[current[0]].dtype != p.dtype
+            or (groups is not None and groups[current[0]] != groups[i])
+        ):
             buckets.append(current)
             current, size = [], 0
         current.append(i)

@@ -113,14 +113,18 @@ def _bucket_rank(bucket_cls: type) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batches, loss_fn = _fixture()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    names = [n for n, _ in reversed(named)]  # reverse registration order, as DDP does
-    params = [p for _, p in reversed(named)]
+    # Not the order backward produces gradients in (roughly reverse registration order):
+    # a bucket must count its pending gradients, not wait for the last one of its list.
+    order = [named[i] for i in _list_order(len(named))]
+    names = [n for n, _ in order]
+    params = [p for _, p in order]
     bucket = bucket_cls(params, world)
     by_id = {id(p): n for n, p in named}
     state: dict = {}
 
     def hook(p: torch.Tensor) -> None:
         state["local"][by_id[id(p)]] = p.grad.detach().clone()
+        state["arrivals"].append(by_id[id(p)])
         state["hooks"] += 1
         before = len(state["ledger"].records)
         bucket.on_grad_ready(p)
@@ -135,7 +139,7 @@ def _bucket_rank(bucket_cls: type) -> dict:
         x, y = shard_batch(batch, rank, world)
         opt.zero_grad()
         with comm.record() as ledger:
-            state.update(local={}, hooks=0, launches=[], ledger=ledger)
+            state.update(local={}, hooks=0, launches=[], arrivals=[], ledger=ledger)
             loss_fn(model(x), y).backward()
             in_backward = len(ledger.records)
             bucket.wait()
@@ -145,6 +149,7 @@ def _bucket_rank(bucket_cls: type) -> dict:
                 got=grads(model),
                 buffer=_buffer_copy(bucket),
                 launches=state["launches"],
+                arrivals=state["arrivals"],
                 in_backward=in_backward,
                 records=[(r.op, r.payload_bytes) for r in ledger.records],
             )
@@ -152,6 +157,13 @@ def _bucket_rank(bucket_cls: type) -> dict:
         opt.step()
     sizes = [p.numel() for p in params]
     return dict(steps=steps, names=names, sizes=sizes)
+
+
+def _list_order(n: int) -> list[int]:
+    """A fixed shuffle of n indices whose last one (the first registered parameter, whose
+    gradient backward produces last) moves to the front."""
+    rest = list(range(1, n))
+    return [0] + rest[1::2] + rest[0::2]
 
 
 def _buffer_copy(bucket) -> torch.Tensor | None:
@@ -192,7 +204,8 @@ def _diagnose_offsets(
     return None
 
 
-def _diagnose_launches(step: dict, n_params: int, total_bytes: int) -> str | None:
+def _diagnose_launches(step: dict, names: list[str], total_bytes: int) -> str | None:
+    n_params = len(names)
     reduces = [b for op, b in step["records"] if op == "all_reduce"]
     launches = step["launches"]
     if not reduces:
@@ -212,6 +225,14 @@ def _diagnose_launches(step: dict, n_params: int, total_bytes: int) -> str | Non
         return (
             "the all-reduce was launched in wait(), after backward finished, so it cannot "
             "overlap backward: launch it from on_grad_ready when the last gradient arrives."
+        )
+    arrivals = step["arrivals"]
+    if launches and launches[0] < n_params and arrivals[launches[0] - 1] == names[-1]:
+        return (
+            f"you launched when the last parameter of the list ({names[-1]}) arrived, but it "
+            f"was gradient {launches[0]} of {n_params} to arrive: gradients can arrive in any "
+            "order (here: " + ", ".join(arrivals) + "). Count the pending ones and launch "
+            "when none is left."
         )
     if launches and launches[0] < n_params:
         return (
@@ -237,7 +258,7 @@ def check_grad_bucket(bucket_cls: type) -> None:
             for rank, res in enumerate(results):
                 s = res["steps"][step]
                 where = f"world of {world}, step {step}, rank {rank}"
-                problem = _diagnose_launches(s, len(names), total_bytes)
+                problem = _diagnose_launches(s, names, total_bytes)
                 if problem and step > 0 and not s["records"]:
                     problem = (
                         "the first step was right but the second never all-reduced: wait() "
