@@ -1,0 +1,59 @@
+"""The rank functions lesson 02's notebook, tests and tour share.
+
+The models and batches are lesson 01's (`minidist.data_parallel.fixture.build`: a tied and a
+frozen parameter); `ZERO_MLP` makes the last bias 3 elements, fewer than 4 ranks, so that
+with small buckets some ranks own padding only. Adam is the optimizer throughout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..data import shard_batch
+from ..data_parallel.fixture import build
+from ..memory import ModelStateBytes, model_state_bytes
+from ..training import TrainTrace, train
+from .sharded import ZeroDataParallel
+
+ADAM = dict(lr=1e-2)
+ZERO_MLP = dict(out_dim=3)  # a parameter with fewer elements than ranks
+
+
+def build_args(name: str) -> dict:
+    return ZERO_MLP if name == "mlp" else {}
+
+
+def reference(name: str) -> TrainTrace:
+    """The same model trained with Adam in one process on the whole global batches."""
+    model, batches, loss_fn = build(name, **build_args(name))
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
+    return train(model, batches, loss_fn, opt)
+
+
+def train_on_rank(
+    stage: int, name: str, **options
+) -> tuple[TrainTrace, comm.Ledger, ModelStateBytes, int]:
+    """On a rank: ZeRO `stage` on this rank's slices, with Adam.
+
+    Returns (trace, ledger of the training steps, model-state bytes after the last step,
+    padded trainable elements).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches, loss_fn = build(name, **build_args(name))
+    zero = ZeroDataParallel(model, stage=stage, **{**ADAM, **options})
+    local = [shard_batch(b, rank, world) for b in batches]
+    with comm.record() as ledger:
+        trace = train(zero, local, loss_fn, zero.optimizer)
+    memory = zero_state_bytes(zero)
+    return trace, ledger, memory, sum(b.layout.padded for b in zero.buckets)
+
+
+def zero_state_bytes(zero: ZeroDataParallel) -> ModelStateBytes:
+    """Parameters, gradients and optimizer state this rank holds (each storage once)."""
+    grads = [b.flat_grad for b in zero.buckets if b.flat_grad is not None]
+    grads += [s.grad for s in zero.shards if s.grad is not None]
+    return model_state_bytes(
+        zero.module, zero.optimizer, extra_params=zero.shards, extra_grads=grads
+    )

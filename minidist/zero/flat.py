@@ -1,0 +1,66 @@
+"""One flat, padded, sharded buffer over a list of parameters: the layout ZeRO and FSDP share.
+
+Rajbhandari et al. 2020, "ZeRO", section 5 (partitioning), and PyTorch FSDP's FlatParameter
+(Zhao et al. 2023, "PyTorch FSDP", section 3.2.1):
+
+- flatten: the parameters' elements one after another, each at a recorded offset;
+- pad: up to a multiple of N with zeros (at most N-1 elements), so that every rank gets an
+  equal chunk and a collective never needs uneven sizes;
+- shard: rank r owns elements [r·c, (r+1)·c) of the padded buffer, c = padded / N.
+
+With fewer elements than ranks (15 elements on 16 ranks) every rank still owns one element,
+and the last ranks own padding only. `views` turns a full flat buffer back into tensors of
+the parameters' shapes (sharing its storage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class FlatShard:
+    """The layout of `params` in a flat buffer padded to a multiple of `world_size`."""
+
+    def __init__(self, params: Sequence[torch.Tensor], world_size: int, rank: int):
+        if world_size < 1:
+            raise ValueError(f"FlatShard: world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"FlatShard: rank must be in [0, {world_size}), got {rank}")
+        if not params:
+            raise ValueError("FlatShard: params must not be empty")
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        self.numel = sum(self.numels)
+        self.chunk = -(-self.numel // world_size)
+        self.padded = self.chunk * world_size
+        self.world_size, self.rank = world_size, rank
+        self.start = rank * self.chunk
+
+    @property
+    def padding(self) -> int:
+        return self.padded - self.numel
+
+    def flatten(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """A new padded flat buffer holding `tensors` (one per parameter) at their offsets."""
+        flat = torch.zeros(self.padded, dtype=tensors[0].dtype, device=tensors[0].device)
+        for t, off, n in zip(tensors, self.offsets, self.numels):
+            flat[off : off + n].copy_(t.reshape(-1))
+        return flat
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Tensors of the parameters' shapes that share `flat`'s storage."""
+        return [
+            flat[off : off + n].view(s) for off, n, s in zip(self.offsets, self.numels, self.shapes)
+        ]
+
+    def own(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's chunk of a padded flat buffer (a view)."""
+        return flat[self.start : self.start + self.chunk]
+
+    def valid(self) -> torch.Tensor:
+        """A mask over this rank's chunk: True where a parameter element lives, False on padding."""
+        index = torch.arange(self.start, self.start + self.chunk)
+        return index < self.numel

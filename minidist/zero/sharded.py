@@ -1,0 +1,296 @@
+"""ZeRO stages 1 and 2, and cross-replica weight-update sharding: shard the optimizer's work.
+
+Rajbhandari et al. 2020, "ZeRO", section 5.1 (P_os: optimizer states partitioned, stage 1)
+and 5.2 (P_os+g: gradients partitioned too, stage 2); Xu et al. 2020, "Automatic
+Cross-Replica Sharding of Weight Update in Data-Parallel Training" (arXiv:2004.13336),
+sections 3-4, the same idea seen from the all-reduce: replace it by its two halves.
+
+Every rank holds the whole model, runs forward and backward on its slice of the batch, then:
+
+1. reduce-scatter: each bucket of gradients (DDP's buckets, `plan_buckets`) is summed over
+   the ranks and rank r keeps only chunk r of it (`FlatShard`: flattened, padded to a
+   multiple of N). Stage 1 keeps the full local gradient buffers; stage 2 launches each
+   bucket's reduce-scatter from the gradient hooks as soon as the bucket is complete (in
+   bucket order, overlapping backward) and frees the full gradients: only 1/N stays.
+2. update: the wrapped torch optimizer (any class; param groups with their own
+   hyperparameters) steps only this rank's chunks, so its state is 1/N of the model's.
+3. all-gather: the updated chunks travel back into every rank's full parameters, right
+   after the step or, with `gather_weights="before_forward"`, at the start of the next
+   forward (Xu et al.: it lets the next forward overlap or use another precision).
+
+Per step a rank sends (N-1)/N·Ψ twice: what the all-reduce of plain DP sends. Elementwise
+optimizers need nothing more. A non-elementwise step (a global gradient norm, as in
+clipping or LAMB) sums partial results over the shards with one all-reduce, the padding
+masked out (`clip_grad_norm_`).
+
+Not here: `no_sync`, parameters unused in forward, stage 3 (parameters sharded too: FSDP,
+notebook 03). Native equivalents: `torch.distributed.optim.ZeroRedundancyOptimizer` (stage
+1), DeepSpeed ZeRO stages 1-2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from ..data_parallel.bucketed import MiB, plan_buckets
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from .flat import FlatShard
+
+GATHER_WHEN = ("after_step", "before_forward")
+
+
+class _Bucket:
+    """Parameters reduced together: their flat layout, full parameters and this rank's chunk."""
+
+    def __init__(self, names: list[str], params: list[nn.Parameter], world: int, rank: int):
+        self.names, self.params = names, params
+        self.layout = FlatShard(params, world, rank)
+        self.flat_param = self.layout.flatten([p.detach() for p in params])
+        for p, view in zip(params, self.layout.views(self.flat_param)):
+            p.data = view  # the module's parameters now live in the flat buffer
+        self.shard = nn.Parameter(self.layout.own(self.flat_param))  # a view: no copy
+        self.flat_grad: torch.Tensor | None = None
+        self.pending = len(params)
+        self.work = None
+        self.reduced: torch.Tensor | None = None
+
+
+class ZeroDataParallel(ParallelModule):
+    """ZeRO stage 1 or 2 around `module`; `self.optimizer` steps only this rank's shard.
+
+    Args:
+        module: the model, the same on every rank (checked).
+        stage: 1 (optimizer state sharded) or 2 (gradients sharded too).
+        optimizer_class: any torch optimizer class; built on this rank's chunks.
+        param_groups: torch-style groups, e.g. `[{"params": [...], "lr": 0.1}, ...]`, that
+            together list every trainable parameter once; default one group of them all.
+        bucket_cap_mb: gradient bucket size, as in DDP.
+        gather_weights: "after_step" or "before_forward" (when updated chunks are gathered).
+        **defaults: the optimizer's hyperparameters (lr, betas, weight_decay, ...).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int = 1,
+        optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
+        param_groups: list[dict] | None = None,
+        group=None,
+        bucket_cap_mb: float = 25.0,
+        gather_weights: str = "after_step",
+        **defaults,
+    ):
+        super().__init__()
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroDataParallel: stage must be 1 or 2 (3 is FSDP), got {stage}")
+        if gather_weights not in GATHER_WHEN:
+            raise ValueError(f"gather_weights must be one of {GATHER_WHEN}, got {gather_weights!r}")
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb} must be > 0")
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        groups = _group_index(named, param_groups)
+        verify_same_model(module, group, "ZeroDataParallel")
+        self.module, self.group, self.stage = module, group, stage
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.gather_weights = gather_weights
+        broadcast_parameters(module, group)
+
+        params = [p for _, p in named]
+        cap = int(bucket_cap_mb * MiB)
+        plan = plan_buckets(params, cap, cap, groups=[groups[id(p)] for p in params])
+        self.buckets = [
+            _Bucket([named[i][0] for i in idx], [params[i] for i in idx], self.world, self.rank)
+            for idx in plan
+        ]
+        self.slot_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        options = param_groups or [{}]
+        inner_groups = [
+            {**{k: v for k, v in options[g].items() if k != "params"}, "params": shards}
+            for g in range(len(options))
+            if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
+        ]
+        self.optimizer = ShardedOptimizer(self, optimizer_class(inner_groups, **defaults))
+        self._gather_pending = False
+        self._reset()
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        """This rank's chunks, one per bucket: what the optimizer steps."""
+        return [b.shard for b in self.buckets]
+
+    # -- forward and backward -----------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self._gather_pending:
+            self.gather_parameters()
+        if torch.is_grad_enabled():
+            self._reset()
+        return self.module(*args, **kwargs)
+
+    def _reset(self) -> None:
+        for b in self.buckets:
+            b.pending, b.work = len(b.params), None
+        self.next_bucket = 0
+        self.backward_started = False
+
+    @torch.no_grad()
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self.backward_started:
+            self.backward_started = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        b, i = self.slot_of[id(param)]
+        if b.flat_grad is None:  # stage 2 allocates it per backward, stage 1 once
+            b.flat_grad = torch.zeros_like(b.flat_param)
+        view = b.layout.views(b.flat_grad)[i]
+        if param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)
+        param.grad = view if self.stage == 1 else None  # stage 2 keeps no full gradient
+        b.pending -= 1
+        # Launch in bucket order only, so every rank issues the same collectives in order.
+        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
+            ready = self.buckets[self.next_bucket]
+            ready.flat_grad.div_(self.world)  # pre-divide: the sum of the parts is the mean
+            ready.reduced = torch.empty(ready.layout.chunk, dtype=ready.flat_grad.dtype)
+            ready.work = comm.reduce_scatter(
+                ready.reduced, ready.flat_grad, group=self.group, async_op=True,
+                tag=f"grad-bucket{self.next_bucket}",
+            )  # fmt: skip
+            self.next_bucket += 1
+
+    @torch.no_grad()
+    def _finish_backward(self) -> None:
+        if self.next_bucket < len(self.buckets):
+            missing = [n for b in self.buckets[self.next_bucket :] for n in b.names if b.pending]
+            raise RuntimeError(
+                f"ZeroDataParallel: buckets holding {missing} never got all their gradients: "
+                "every trainable parameter must be used in forward (no unused parameters)."
+            )
+        for b in self.buckets:
+            b.work.wait()
+            if self.stage == 1:  # the reduced chunk replaces this rank's part of the buffer
+                own = b.layout.own(b.flat_grad)
+                own.copy_(b.reduced)
+                b.shard.grad = own
+            else:
+                b.shard.grad = b.reduced
+                b.flat_grad = None
+            b.reduced = None
+
+    # -- the step -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def gather_parameters(self) -> None:
+        """All-gather every bucket's updated chunks into the full parameters."""
+        works = [
+            comm.all_gather(
+                b.flat_param,
+                b.shard.detach().clone(),
+                group=self.group,
+                async_op=True,
+                tag="params",
+            )  # fmt: skip
+            for b in self.buckets
+        ]
+        for w in works:
+            w.wait()
+        self._gather_pending = False
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale the sharded gradients so their global L2 norm is at most `max_norm`.
+
+        Each rank sums the squares of its chunks, padding masked out, and one all-reduce adds
+        the partial sums (Xu et al. 2020, section 4.3). Returns the norm before clipping.
+        """
+        partial = torch.zeros(())
+        for b in self.buckets:
+            if b.shard.grad is not None:
+                partial += b.shard.grad[b.layout.valid()].pow(2).sum()
+        comm.all_reduce(partial, group=self.group, tag="grad-norm")
+        norm = math.sqrt(float(partial))
+        if norm > max_norm:
+            for b in self.buckets:
+                if b.shard.grad is not None:
+                    b.shard.grad.mul_(max_norm / (norm + 1e-6))
+        return norm
+
+    # -- the comparison contract --------------------------------------------------------------
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        if self._gather_pending:
+            self.gather_parameters()
+        return super().full_parameters()
+
+    @torch.no_grad()
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """The averaged gradients, gathered from every rank's chunk."""
+        out = {}
+        for b in self.buckets:
+            if b.shard.grad is None:
+                continue
+            full = torch.empty_like(b.flat_param)
+            comm.all_gather(full, b.shard.grad, group=self.group, tag="full-grads")
+            out.update(zip(b.names, (v.clone() for v in b.layout.views(full))))
+        return out
+
+
+class ShardedOptimizer:
+    """What `ZeroDataParallel.optimizer` is: the inner optimizer on this rank's chunks, then
+    the gather of the updated chunks. Mirrors the torch optimizer API the loops use."""
+
+    def __init__(self, owner: ZeroDataParallel, inner: torch.optim.Optimizer):
+        self.owner, self.inner = owner, inner
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+        for p in self.owner.module.parameters():
+            p.grad = None
+
+    def step(self) -> None:
+        self.inner.step()
+        if self.owner.gather_weights == "after_step":
+            self.owner.gather_parameters()
+        else:
+            self.owner._gather_pending = True
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[int, int]:
+    """id(param) -> index of its param group; every trainable parameter in exactly one."""
+    if param_groups is None:
+        return {id(p): 0 for _, p in named}
+    name_of = {id(p): n for n, p in named}
+    index: dict[int, int] = {}
+    for g, group in enumerate(param_groups):
+        for p in group["params"]:
+            if id(p) not in name_of:
+                raise ValueError(
+                    f"param_groups[{g}] lists a tensor that is not a trainable parameter of "
+                    "the module"
+                )
+            if id(p) in index:
+                raise ValueError(
+                    f"param_groups: {name_of[id(p)]} is in groups {index[id(p)]} and {g}"
+                )
+            index[id(p)] = g
+    missing = [n for n, p in named if id(p) not in index]
+    if missing:
+        raise ValueError(f"param_groups must list every trainable parameter; missing {missing}")
+    return index
