@@ -1,0 +1,14 @@
+"""Lesson 03, FSDP: fully sharded data parallelism (ZeRO stage 3) with flat-parameter units,
+prefetch, `no_sync`, clipping across shards, hybrid sharding.
+
+Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel";
+Rajbhandari et al. 2020, "ZeRO", section 5.3.
+
+- `unit.py`: `FlatParamUnit`, one module's parameters as a flat, sharded parameter
+- `fully_sharded.py`: `FullyShardedDataParallel`
+"""
+
+from .fully_sharded import FullyShardedDataParallel
+from .unit import FlatParamUnit
+
+__all__ = ["FullyShardedDataParallel", "FlatParamUnit"]
