@@ -19,6 +19,8 @@ parameter that differs (DDP's `_verify_param_shape_across_processes` does the sa
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -34,6 +36,19 @@ class ParallelModule(nn.Module):
     """
 
     module: nn.Module
+    supports_no_sync = False  # wrappers that honour `require_backward_grad_sync` set True
+    require_backward_grad_sync = True  # torch DDP's flag, which `no_sync()` switches off
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally; the first backward after the block reduces them."""
+        if not self.supports_no_sync:
+            raise NotImplementedError(f"{type(self).__name__} has no no_sync()")
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
 
     def finish_gradient_sync(self) -> None:
         """Called after `backward()`, before `optimizer.step()`; a no-op where hooks did it."""

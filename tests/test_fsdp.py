@@ -1,14 +1,15 @@
 """FSDP (ZeRO-3) equals single-process Adam; memory and bytes per step equal the theory."""
 
+from functools import partial
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import minidist
-from minidist import comm
 from minidist.data import shard_batch
-from minidist.data_parallel.fixture import STEPS, build
+from minidist.data_parallel.fixture import STEPS, accumulate_on_rank, accumulated_reference, build
 from minidist.fsdp import FullyShardedDataParallel, theory
 from minidist.fsdp.fixture import UNITS, train_on_rank
 from minidist.models import Block
@@ -122,29 +123,12 @@ def test_units_smaller_than_the_world_and_clipping_across_shards():
     assert all(r[0] == {} for r in results[1:])  # the full state dict lands on rank 0 only
 
 
-def accumulate_rank(micro: int):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches, loss_fn = build("gpt", steps=micro)
-    fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"])
-    with comm.record() as ledger:
-        for i, batch in enumerate(batches):
-            x, y = shard_batch(batch, rank, world)
-            if i < micro - 1:
-                with fsdp.no_sync():
-                    loss_fn(fsdp(x), y).backward()
-            else:
-                loss_fn(fsdp(x), y).backward()
-    return fsdp.full_grads(), [r.op for r in ledger.records].count("reduce_scatter")
-
-
 def test_no_sync_accumulates_then_reduces_once():
-    model, batches, loss_fn = build("gpt", steps=3)
-    for x, y in batches:
-        loss_fn(model(x), y).backward()
-    ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    grads, reduce_scatters = minidist.launch(accumulate_rank, 2, 3)[0]
+    ref = accumulated_reference(3, "gpt")
+    fsdp = partial(FullyShardedDataParallel, wrap=UNITS["gpt"])
+    grads, ops = minidist.launch(accumulate_on_rank, 2, 3, "gpt", fsdp)[0]
     assert max_abs_diff(grads, ref) < GRAD_TOL
-    assert reduce_scatters == 3  # one per unit, after the last micro-batch only
+    assert ops.count("reduce_scatter") == 3  # one per unit, after the last micro-batch only
 
 
 def gathered_rank():

@@ -100,20 +100,26 @@ def _check_ledger(name: str, n: int, ops: list[list[str]], sent: list[float], ri
 # -- all-reduce ------------------------------------------------------------------------------
 
 
-def check_ring_all_reduce(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Check `fn(tensor) -> tensor`: the sum of `tensor` over all ranks, built on a ring."""
-    for n, length in ALL_REDUCE_CASES:
-        results = _run("ring all-reduce", n, fn, _all_reduce_input, length)
-        xs = [_all_reduce_input(r, n, length) for r in range(n)]
-        outs = [out for out, _, _, _ in results]
-        message = _diagnose_sends(n, length, [sent for *_, sent in results], outs)
-        message = message or _diagnose_all_reduce(n, xs, outs)
+def _check_on_worlds(name, fn, cases, make_input, diagnose, expected_bytes) -> None:
+    """Run `fn` on each (world, length) case; fail with `diagnose`'s message or a ledger one."""
+    for n, length in cases:
+        results = _run(name, n, fn, make_input, length)
+        xs = [make_input(r, n, length) for r in range(n)]
+        outs, ops, sent_bytes, sent = zip(*results)
+        message = diagnose(n, length, xs, list(outs), list(sent))
         if message:
             fail(f"on {n} ranks with {length} elements: {message}")
-        _check_ledger(
-            "ring all-reduce", n, [o for _, o, _, _ in results], [s for _, _, s, _ in results],
-            theory.ring_all_reduce_bytes(length, n),
-        )  # fmt: skip
+        _check_ledger(name, n, list(ops), list(sent_bytes), expected_bytes(length, n))
+
+
+def check_ring_all_reduce(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Check `fn(tensor) -> tensor`: the sum of `tensor` over all ranks, built on a ring."""
+    _check_on_worlds(
+        "ring all-reduce", fn, ALL_REDUCE_CASES, _all_reduce_input,
+        lambda n, length, xs, outs, sent: _diagnose_sends(n, length, sent, outs)
+        or _diagnose_all_reduce(n, xs, outs),
+        theory.ring_all_reduce_bytes,
+    )  # fmt: skip
     passed("ring all-reduce equals dist.all_reduce on 2, 3 and 4 ranks; 2(N-1)/N·S sent per rank")
 
 
@@ -270,18 +276,11 @@ def _first_mismatch(rank: int, out, expected, what: str) -> str:
 
 def check_ring_all_gather(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Check `fn(chunk) -> tensor`: every rank's chunk concatenated in rank order, on a ring."""
-    for n, length in ALL_GATHER_CASES:
-        results = _run("ring all-gather", n, fn, _all_gather_input, length)
-        xs = [_all_gather_input(r, n, length) for r in range(n)]
-        message = _diagnose_all_gather(
-            n, xs, [out for out, *_ in results], [s for *_, s in results]
-        )
-        if message:
-            fail(f"on {n} ranks: {message}")
-        _check_ledger(
-            "ring all-gather", n, [o for _, o, _, _ in results], [s for _, _, s, _ in results],
-            theory.ring_all_gather_bytes(length, n),
-        )  # fmt: skip
+    _check_on_worlds(
+        "ring all-gather", fn, ALL_GATHER_CASES, _all_gather_input,
+        lambda n, length, xs, outs, sent: _diagnose_all_gather(n, xs, outs, sent),
+        theory.ring_all_gather_bytes,
+    )  # fmt: skip
     passed("ring all-gather equals dist.all_gather on 2, 3 and 4 ranks; (N-1)/N·S sent per rank")
 
 

@@ -28,8 +28,6 @@ Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -124,6 +122,8 @@ class GradBucket:
 class BucketedDataParallel(ParallelModule):
     """DDP with gradient buckets whose all-reduces overlap the rest of backward."""
 
+    supports_no_sync = True
+
     def __init__(
         self,
         module: nn.Module,
@@ -143,7 +143,6 @@ class BucketedDataParallel(ParallelModule):
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters = find_unused_parameters
-        self.require_backward_grad_sync = True
         broadcast_parameters(module, group)
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -190,15 +189,6 @@ class BucketedDataParallel(ParallelModule):
         return [p for p in self.params if id(p) not in reached]
 
     # -- backward -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Accumulate gradients locally; the first backward after the block reduces them."""
-        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = previous
-
     @torch.no_grad()
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self.require_backward_grad_sync:

@@ -106,14 +106,17 @@ def train_on_rank(
     return trace, ledger, len(ledger.records) // len(batches)
 
 
-def accumulate_on_rank(micro_batches: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+def accumulate_on_rank(
+    micro_batches: int, name: str = "mlp", wrapper=BucketedDataParallel
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """On a rank: backward on `micro_batches` slices, all but the last under `no_sync()`.
 
+    `wrapper(model)` is any ParallelModule with `no_sync` (DDP here, FSDP in lesson 03).
     Returns the accumulated gradients and the collectives recorded.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches, loss_fn = build("mlp", steps=micro_batches)
-    ddp = BucketedDataParallel(model)
+    model, batches, loss_fn = build(name, steps=micro_batches)
+    ddp = wrapper(model)
     with comm.record() as ledger:
         for i, batch in enumerate(batches):
             x, y = shard_batch(batch, rank, world)
@@ -125,9 +128,9 @@ def accumulate_on_rank(micro_batches: int) -> tuple[dict[str, torch.Tensor], lis
     return ddp.full_grads(), ledger.ops()
 
 
-def accumulated_reference(micro_batches: int) -> dict[str, torch.Tensor]:
+def accumulated_reference(micro_batches: int, name: str = "mlp") -> dict[str, torch.Tensor]:
     """One process: the gradients summed over the same micro-batches."""
-    model, batches, loss_fn = build("mlp", steps=micro_batches)
+    model, batches, loss_fn = build(name, steps=micro_batches)
     for x, y in batches:
         loss_fn(model(x), y).backward()
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

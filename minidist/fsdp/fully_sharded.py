@@ -27,8 +27,6 @@ Native equivalent: `torch.distributed.fsdp.fully_shard` (FSDP2).
 
 from __future__ import annotations
 
-import contextlib
-import math
 from collections.abc import Callable
 
 import torch
@@ -37,10 +35,13 @@ import torch.nn as nn
 
 from .. import comm
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
 
 
 class FullyShardedDataParallel(ParallelModule):
+    supports_no_sync = True  # `no_sync()`: gradients accumulate unsharded, reduced later
+
     """ZeRO-3 / FSDP around `module`; build the optimizer on `sharded_parameters()`.
 
     Args:
@@ -85,7 +86,6 @@ class FullyShardedDataParallel(ParallelModule):
             unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
             unit.full.register_post_accumulate_grad_hook(lambda p, u=unit: self._post_backward(u))
         self.forward_order: list[FlatParamUnit] = []  # of the last forward: what to prefetch
-        self.require_backward_grad_sync = True
         self._reset()
 
     def sharded_parameters(self) -> list[nn.Parameter]:
@@ -170,31 +170,13 @@ class FullyShardedDataParallel(ParallelModule):
             unit.reshard()
         self._reset()
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Accumulate unsharded gradients locally; the next synced backward reduces the sum."""
-        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = previous
-
     # -- clipping and the full state --------------------------------------------------------
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the global gradient norm: squares summed per chunk (padding masked out),
-        then one all-reduce over the shard group. Returns the norm before clipping."""
-        partial = torch.zeros(())
-        for u in self.units:
-            if u.shard.grad is not None:
-                partial += u.shard.grad[u.layout.valid()].pow(2).sum()
-        comm.all_reduce(partial, group=self.shard_group, tag="grad-norm")
-        norm = math.sqrt(float(partial))
-        if norm > max_norm:
-            for u in self.units:
-                if u.shard.grad is not None:
-                    u.shard.grad.mul_(max_norm / (norm + 1e-6))
-        return norm
+        """Clip by the global gradient norm across the shard group (padding masked out);
+        returns the norm before clipping (see `minidist.zero.sharded.clip_sharded_grad_norm_`)."""
+        return clip_sharded_grad_norm_(
+            [(u.layout, u.shard) for u in self.units], max_norm, self.shard_group
+        )
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         out = {n: p.detach().clone() for n, p in self.module.named_parameters()}  # frozen

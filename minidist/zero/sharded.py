@@ -200,24 +200,12 @@ class ZeroDataParallel(ParallelModule):
             w.wait()
         self._gather_pending = False
 
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scale the sharded gradients so their global L2 norm is at most `max_norm`.
-
-        Each rank sums the squares of its chunks, padding masked out, and one all-reduce adds
-        the partial sums (Xu et al. 2020, section 4.3). Returns the norm before clipping.
-        """
-        partial = torch.zeros(())
-        for b in self.buckets:
-            if b.shard.grad is not None:
-                partial += b.shard.grad[b.layout.valid()].pow(2).sum()
-        comm.all_reduce(partial, group=self.group, tag="grad-norm")
-        norm = math.sqrt(float(partial))
-        if norm > max_norm:
-            for b in self.buckets:
-                if b.shard.grad is not None:
-                    b.shard.grad.mul_(max_norm / (norm + 1e-6))
-        return norm
+        """Scale the sharded gradients so their global L2 norm is at most `max_norm`; returns
+        the norm before clipping (see `clip_sharded_grad_norm_`)."""
+        return clip_sharded_grad_norm_(
+            [(b.layout, b.shard) for b in self.buckets], max_norm, self.group
+        )
 
     # -- the comparison contract --------------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -236,6 +224,31 @@ class ZeroDataParallel(ParallelModule):
             comm.all_gather(full, b.shard.grad, group=self.group, tag="full-grads")
             out.update(zip(b.names, (v.clone() for v in b.layout.views(full))))
         return out
+
+
+@torch.no_grad()
+def clip_sharded_grad_norm_(
+    chunks: list[tuple[FlatShard, nn.Parameter]], max_norm: float, group=None
+) -> float:
+    """Clip gradients held as chunks of flat buffers by their global L2 norm.
+
+    A non-elementwise step over sharded state (Xu et al. 2020, section 4.3): each rank sums
+    the squares of its chunks with the padding masked out, one all-reduce adds the partial
+    sums, and every rank scales its chunks by the same factor. Returns the norm.
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    partial = torch.zeros(())
+    for layout, shard in chunks:
+        if shard.grad is not None:
+            partial += shard.grad[layout.valid()].pow(2).sum()
+    comm.all_reduce(partial, group=group, tag="grad-norm")
+    norm = math.sqrt(float(partial))
+    if norm > max_norm:
+        for _, shard in chunks:
+            if shard.grad is not None:
+                shard.grad.mul_(max_norm / (norm + 1e-6))
+    return norm
 
 
 class ShardedOptimizer:
