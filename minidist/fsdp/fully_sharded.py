@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..mixed_precision.policy import MixedPrecision, divide_factors
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
@@ -51,6 +52,10 @@ class FullyShardedDataParallel(ParallelModule):
         prefetch: gather the next unit (forward) / the previous one (backward) ahead.
         hybrid_shard_size: F; shard within groups of F consecutive ranks, replicate across
             the N/F groups (HYBRID_SHARD). Default: shard over all N ranks.
+        mixed_precision: compute and all-gather in `param_dtype` (inputs cast to it, the
+            output cast back to fp32), reduce gradients in `reduce_dtype`; the shards and
+            the optimizer stay fp32 (`minidist.mixed_precision`). Frozen parameters and
+            buffers, which no unit holds, are kept in `param_dtype`.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class FullyShardedDataParallel(ParallelModule):
         reshard_after_forward: bool = True,
         prefetch: bool = True,
         hybrid_shard_size: int | None = None,
+        mixed_precision: MixedPrecision | None = None,
     ):
         super().__init__()
         world = dist.get_world_size()
@@ -77,7 +83,13 @@ class FullyShardedDataParallel(ParallelModule):
         self.module, self.world = module, world
         self.shard_group, self.replicate_group = _groups(world, hybrid_shard_size or world)
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
-        self.units = _make_units(units, module, self.shard_group)
+        self.mixed_precision = mixed_precision
+        param_dtype = mixed_precision.param_dtype if mixed_precision else None
+        self.units = _make_units(units, module, self.shard_group, param_dtype)
+        if param_dtype is not None:  # what stays outside the units is cast once, for good
+            for t in [*module.parameters(), *module.buffers()]:
+                if t.is_floating_point():
+                    t.data = t.data.to(param_dtype)
         self.shards = nn.ParameterList(u.shard for u in self.units)
         self.root = self.units[-1] if self.units and self.units[-1].module is module else None
         for unit in self.units:
@@ -95,14 +107,17 @@ class FullyShardedDataParallel(ParallelModule):
     def forward(self, *args, **kwargs):
         self._reset()
         self._recording: list[FlatParamUnit] = []
+        policy = self.mixed_precision
+        if policy is not None:
+            args, kwargs = _cast((args, kwargs), policy.param_dtype)
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
             self.forward_order = self._recording
-        return out
+        return out if policy is None else _cast(out, torch.float32)
 
     def _reset(self) -> None:
         self.backward_started = False
-        self.reductions: list[tuple[FlatParamUnit, torch.Tensor, object]] = []
+        self.reductions: list[tuple[FlatParamUnit, torch.Tensor, object, float]] = []
         self.pre_backward_done: set[int] = set()
 
     # -- forward ----------------------------------------------------------------------------
@@ -152,19 +167,24 @@ class FullyShardedDataParallel(ParallelModule):
         grad = unit.full.grad
         unit.full.grad = None
         unit.reshard()  # its backward is done: parameters and full gradient go
-        grad.div_(self.world)  # pre-divide: the sum over all N ranks is then the mean
+        policy = self.mixed_precision
+        pre, post = divide_factors(self.world) if policy else (float(self.world), 1.0)
+        if policy is not None:
+            grad = grad.to(policy.reduce_dtype)
+        grad.div_(pre)  # the sum of the pre-divided parts, post-divided, is the mean
         chunk = torch.empty(unit.layout.chunk, dtype=grad.dtype)
         work = comm.reduce_scatter(
             chunk, grad, group=self.shard_group, async_op=True, tag=f"unit{unit.index}-grads"
         )
-        self.reductions.append((unit, chunk, work))
+        self.reductions.append((unit, chunk, work, post))
 
     @torch.no_grad()
     def _finish_backward(self) -> None:
-        for unit, chunk, work in self.reductions:
+        for unit, chunk, work, post in self.reductions:
             work.wait()
             if self.replicate_group is not None:
                 comm.all_reduce(chunk, group=self.replicate_group, tag=f"unit{unit.index}-replicas")
+            chunk = chunk.div_(post).float() if post != 1.0 else chunk.float()
             unit.shard.grad = chunk if unit.shard.grad is None else unit.shard.grad + chunk
         for unit in self.units:
             unit.reshard()
@@ -179,7 +199,9 @@ class FullyShardedDataParallel(ParallelModule):
         )
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        out = {n: p.detach().clone() for n, p in self.module.named_parameters()}  # frozen
+        out = {
+            n: p.detach().to(torch.float32, copy=True) for n, p in self.module.named_parameters()
+        }
         for u in self.units:
             out.update(zip(u.names, u.gathered_copy(u.shard)))
         return out
@@ -219,7 +241,9 @@ def _groups(world: int, shard_size: int):
     return mine["shard"], mine["replicate"]
 
 
-def _make_units(wrapped: list[nn.Module], root: nn.Module, group) -> list[FlatParamUnit]:
+def _make_units(
+    wrapped: list[nn.Module], root: nn.Module, group, param_dtype=None
+) -> list[FlatParamUnit]:
     """One unit per wrapped module and the root. A parameter belongs to the innermost unit
     that holds it; one used by two units, neither inside the other (a tied parameter across
     units), is refused: it must live in one unit."""
@@ -242,12 +266,23 @@ def _make_units(wrapped: list[nn.Module], root: nn.Module, group) -> list[FlatPa
     for i, m in enumerate(order):
         params = {names[id(p)]: p for p in m.parameters() if owner.get(id(p)) == i}
         if params:
-            units.append(FlatParamUnit(len(units), m, params, group))
+            units.append(FlatParamUnit(len(units), m, params, group, param_dtype))
     return units
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
+
+
+def _cast(tree, dtype: torch.dtype):
+    """Floating-point tensors in a (nested) tuple/list/dict cast to `dtype`; the rest as is."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_cast(t, dtype) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _cast(v, dtype) for k, v in tree.items()}
+    return tree
 
 
 def _tensors(out) -> list[torch.Tensor]:

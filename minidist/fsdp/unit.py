@@ -28,14 +28,22 @@ from ..zero.flat import FlatShard
 class FlatParamUnit:
     """The flat parameter of `module`'s trainable parameters in `params` (name -> parameter)."""
 
-    def __init__(self, index: int, module: nn.Module, params: dict[str, nn.Parameter], group):
+    def __init__(
+        self,
+        index: int,
+        module: nn.Module,
+        params: dict[str, nn.Parameter],
+        group,
+        param_dtype: torch.dtype | None = None,
+    ):
         self.index, self.module, self.group = index, module, group
         self.names = list(params)
         values = list(params.values())
         self.layout = FlatShard(values, dist.get_world_size(group), dist.get_rank(group))
         flat = self.layout.flatten([p.detach() for p in values])
-        self.shard = nn.Parameter(self.layout.own(flat).clone())
-        self.full = nn.Parameter(flat)  # the leaf autograd accumulates the flat gradient into
+        self.shard = nn.Parameter(self.layout.own(flat).clone())  # fp32 master chunk
+        # the leaf autograd accumulates the flat gradient into, in the compute dtype
+        self.full = nn.Parameter(flat.to(param_dtype or flat.dtype))
         self.places = _places(module, values)  # where each parameter was (tied: several)
         for owner, attr, _ in self.places:
             delattr(owner, attr)
@@ -54,9 +62,9 @@ class FlatParamUnit:
             return
         storage = self.full.untyped_storage()
         storage.resize_(self.layout.padded * self.full.element_size())
-        work = comm.all_gather(
-            self.full.data, self.shard.detach(), group=self.group, async_op=True,
-            tag=f"unit{self.index}-params",
+        work = comm.all_gather(  # in the compute dtype: the cast is made just before use
+            self.full.data, self.shard.detach().to(self.full.dtype), group=self.group,
+            async_op=True, tag=f"unit{self.index}-params",
         )  # fmt: skip
         self.pending_gather = work
         if not async_op:

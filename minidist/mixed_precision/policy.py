@@ -1,0 +1,46 @@
+"""Which dtype each thing lives in: fp32 master state, low-precision compute copies.
+
+Micikevicius et al. 2018, "Mixed Precision Training", section 3: keep an fp32 master copy
+of the weights for the update (small updates vanish when added to fp16 weights), compute
+forward and backward in fp16 or bf16, and accumulate/reduce gradients in fp32 where range
+matters. `MixedPrecision` mirrors `torch.distributed.fsdp.MixedPrecision`'s names:
+
+- `param_dtype`: the compute copies, made just before use; the all-gather of FSDP runs in it
+  (half the bytes of fp32);
+- `reduce_dtype`: the dtype of the gradient reduction. In fp16 a sum over N ranks can
+  overflow and the mean of small gradients underflow, so the division by N is split into a
+  pre-divide before the reduction and a post-divide after it (`divide_factors`, as PyTorch
+  FSDP does: about √N each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    param_dtype: torch.dtype = torch.bfloat16
+    reduce_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(
+                    f"MixedPrecision: {name}={getattr(self, name)} is not supported; choose "
+                    f"one of {[str(d) for d in DTYPES]}"
+                )
+
+
+def divide_factors(world_size: int) -> tuple[float, float]:
+    """(pre, post) with pre · post = N: pre is the largest power of 2 dividing N with
+    pre² ≤ N, so neither the sum of N pre-divided values nor their post-divided mean leaves
+    the fp16 range needlessly."""
+    pre = 1
+    while world_size % (pre * 2) == 0 and world_size / (pre * 2) >= pre * 2:
+        pre *= 2
+    return float(pre), world_size / pre
