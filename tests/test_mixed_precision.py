@@ -82,3 +82,35 @@ def test_bad_input_is_named():
 def test_divide_factors_split_n(world):
     pre, post = divide_factors(world)
     assert pre * post == world and pre <= post and world % pre == 0
+
+
+def memory_rank(world_dtype):
+    import torch.distributed as dist
+
+    from minidist.data import shard_batch
+    from minidist.fsdp import FullyShardedDataParallel
+    from minidist.fsdp.fixture import UNITS, fsdp_state_bytes
+    from minidist.zero.fixture import ADAM
+
+    model, batches, loss_fn = build("gpt")
+    fsdp = FullyShardedDataParallel(
+        model, wrap=UNITS["gpt"], mixed_precision=MixedPrecision(world_dtype)
+    )
+    opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
+    x, y = shard_batch(batches[0], dist.get_rank(), dist.get_world_size())
+    loss_fn(fsdp(x), y).backward()
+    opt.step()
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters())  # outside units
+    return fsdp_state_bytes(fsdp, opt).total - frozen, [u.layout.padded for u in fsdp.units]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_memory_per_rank_is_the_mixed_precision_formula_over_n(world):
+    """ZeRO stage 3 with mixed-precision Adam: (2 + 2 + 12)Ψ/N. Between steps FSDP keeps the
+    fp32 master chunk (4) and Adam's moments (8) = K = 12, and the gradient chunk; the bf16
+    compute copies exist only while a unit runs. The gradient chunk is kept in fp32 (4, not
+    2): the total is the formula's 16Ψ/N all the same. Plus Adam's step counters."""
+    from minidist.zero import theory
+
+    total, padded = minidist.launch(memory_rank, world, torch.bfloat16)[0]
+    assert total == theory.memory_per_device(sum(padded), world, 3) + 4 * len(padded)
