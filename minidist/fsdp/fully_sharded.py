@@ -34,7 +34,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..mixed_precision.policy import MixedPrecision, divide_factors
+from ..mixed_precision.policy import (
+    MixedPrecision,
+    cast_floating,
+    cast_module_state,
+    divide_factors,
+)
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
@@ -87,9 +92,7 @@ class FullyShardedDataParallel(ParallelModule):
         param_dtype = mixed_precision.param_dtype if mixed_precision else None
         self.units = _make_units(units, module, self.shard_group, param_dtype)
         if param_dtype is not None:  # what stays outside the units is cast once, for good
-            for t in [*module.parameters(), *module.buffers()]:
-                if t.is_floating_point():
-                    t.data = t.data.to(param_dtype)
+            cast_module_state(module, param_dtype)
         self.shards = nn.ParameterList(u.shard for u in self.units)
         self.root = self.units[-1] if self.units and self.units[-1].module is module else None
         for unit in self.units:
@@ -109,11 +112,11 @@ class FullyShardedDataParallel(ParallelModule):
         self._recording: list[FlatParamUnit] = []
         policy = self.mixed_precision
         if policy is not None:
-            args, kwargs = _cast((args, kwargs), policy.param_dtype)
+            args, kwargs = cast_floating((args, kwargs), policy.param_dtype)
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
             self.forward_order = self._recording
-        return out if policy is None else _cast(out, torch.float32)
+        return out if policy is None else cast_floating(out, torch.float32)
 
     def _reset(self) -> None:
         self.backward_started = False
@@ -195,7 +198,7 @@ class FullyShardedDataParallel(ParallelModule):
         """Clip by the global gradient norm across the shard group (padding masked out);
         returns the norm before clipping (see `minidist.zero.sharded.clip_sharded_grad_norm_`)."""
         return clip_sharded_grad_norm_(
-            [(u.layout, u.shard) for u in self.units], max_norm, self.shard_group
+            [(u.layout, u.shard.grad) for u in self.units], max_norm, self.shard_group
         )
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -272,17 +275,6 @@ def _make_units(
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
-
-
-def _cast(tree, dtype: torch.dtype):
-    """Floating-point tensors in a (nested) tuple/list/dict cast to `dtype`; the rest as is."""
-    if isinstance(tree, torch.Tensor):
-        return tree.to(dtype) if tree.is_floating_point() else tree
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_cast(t, dtype) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _cast(v, dtype) for k, v in tree.items()}
-    return tree
 
 
 def _tensors(out) -> list[torch.Tensor]:

@@ -50,3 +50,23 @@ def sharded_state_bytes(unit_numels: list[int], shard_size: int) -> dict[str, in
     Adam's 4-byte step counter per unit (one optimizer parameter each)."""
     owned = sum(padded(n, shard_size) // shard_size for n in unit_numels)
     return {"params": 4 * owned, "grads": 4 * owned, "optimizer": 8 * owned + 4 * len(unit_numels)}
+
+
+def peak_param_bytes(
+    unit_numels: list[int], shard_size: int, prefetch: bool = True, element_size: int = 4
+) -> dict[str, int]:
+    """The most parameter bytes one rank holds at once in a step (units resharded after
+    forward); the last unit is the root.
+
+    shards: this rank's chunk of every unit, Σψ/F (padded). gathered: the full flat
+    parameters alive together: the root (kept from its forward to its backward), the unit
+    that runs and, with prefetch, the next one (the two largest non-root units: exact when
+    units are alike, as transformer blocks are; an upper bound otherwise).
+    """
+    sizes = [padded(n, shard_size) for n in unit_numels]
+    others = sorted(sizes[:-1], reverse=True)
+    gathered = sizes[-1] + sum(others[: 2 if prefetch else 1])
+    return {
+        "shards": element_size * sum(sizes) // shard_size,
+        "gathered": element_size * gathered,
+    }

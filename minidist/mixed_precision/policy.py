@@ -44,3 +44,23 @@ def divide_factors(world_size: int) -> tuple[float, float]:
     while world_size % (pre * 2) == 0 and world_size / (pre * 2) >= pre * 2:
         pre *= 2
     return float(pre), world_size / pre
+
+
+def cast_floating(tree, dtype: torch.dtype):
+    """Floating-point tensors in a (nested) tuple/list/dict cast to `dtype`; the rest as is.
+    What a wrapper does to its forward's inputs (to the compute dtype) and output (to fp32)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(cast_floating(t, dtype) for t in tree)
+    if isinstance(tree, dict):
+        return {k: cast_floating(v, dtype) for k, v in tree.items()}
+    return tree
+
+
+def cast_module_state(module, dtype: torch.dtype) -> None:
+    """Cast a module's floating parameters and buffers to `dtype`, in place. For what a
+    wrapper leaves outside its fp32 master state (frozen parameters, buffers)."""
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.is_floating_point():
+            t.data = t.data.to(dtype)

@@ -3,6 +3,9 @@
 The models and batches are lesson 01's (`minidist.data_parallel.fixture.build`: a tied and a
 frozen parameter); `ZERO_MLP` makes the last bias 3 elements, fewer than 4 ranks, so that
 with small buckets some ranks own padding only. Adam is the optimizer throughout.
+
+`train_on_rank` runs ZeRO stage 1 or 2 on a rank, `reference` the same model in one process,
+`ddp_state_bytes_on_rank` measures stage 0 (lesson 01's DDP with the same Adam).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..data import shard_batch
+from ..data_parallel import BucketedDataParallel
 from ..data_parallel.fixture import build
 from ..memory import ModelStateBytes, model_state_bytes
 from ..training import TrainTrace, train
@@ -53,7 +57,21 @@ def train_on_rank(
 def zero_state_bytes(zero: ZeroDataParallel) -> ModelStateBytes:
     """Parameters, gradients and optimizer state this rank holds (each storage once)."""
     grads = [b.flat_grad for b in zero.buckets if b.flat_grad is not None]
-    grads += [s.grad for s in zero.shards if s.grad is not None]
+    grads += [b.grad_chunk for b in zero.buckets if b.grad_chunk is not None]
     return model_state_bytes(
         zero.module, zero.optimizer, extra_params=zero.shards, extra_grads=grads
     )
+
+
+def ddp_state_bytes_on_rank(name: str) -> tuple[ModelStateBytes, int]:
+    """On a rank: stage 0 for comparison, lesson 01's `BucketedDataParallel` with the same
+    Adam, after one step. Returns (model-state bytes, Adam step counters: one per tensor)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches, loss_fn = build(name, **build_args(name))
+    ddp = BucketedDataParallel(model)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
+    x, y = shard_batch(batches[0], rank, world)
+    loss_fn(ddp(x), y).backward()
+    opt.step()
+    buckets = [b.buffer for b in ddp.buckets]
+    return model_state_bytes(model, opt, extra_grads=buckets), len(opt.state)

@@ -38,6 +38,12 @@ import torch.nn as nn
 
 from .. import comm
 from ..data_parallel.bucketed import MiB, plan_buckets
+from ..mixed_precision.policy import (
+    MixedPrecision,
+    cast_floating,
+    cast_module_state,
+    divide_factors,
+)
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .flat import FlatShard
 
@@ -47,14 +53,22 @@ GATHER_WHEN = ("after_step", "before_forward")
 class _Bucket:
     """Parameters reduced together: their flat layout, full parameters and this rank's chunk."""
 
-    def __init__(self, names: list[str], params: list[nn.Parameter], world: int, rank: int):
+    def __init__(
+        self, names: list[str], params: list[nn.Parameter], world: int, rank: int, dtype=None
+    ):
         self.names, self.params = names, params
         self.layout = FlatShard(params, world, rank)
-        self.flat_param = self.layout.flatten([p.detach() for p in params])
+        flat = self.layout.flatten([p.detach() for p in params])
+        if dtype is None:  # fp32: the optimizer steps a view of the module's own parameters
+            self.flat_param = flat
+            self.shard = nn.Parameter(self.layout.own(flat))
+        else:  # mixed precision: an fp32 master chunk; the module computes with a copy
+            self.shard = nn.Parameter(self.layout.own(flat).clone())
+            self.flat_param = flat.to(dtype)
         for p, view in zip(params, self.layout.views(self.flat_param)):
             p.data = view  # the module's parameters now live in the flat buffer
-        self.shard = nn.Parameter(self.layout.own(self.flat_param))  # a view: no copy
         self.flat_grad: torch.Tensor | None = None
+        self.grad_chunk: torch.Tensor | None = None  # this rank's reduced gradient
         self.pending = len(params)
         self.work = None
         self.reduced: torch.Tensor | None = None
@@ -71,6 +85,10 @@ class ZeroDataParallel(ParallelModule):
             together list every trainable parameter once; default one group of them all.
         bucket_cap_mb: gradient bucket size, as in DDP.
         gather_weights: "after_step" or "before_forward" (when updated chunks are gathered).
+        mixed_precision: the module computes in `param_dtype` (its parameters, frozen ones and
+            buffers become copies in that dtype; inputs cast to it, the output to fp32),
+            gradients are reduced in `reduce_dtype` and kept in `param_dtype`; the optimizer
+            steps fp32 master chunks (`minidist.mixed_precision`).
         **defaults: the optimizer's hyperparameters (lr, betas, weight_decay, ...).
     """
 
@@ -83,6 +101,7 @@ class ZeroDataParallel(ParallelModule):
         group=None,
         bucket_cap_mb: float = 25.0,
         gather_weights: str = "after_step",
+        mixed_precision: MixedPrecision | None = None,
         **defaults,
     ):
         super().__init__()
@@ -97,16 +116,21 @@ class ZeroDataParallel(ParallelModule):
         verify_same_model(module, group, "ZeroDataParallel")
         self.module, self.group, self.stage = module, group, stage
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.gather_weights = gather_weights
+        self.gather_weights, self.mixed_precision = gather_weights, mixed_precision
         broadcast_parameters(module, group)
+        dtype = mixed_precision.param_dtype if mixed_precision else None
 
         params = [p for _, p in named]
         cap = int(bucket_cap_mb * MiB)
         plan = plan_buckets(params, cap, cap, groups=[groups[id(p)] for p in params])
         self.buckets = [
-            _Bucket([named[i][0] for i in idx], [params[i] for i in idx], self.world, self.rank)
+            _Bucket(
+                [named[i][0] for i in idx], [params[i] for i in idx], self.world, self.rank, dtype
+            )
             for idx in plan
         ]
+        if dtype is not None:
+            cast_module_state(module, dtype)
         self.slot_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -117,6 +141,9 @@ class ZeroDataParallel(ParallelModule):
             if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
         ]
         self.optimizer = ShardedOptimizer(self, optimizer_class(inner_groups, **defaults))
+        self.pre_divide, self.post_divide = (
+            divide_factors(self.world) if mixed_precision else (float(self.world), 1.0)
+        )
         self._gather_pending = False
         self._reset()
 
@@ -131,7 +158,11 @@ class ZeroDataParallel(ParallelModule):
             self.gather_parameters()
         if torch.is_grad_enabled():
             self._reset()
-        return self.module(*args, **kwargs)
+        policy = self.mixed_precision
+        if policy is None:
+            return self.module(*args, **kwargs)
+        args, kwargs = cast_floating((args, kwargs), policy.param_dtype)
+        return cast_floating(self.module(*args, **kwargs), torch.float32)
 
     def _reset(self) -> None:
         for b in self.buckets:
@@ -155,10 +186,13 @@ class ZeroDataParallel(ParallelModule):
         # Launch in bucket order only, so every rank issues the same collectives in order.
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             ready = self.buckets[self.next_bucket]
-            ready.flat_grad.div_(self.world)  # pre-divide: the sum of the parts is the mean
-            ready.reduced = torch.empty(ready.layout.chunk, dtype=ready.flat_grad.dtype)
+            grad = ready.flat_grad
+            if self.mixed_precision is not None:
+                grad = grad.to(self.mixed_precision.reduce_dtype)
+            grad.div_(self.pre_divide)  # the sum of the pre-divided parts, post-divided: mean
+            ready.reduced = torch.empty(ready.layout.chunk, dtype=grad.dtype)
             ready.work = comm.reduce_scatter(
-                ready.reduced, ready.flat_grad, group=self.group, async_op=True,
+                ready.reduced, grad, group=self.group, async_op=True,
                 tag=f"grad-bucket{self.next_bucket}",
             )  # fmt: skip
             self.next_bucket += 1
@@ -173,13 +207,15 @@ class ZeroDataParallel(ParallelModule):
             )
         for b in self.buckets:
             b.work.wait()
+            reduced = b.reduced.div_(self.post_divide) if self.post_divide != 1 else b.reduced
             if self.stage == 1:  # the reduced chunk replaces this rank's part of the buffer
-                own = b.layout.own(b.flat_grad)
-                own.copy_(b.reduced)
-                b.shard.grad = own
+                b.grad_chunk = b.layout.own(b.flat_grad)
+                b.grad_chunk.copy_(reduced)
             else:
-                b.shard.grad = b.reduced
+                b.grad_chunk = reduced.to(b.flat_grad.dtype)
                 b.flat_grad = None
+            if b.grad_chunk.dtype == b.shard.dtype:
+                b.shard.grad = b.grad_chunk  # else cast for the step only (`ShardedOptimizer`)
             b.reduced = None
 
     # -- the step -------------------------------------------------------------------------------
@@ -187,9 +223,9 @@ class ZeroDataParallel(ParallelModule):
     def gather_parameters(self) -> None:
         """All-gather every bucket's updated chunks into the full parameters."""
         works = [
-            comm.all_gather(
+            comm.all_gather(  # in the compute dtype, from a copy of the (master) chunk
                 b.flat_param,
-                b.shard.detach().clone(),
+                b.shard.detach().to(b.flat_param.dtype, copy=True),
                 group=self.group,
                 async_op=True,
                 tag="params",
@@ -204,31 +240,39 @@ class ZeroDataParallel(ParallelModule):
         """Scale the sharded gradients so their global L2 norm is at most `max_norm`; returns
         the norm before clipping (see `clip_sharded_grad_norm_`)."""
         return clip_sharded_grad_norm_(
-            [(b.layout, b.shard) for b in self.buckets], max_norm, self.group
+            [(b.layout, b.grad_chunk) for b in self.buckets], max_norm, self.group
         )
 
     # -- the comparison contract --------------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        if self._gather_pending:
-            self.gather_parameters()
-        return super().full_parameters()
+        """fp32: the module's parameters, or with mixed precision the gathered masters."""
+        if self.mixed_precision is None:
+            if self._gather_pending:
+                self.gather_parameters()
+            return super().full_parameters()
+        out = {n: p.detach().float() for n, p in self.module.named_parameters()}  # frozen
+        for b in self.buckets:
+            out.update(zip(b.names, self._gathered(b, b.shard)))
+        return out
 
-    @torch.no_grad()
     def full_grads(self) -> dict[str, torch.Tensor]:
-        """The averaged gradients, gathered from every rank's chunk."""
+        """The averaged gradients (fp32), gathered from every rank's chunk."""
         out = {}
         for b in self.buckets:
-            if b.shard.grad is None:
-                continue
-            full = torch.empty_like(b.flat_param)
-            comm.all_gather(full, b.shard.grad, group=self.group, tag="full-grads")
-            out.update(zip(b.names, (v.clone() for v in b.layout.views(full))))
+            if b.grad_chunk is not None:
+                out.update(zip(b.names, self._gathered(b, b.grad_chunk)))
         return out
+
+    @torch.no_grad()
+    def _gathered(self, b: _Bucket, chunk: torch.Tensor) -> list[torch.Tensor]:
+        full = torch.empty(b.layout.padded, dtype=torch.float32)
+        comm.all_gather(full, chunk.detach().float(), group=self.group, tag="full-grads")
+        return [v.clone() for v in b.layout.views(full)]
 
 
 @torch.no_grad()
 def clip_sharded_grad_norm_(
-    chunks: list[tuple[FlatShard, nn.Parameter]], max_norm: float, group=None
+    chunks: list[tuple[FlatShard, torch.Tensor | None]], max_norm: float, group=None
 ) -> float:
     """Clip gradients held as chunks of flat buffers by their global L2 norm.
 
@@ -239,15 +283,15 @@ def clip_sharded_grad_norm_(
     if max_norm <= 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
     partial = torch.zeros(())
-    for layout, shard in chunks:
-        if shard.grad is not None:
-            partial += shard.grad[layout.valid()].pow(2).sum()
+    for layout, grad in chunks:
+        if grad is not None:
+            partial += grad[layout.valid()].float().pow(2).sum()
     comm.all_reduce(partial, group=group, tag="grad-norm")
     norm = math.sqrt(float(partial))
     if norm > max_norm:
-        for _, shard in chunks:
-            if shard.grad is not None:
-                shard.grad.mul_(max_norm / (norm + 1e-6))
+        for _, grad in chunks:
+            if grad is not None:
+                grad.mul_(max_norm / (norm + 1e-6))
     return norm
 
 
@@ -270,9 +314,16 @@ class ShardedOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
         for p in self.owner.module.parameters():
             p.grad = None
+        for b in self.owner.buckets:
+            b.grad_chunk = None
 
     def step(self) -> None:
+        casts = [b for b in self.owner.buckets if b.grad_chunk is not None and b.shard.grad is None]
+        for b in casts:  # mixed precision: the fp32 gradient exists during the step only
+            b.shard.grad = b.grad_chunk.float()
         self.inner.step()
+        for b in casts:
+            b.shard.grad = None
         if self.owner.gather_weights == "after_step":
             self.owner.gather_parameters()
         else:

@@ -93,3 +93,36 @@ def paper_table(num_params: float = 7.5e9, world_sizes=(64,), k: float = 12) -> 
         {"N": n, **{f"stage {s}": memory_per_device(num_params, n, s, k) / 1e9 for s in STAGES}}
         for n in world_sizes
     ]
+
+
+def fp32_adam_rank_bytes(
+    num_params: int, world_size: int, stage: int, frozen: int = 0, adam_steps: int = 0
+) -> dict[str, float]:
+    """`fp32_adam_bytes` plus the two small terms a real rank of stages 0-2 also holds.
+
+    Frozen parameters (4 bytes each) are kept whole on every rank; Adam keeps a 4-byte step
+    counter per tensor it steps: one per parameter in stage 0, one per flat bucket shard in
+    stages 1-2. These are the numbers `minidist.memory.model_state_bytes` measures exactly.
+    """
+    if stage == 3:
+        raise ValueError("fp32_adam_rank_bytes: stages 0-2 only (stage 3 shards parameters too)")
+    out = fp32_adam_bytes(num_params, world_size, stage)
+    out["params"] += 4 * frozen
+    out["optimizer"] += 4 * adam_steps
+    return out
+
+
+def peak_bytes(weights: float, aux: float, working: float, world_size: int, sharded: bool) -> float:
+    """Peak memory of a training step (Xu et al. 2020, weight-update sharding).
+
+    `weights` W, the optimizer's auxiliary variables `aux` V (Adam's moments), and the peak
+    `working` set P of forward and backward (activations, gradients, temporaries).
+    Replicated: W + V + P. Sharded: only V/N is live during forward and backward; where the
+    whole V must exist at all (handed back whole at the end of a step) it exists when P does
+    not, so the peak is max(W + V/N + P, W + V).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not sharded:
+        return weights + aux + working
+    return max(weights + aux / world_size + working, weights + aux)
