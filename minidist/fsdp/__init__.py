@@ -6,6 +6,8 @@ Rajbhandari et al. 2020, "ZeRO", section 5.3.
 
 - `unit.py`: `FlatParamUnit`, one module's parameters as a flat, sharded parameter
 - `fully_sharded.py`: `FullyShardedDataParallel`
+- `checkpoint.py`: sharded checkpoints with `torch.distributed.checkpoint` (`save`, `load` on
+  a world of any size, `load_full` in one process); also for `ZeroDataParallel`
 """
 
 from .fully_sharded import FullyShardedDataParallel
