@@ -81,20 +81,19 @@ class SavedActivations:
     """Context manager: bytes autograd saves for backward inside the block.
 
     Parameters saved by their own layers are excluded (they are model state, not
-    activations); each storage is counted once.
+    activations), and so is anything sharing storage with `exclude` (e.g. FSDP's gathered
+    flat parameters, whose views layers save). Storages are told apart by identity, which
+    survives a storage being freed and re-allocated in place; each is counted once.
     """
 
-    def __init__(self, model: nn.Module | None = None):
-        self._param_keys = (
-            {_storage_key(p) for p in model.parameters()} if model is not None else set()
-        )
+    def __init__(self, model: nn.Module | None = None, exclude: Iterable[torch.Tensor] = ()):
+        params = list(model.parameters()) if model is not None else []
+        self._excluded = {t.untyped_storage()._cdata for t in [*params, *exclude]}
         self._seen: dict[tuple, int] = {}
 
     def _pack(self, t: torch.Tensor):
-        if t.device.type != "meta":
-            key = _storage_key(t)
-            if key not in self._param_keys:
-                self._seen[key] = t.untyped_storage().nbytes()
+        if t.device.type != "meta" and t.untyped_storage()._cdata not in self._excluded:
+            self._seen[_storage_key(t)] = t.untyped_storage().nbytes()
         return t
 
     def __enter__(self) -> SavedActivations:

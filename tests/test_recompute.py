@@ -84,3 +84,18 @@ def test_recompute_twice_is_refused():
         recompute(model.blocks[0])
     names = [n for n, _ in model.named_parameters()]
     assert names == [n for n, _ in build("gpt").model.named_parameters()]  # names kept
+
+
+def test_bench_memory_prints_every_setup():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "minidist", "bench", "memory", "--world-size", "2", "--steps", "2"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    values = dict(line.split("=") for line in out.stdout.split())
+    peaks = [float(v) for k, v in values.items() if k.endswith("_peak_kib")]
+    assert len(peaks) == 7  # no speed is asserted; bytes must shrink down the list
+    assert peaks == sorted(peaks, reverse=True)
