@@ -30,6 +30,7 @@ collection, by-value shipping of notebook functions and the fast-fail guarantees
 from __future__ import annotations
 
 import contextlib
+import importlib
 import multiprocessing as mp
 import os
 import shutil
@@ -86,6 +87,11 @@ def default_backend(world_size: int) -> str:
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
+
+
+def start_method_for(backend: str | None = None, world_size: int = 1) -> str:
+    """The start method `launch` would use by default (fork or spawn)."""
+    return _pick_start_method(None, backend or default_backend(world_size), None)
 
 
 def _pick_start_method(start_method: str | None, backend: str, threads: int | None) -> str:
@@ -246,6 +252,10 @@ def launch(
             f"GPUs={torch.cuda.device_count()}"
         )
     method = _pick_start_method(start_method, backend, threads_per_rank)
+    if method == "fork":
+        # Importing it is what makes a process's first torch optimizer slow (~1 s, and N
+        # times that when N forked ranks each do it at once on a small machine): once here.
+        importlib.import_module("torch._dynamo")
     payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
     cfg = {
         "store_path": os.path.join(tempfile.mkdtemp(prefix="minidist-"), "store"),

@@ -165,7 +165,7 @@ def test_worlds_leave_no_file_descriptors_open(tmp_path):
             minidist.launch(abort_after_native_message, 2, str(tmp_path / str(i)))
         with pytest.raises(minidist.RankFailedError):
             minidist.launch(fail_on_rank, 2, 1)
-    assert open_fds() == before
+    assert open_fds() <= before  # none left open (imports may close some of their own)
     assert live_children() == []
 
 

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..runtime import RankFailedError, WorldTimeoutError, launch
+from ..runtime import RankFailedError, WorldTimeoutError, launch, start_method_for
 
-CHECK_TIMEOUT_S = 5.0
+CHECK_TIMEOUT_S = 5.0  # forked ranks; spawned ones first import torch (seconds each)
+SPAWN_TIMEOUT_S = 60.0
 
 
 class CheckFailed(AssertionError):
@@ -41,10 +42,13 @@ def run_on_world(
     fn: Callable,
     world_size: int,
     *args: Any,
-    timeout_s: float = CHECK_TIMEOUT_S,
+    timeout_s: float | None = None,
     hang_hint: str = "",
 ) -> list:
     """`launch` for checkers: NotImplementedError surfaced as itself, hangs explained."""
+    if timeout_s is None:
+        forked = start_method_for(world_size=world_size) == "fork"
+        timeout_s = CHECK_TIMEOUT_S if forked else SPAWN_TIMEOUT_S
     try:
         return launch(fn, world_size, *args, timeout_s=timeout_s)
     except RankFailedError as exc:
