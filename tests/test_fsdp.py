@@ -44,12 +44,14 @@ def test_fsdp_equals_single_process_adam(options, name, world):
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("reshard", [True, False])
-def test_ledger_equals_theory(reshard, world):
-    """3(N-1)/N·Ψ with resharding (root gathered once), 2(N-1)/N·Ψ without."""
+@pytest.mark.parametrize("name", ["gpt", "mlp"])
+def test_ledger_equals_theory(name, reshard, world):
+    """3(N-1)/N·Ψ with resharding (root gathered once), 2(N-1)/N·Ψ without. The MLP's root
+    keeps no parameter (every Linear is a unit, the only other one is frozen)."""
     _, ledger, _, numels = minidist.launch(
-        train_on_rank, world, "gpt", reshard_after_forward=reshard
+        train_on_rank, world, name, reshard_after_forward=reshard
     )[0]
-    expected = theory.bytes_sent_per_step(numels, world, reshard)
+    expected = theory.bytes_sent_per_step(numels, world, reshard, has_root=name == "gpt")
     got = training_bytes(ledger)
     assert got["all_gather"] == pytest.approx(expected["all_gather"])
     assert got["reduce_scatter"] == pytest.approx(expected["reduce_scatter"])
@@ -120,6 +122,7 @@ def test_units_smaller_than_the_world_and_clipping_across_shards():
     assert max(ref_norms) > 0.1  # clipping happened
     assert norms == pytest.approx(ref_norms, rel=1e-5)
     assert max_abs_diff(state, model.state_dict()) < PARAM_TOL
+    assert tiny_model().load_state_dict(state) is not None  # strict: every name there
     assert all(r[0] == {} for r in results[1:])  # the full state dict lands on rank 0 only
 
 

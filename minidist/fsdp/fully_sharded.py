@@ -15,8 +15,9 @@ keeps 1/F (F = ranks in a shard group, all of them by default).
   prefetch the one before it; when autograd has accumulated the unit's flat gradient,
   reduce-scatter it (pre-divided by N) into this rank's chunk and free the full gradient and
   parameter. With hybrid sharding the chunk is then all-reduced across the N/F replicas.
-- At most two all-gathers are in flight: the unit's own and one prefetch (PyTorch FSDP's
-  `limit_all_gathers` bound, which keeps peak memory at about one or two units).
+- A unit waits for its own gather before it runs, and at most one prefetch is in flight
+  (PyTorch FSDP's `limit_all_gathers` bound): at most the root and two units are gathered
+  at once, which keeps peak memory at Σψ/N plus about two units.
 - `no_sync()`: gradients accumulate unsharded, reduce-scattered at the next synced backward.
 
 Per step each rank sends (N-1)/N of every unit's parameters in forward, again in backward
@@ -46,8 +47,6 @@ from .unit import FlatParamUnit
 
 
 class FullyShardedDataParallel(ParallelModule):
-    supports_no_sync = True  # `no_sync()`: gradients accumulate unsharded, reduced later
-
     """ZeRO-3 / FSDP around `module`; build the optimizer on `sharded_parameters()`.
 
     Args:
@@ -62,6 +61,8 @@ class FullyShardedDataParallel(ParallelModule):
             the optimizer stay fp32 (`minidist.mixed_precision`). Frozen parameters and
             buffers, which no unit holds, are kept in `param_dtype`.
     """
+
+    supports_no_sync = True  # `no_sync()`: gradients accumulate unsharded, reduced later
 
     def __init__(
         self,
@@ -86,6 +87,12 @@ class FullyShardedDataParallel(ParallelModule):
         verify_same_model(module, None, "FullyShardedDataParallel")
         broadcast_parameters(module)
         self.module, self.world = module, world
+        first = {id(p): n for n, p in module.named_parameters()}
+        self.tied = {  # every other name of a tied parameter -> its first name
+            n: first[id(p)]
+            for n, p in module.named_parameters(remove_duplicate=False)
+            if n != first[id(p)]
+        }
         self.shard_group, self.replicate_group = _groups(world, hybrid_shard_size or world)
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
         self.mixed_precision = mixed_precision
@@ -220,6 +227,7 @@ class FullyShardedDataParallel(ParallelModule):
         """The single-process model's state dict (parameters and buffers), gathered from the
         shards; every rank takes part, rank 0 (or every rank) gets it."""
         state = {**self.full_parameters(), **dict(self.module.named_buffers())}
+        state.update({alias: state[name] for alias, name in self.tied.items()})
         if rank0_only and dist.get_rank() != 0:
             return {}
         return state

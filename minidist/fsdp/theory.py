@@ -25,8 +25,10 @@ def bytes_sent_per_step(
     reshard_after_forward: bool = True,
     shard_size: int | None = None,
     element_size: int = 4,
+    has_root: bool = True,
 ) -> dict[str, float]:
-    """Bytes one rank sends per step, by collective; the last unit is the root.
+    """Bytes one rank sends per step, by collective; the last unit is the root (unless
+    `has_root` is False: the root module kept no parameters, every unit is resharded).
 
     all_gather: every unit once in forward, non-root units again in backward when resharded;
     reduce_scatter: every unit once; all_reduce (hybrid only): each rank's gradient chunks.
@@ -34,7 +36,8 @@ def bytes_sent_per_step(
     """
     f = shard_size or world_size
     sizes = [padded(n, f) * element_size for n in unit_numels]
-    gathers = sum(sizes) + (sum(sizes[:-1]) if reshard_after_forward else 0)
+    resharded = sizes if not has_root else sizes[:-1]
+    gathers = sum(sizes) + (sum(resharded) if reshard_after_forward else 0)
     out = {
         "all_gather": comm.ring_bytes("all_gather", gathers, f),
         "reduce_scatter": comm.ring_bytes("reduce_scatter", sum(sizes), f),
