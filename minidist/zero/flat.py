@@ -51,10 +51,14 @@ class FlatShard:
         return flat
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Tensors of the parameters' shapes that share `flat`'s storage."""
-        return [
-            flat[off : off + n].view(s) for off, n, s in zip(self.offsets, self.numels, self.shapes)
-        ]
+        """Tensors of the parameters' shapes that share `flat`'s storage.
+
+        One `split` rather than a slice per parameter: autograd then joins the views'
+        gradients with one concatenation instead of adding a zero-filled buffer the size of
+        `flat` per parameter (what PyTorch FSDP's FlatParameter does too).
+        """
+        pieces = torch.split(flat, [*self.numels, self.padding])
+        return [t.view(s) for t, s in zip(pieces, self.shapes)]
 
     def own(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's chunk of a padded flat buffer (a view)."""

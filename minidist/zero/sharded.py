@@ -178,7 +178,8 @@ class ZeroDataParallel(ParallelModule):
         b, i = self.slot_of[id(param)]
         if b.flat_grad is None:  # stage 2 allocates it per backward, stage 1 once
             b.flat_grad = torch.zeros_like(b.flat_param)
-        view = b.layout.views(b.flat_grad)[i]
+            b.grad_views = b.layout.views(b.flat_grad)  # once per buffer, not per parameter
+        view = b.grad_views[i]
         if param.grad.data_ptr() != view.data_ptr():
             view.copy_(param.grad)
         param.grad = view if self.stage == 1 else None  # stage 2 keeps no full gradient
