@@ -1,0 +1,181 @@
+"""Tensor-parallel layers, each made from the dense layer it splits (so they start equal).
+
+Shoeybi et al. 2019, "Megatron-LM", section 3: an MLP is a column-parallel Linear (weight
+split by output rows: each rank computes its slice of the hidden units, no communication)
+followed by a row-parallel Linear (weight split by input columns: each rank's partial
+output, summed by one all-reduce, g; the bias is added after the sum). Attention splits
+the heads the same way: Q, K, V column-parallel by heads, the output projection
+row-parallel. The input of each region passes f, whose backward all-reduces the input
+gradient: per layer 2 all-reduces of b·s·h in forward and 2 in backward.
+
+The embedding splits the vocabulary: rank r holds rows [r·V/t, (r+1)·V/t) of the (padded)
+table, looks up the ids in its range, zeroes the others, and g sums the ranks' outputs.
+The output head reuses that slice (tied weights), so each rank has 1/t of the logits; the
+vocab-parallel cross entropy works on them without ever gathering the full logits: one
+all-reduce MAX for the stable softmax, one SUM of exp, one SUM of the target's logit.
+
+Every split parameter carries `tp_split = (dim, blocks, full_size)`: it is the rank's part
+of `blocks` equal sections along `dim` (3 for Q, K, V), `full_size` before vocab padding.
+`gather_split` rebuilds the dense tensor from the ranks' parts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import comm
+from .ops import copy_to_tp, reduce_from_tp
+
+
+def _split(t: torch.Tensor, dim: int, blocks: int, group, pad_to: int | None = None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if pad_to is not None and pad_to > t.shape[dim]:
+        pad = [0, 0] * (t.dim() - 1 - dim) + [0, pad_to - t.shape[dim]]
+        t = F.pad(t, pad)
+    if t.shape[dim] % (n * blocks):
+        raise ValueError(
+            f"tensor parallel: size {t.shape[dim]} along dim {dim} is not divisible by "
+            f"tp={n}" + (f" × {blocks} sections" if blocks > 1 else "")
+        )
+    sections = t.chunk(blocks, dim)
+    return torch.cat([s.chunk(n, dim)[r] for s in sections], dim).clone()
+
+
+def _param(local: torch.Tensor, like: torch.Tensor, split=None) -> nn.Parameter:
+    p = nn.Parameter(local, requires_grad=like.requires_grad)
+    if split is not None:
+        p.tp_split = split
+    return p
+
+
+@torch.no_grad()
+def gather_split(local: torch.Tensor, split: tuple[int, int, int], group) -> torch.Tensor:
+    """The dense tensor from every rank's part (`split` = (dim, blocks, full size))."""
+    dim, blocks, size = split
+    n = dist.get_world_size(group)
+    out = torch.empty(n * local.numel(), dtype=local.dtype)
+    comm.all_gather(out, local.contiguous().reshape(-1), group=group, tag="full-state")
+    parts = [p.view(local.shape).chunk(blocks, dim) for p in out.chunk(n)]
+    full = torch.cat([torch.cat([p[b] for p in parts], dim) for b in range(blocks)], dim)
+    return full.narrow(dim, 0, size)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = f(x) W_rᵀ + b_r, W split by output rows (in `blocks` sections: 3 for Q, K, V)."""
+
+    def __init__(self, dense: nn.Linear, group, blocks: int = 1):
+        super().__init__()
+        self.group = group
+        split = (0, blocks, dense.out_features)
+        self.weight = _param(_split(dense.weight.detach(), 0, blocks, group), dense.weight, split)
+        self.bias = None
+        if dense.bias is not None:
+            self.bias = _param(_split(dense.bias.detach(), 0, blocks, group), dense.bias, split)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = g(x_r W_rᵀ) + b, W split by input columns; the input is already split."""
+
+    def __init__(self, dense: nn.Linear, group):
+        super().__init__()
+        self.group = group
+        split = (1, 1, dense.in_features)
+        self.weight = _param(_split(dense.weight.detach(), 1, 1, group), dense.weight, split)
+        self.bias = None if dense.bias is None else _param(dense.bias.detach().clone(), dense.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class ParallelAttention(nn.Module):
+    """Causal self-attention with the heads split over the tp ranks."""
+
+    def __init__(self, dense, group):
+        super().__init__()
+        n = dist.get_world_size(group)
+        if dense.heads % n:
+            raise ValueError(f"ParallelAttention: heads={dense.heads} not divisible by tp={n}")
+        self.heads, self.dropout = dense.heads // n, dense.dropout
+        self.qkv = ColumnParallelLinear(dense.qkv, group, blocks=3)
+        self.proj = RowParallelLinear(dense.proj, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        local = self.qkv.weight.shape[0] // 3
+        q, k, v = self.qkv(x).split(local, dim=2)
+        q, k, v = (t.view(b, s, self.heads, local // self.heads).transpose(1, 2) for t in (q, k, v))
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        return self.proj(y.transpose(1, 2).reshape(b, s, local))
+
+
+def parallel_mlp(dense: nn.Sequential, group) -> nn.Sequential:
+    """Linear(h, 4h) column-parallel, GELU, Linear(4h, h) row-parallel: names kept."""
+    return nn.Sequential(
+        ColumnParallelLinear(dense[0], group), dense[1], RowParallelLinear(dense[2], group)
+    )
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [r·V'/t, (r+1)·V'/t) of the table (V padded to V' = a multiple of t)."""
+
+    def __init__(self, dense: nn.Embedding, group):
+        super().__init__()
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        self.group, self.vocab_size = group, dense.num_embeddings
+        padded = -(-self.vocab_size // n) * n
+        self.per_rank = padded // n
+        self.start = r * self.per_rank
+        w = dense.weight.detach()
+        self.weight = _param(
+            _split(w, 0, 1, group, pad_to=padded), dense.weight, (0, 1, w.shape[0])
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids >= self.start + self.per_rank)
+        local = (ids - self.start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, group, start, vocab_size):
+        logits = logits.float()
+        columns = start + torch.arange(logits.shape[-1], device=logits.device)
+        logits = logits.masked_fill(columns >= vocab_size, float("-inf"))  # vocab padding
+        peak = logits.max(dim=-1).values
+        comm.all_reduce(peak, op=comm.ReduceOp.MAX, group=group, tag="tp-ce-max")
+        exp = (logits - peak.unsqueeze(-1)).exp()
+        total = exp.sum(dim=-1)
+        comm.all_reduce(total, group=group, tag="tp-ce-sum-exp")
+        inside = (targets >= start) & (targets < start + logits.shape[-1])
+        local_t = (targets - start).masked_fill(~inside, 0)
+        target_logit = (logits - peak.unsqueeze(-1)).gather(-1, local_t.unsqueeze(-1)).squeeze(-1)
+        target_logit = target_logit.masked_fill(~inside, 0.0)
+        comm.all_reduce(target_logit, group=group, tag="tp-ce-target")
+        ctx.save_for_backward(exp / total.unsqueeze(-1), local_t, inside)
+        return (total.log() - target_logit).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local_t, inside = ctx.saved_tensors
+        g = softmax.clone()
+        hit = torch.zeros_like(g).scatter_(-1, local_t.unsqueeze(-1), 1.0)
+        g -= hit * inside.unsqueeze(-1)
+        return g * (grad / local_t.numel()), None, None, None, None
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, group, start: int, vocab_size: int
+) -> torch.Tensor:
+    """Mean cross entropy from this rank's logits columns [start, start + local); the full
+    logits are never formed. Equal to `F.cross_entropy` on the gathered logits."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, group, start, vocab_size)

@@ -1,0 +1,94 @@
+"""The course GPT in tensor-parallel form, made from the dense GPT (so both start equal).
+
+Shoeybi et al. 2019, "Megatron-LM", section 3 and Figure 2: every block's attention and MLP
+are tensor-parallel regions (f ... g); layer norms, position embeddings and the biases added
+after a g are replicated: every tp rank holds and updates the same copy, from the same
+(all-reduced) gradient. The token embedding is vocab-parallel and tied to the output head;
+the loss is the vocab-parallel cross entropy (`loss`).
+
+`TensorParallelGPT` meets the comparison contract: `full_parameters()` / `full_grads()`
+rebuild the dense tensors under the dense model's names. Parameter names are the dense
+ones (`blocks.0.attn.qkv.weight`, `blocks.0.mlp.0.weight`, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models import GPT
+from ..parallel import ParallelModule, verify_same_model
+from .layers import (
+    ParallelAttention,
+    VocabParallelEmbedding,
+    gather_split,
+    parallel_mlp,
+    vocab_parallel_cross_entropy,
+)
+from .ops import copy_to_tp
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, dense, group):
+        super().__init__()
+        self.ln1, self.ln2 = copy.deepcopy(dense.ln1), copy.deepcopy(dense.ln2)
+        self.attn = ParallelAttention(dense.attn, group)
+        self.mlp = parallel_mlp(copy.deepcopy(dense.mlp), group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TensorParallelGPT(ParallelModule):
+    """The GPT split over the ranks of `group` (a tp group, e.g. `ParallelLayout.group("tp")`)."""
+
+    def __init__(self, dense: GPT, group=None):
+        super().__init__()
+        n = dist.get_world_size(group)
+        cfg = dense.cfg
+        for name, value in (
+            ("hidden", cfg.hidden),
+            ("heads", cfg.heads),
+            ("4·hidden", 4 * cfg.hidden),
+        ):
+            if value % n:
+                raise ValueError(f"TensorParallelGPT: {name}={value} is not divisible by tp={n}")
+        verify_same_model(dense, group, "TensorParallelGPT")
+        self.group, self.cfg = group, cfg
+        self.tok_emb = VocabParallelEmbedding(dense.tok_emb, group)
+        self.pos_emb = copy.deepcopy(dense.pos_emb)
+        self.blocks = nn.ModuleList(ParallelBlock(b, group) for b in dense.blocks)
+        self.ln_f = copy.deepcopy(dense.ln_f)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of the logits (vocab-parallel), [batch, seq, V'/t]."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(copy_to_tp(self.ln_f(x), self.group), self.tok_emb.weight)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        emb = self.tok_emb
+        return vocab_parallel_cross_entropy(logits, targets, self.group, emb.start, emb.vocab_size)
+
+    def _full(self, tensor_of) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.named_parameters():
+            t = tensor_of(p)
+            if t is None:
+                continue
+            split = getattr(p, "tp_split", None)
+            out[name] = gather_split(t, split, self.group) if split else t.detach().clone()
+        return out
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return self._full(lambda p: p)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return self._full(lambda p: p.grad)

@@ -1,0 +1,169 @@
+"""Megatron tensor parallelism equals the dense model; the layout follows Megatron-LM's rule."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minidist
+from minidist import comm
+from minidist.data_parallel.fixture import STEPS, build
+from minidist.megatron import ParallelLayout, TensorParallelGPT, parallel_groups, theory
+from minidist.megatron.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    gather_split,
+    vocab_parallel_cross_entropy,
+)
+from minidist.megatron.ops import copy_to_tp
+from minidist.training import make_optimizer, max_abs_diff, train
+
+# float32: the all-reduces sum t partial products in another order than one matmul does
+# (a few ulps); 5 SGD-with-momentum steps keep that at the 1e-6 level.
+LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-5, 1e-6, 1e-5
+TP_GPT = dict(heads=4)  # 4 heads: divisible by tp = 2 and 4; vocab 30 needs padding at tp=4
+
+
+def test_the_16_rank_example():
+    g = parallel_groups(16, tp=2, pp=4)
+    assert g["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
+    assert g["pp"] == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    assert g["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert g["mp"] == [[0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]]
+    assert g["embedding"] == [[0, 12], [1, 13], [2, 14], [3, 15]]
+
+
+@pytest.mark.parametrize("world, tp, pp", [(8, 2, 2), (12, 3, 2), (8, 1, 8), (6, 6, 1)])
+def test_every_rank_is_in_exactly_one_group_of_each_kind(world, tp, pp):
+    g = parallel_groups(world, tp, pp)
+    for kind, size in (("tp", tp), ("pp", pp), ("dp", world // (tp * pp)), ("mp", tp * pp)):
+        assert sorted(r for group in g[kind] for r in group) == list(range(world))
+        assert all(len(group) == size for group in g[kind])
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [((16, 3, 2), "not divisible by tp·pp = 3·2"), ((8, 0, 1), "tp must be an int >= 1")],
+)
+def test_bad_layout_is_named(args, words):
+    with pytest.raises(ValueError, match=words):
+        parallel_groups(*args)
+
+
+def layout_rank():
+    layout = ParallelLayout(tp=2, pp=2)
+    t = torch.tensor([float(dist.get_rank())])
+    comm.all_reduce(t, group=layout.group("tp"))
+    return layout.tp_rank, layout.pp_rank, layout.dp_rank, float(t), layout.mine
+
+
+def test_layout_on_a_world_of_8():
+    for rank, (tp_rank, pp_rank, dp_rank, tp_sum, mine) in enumerate(
+        minidist.launch(layout_rank, 8)
+    ):
+        assert mine["tp"] == [rank - rank % 2, rank - rank % 2 + 1]
+        assert tp_sum == sum(mine["tp"])  # the group really is those ranks
+        assert (tp_rank, pp_rank, dp_rank) == (rank % 2, rank // 4, (rank % 4) // 2)
+
+
+def layers_rank(seed: int):
+    """Each split layer against its dense original, on the same input."""
+    group, torch_gen = None, torch.Generator().manual_seed(seed)
+    col, row = nn.Linear(6, 8), nn.Linear(8, 6)
+    emb = nn.Embedding(30, 8)
+    for m in (col, row, emb):
+        for p in m.parameters():
+            nn.init.normal_(p, generator=torch_gen)
+    x = torch.randn(3, 6, generator=torch_gen, requires_grad=True)
+    ids = torch.randint(30, (3, 5), generator=torch_gen)
+    pc, pr, pe = (
+        ColumnParallelLinear(col, group),
+        RowParallelLinear(row, group),
+        VocabParallelEmbedding(emb, group),
+    )
+    y = pr(pc(x).relu())
+    out = pe(ids)
+    logits = F.linear(copy_to_tp(out, group), pe.weight)  # the tied head, behind f
+    loss = vocab_parallel_cross_entropy(logits, ids, group, pe.start, 30)
+    (y.sum() + loss).backward()
+    grads = {
+        "col": gather_split(pc.weight.grad, pc.weight.tp_split, group),
+        "row": gather_split(pr.weight.grad, pr.weight.tp_split, group),
+        "emb": gather_split(pe.weight.grad, pe.weight.tp_split, group),
+    }
+    return y.detach(), out.detach(), loss.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_layer_equals_its_dense_original(tp):
+    torch_gen = torch.Generator().manual_seed(0)
+    col, row, emb = nn.Linear(6, 8), nn.Linear(8, 6), nn.Embedding(30, 8)
+    for m in (col, row, emb):
+        for p in m.parameters():
+            nn.init.normal_(p, generator=torch_gen)
+    x = torch.randn(3, 6, generator=torch_gen, requires_grad=True)
+    ids = torch.randint(30, (3, 5), generator=torch_gen)
+    y = row(col(x).relu())
+    out = emb(ids)
+    loss = F.cross_entropy(F.linear(out, emb.weight).reshape(-1, 30), ids.reshape(-1))
+    (y.sum() + loss).backward()
+    for got_y, got_out, got_loss, got_xgrad, grads in minidist.launch(layers_rank, tp, 0):
+        assert torch.allclose(got_y, y, atol=1e-5) and torch.allclose(got_out, out)
+        assert abs(float(got_loss - loss.detach())) < 1e-5  # full logits never formed on any rank
+        assert torch.allclose(got_xgrad, x.grad, atol=1e-5)  # f all-reduced the input grad
+        assert torch.allclose(grads["col"], col.weight.grad, atol=1e-5)
+        assert torch.allclose(grads["row"], row.weight.grad, atol=1e-5)
+        assert torch.allclose(grads["emb"], emb.weight.grad, atol=1e-5)
+
+
+def gpt_rank():
+    model, batches, _ = build("gpt", **TP_GPT)
+    tp = TensorParallelGPT(model, ParallelLayout(tp=dist.get_world_size()).group("tp"))
+    with comm.record() as ledger:
+        trace = train(tp, batches, tp.loss, make_optimizer(tp.parameters()))
+    replicated = {
+        n: p.grad.clone()
+        for n, p in tp.named_parameters()
+        if p.grad is not None and not hasattr(p, "tp_split")
+    }
+    params = sum(p.numel() for p in tp.parameters())
+    return trace, [r for r in ledger.records if r.tag != "full-state"], replicated, params
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_gpt_equals_the_dense_gpt(tp):
+    model, batches, loss_fn = build("gpt", **TP_GPT)
+    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
+    results = minidist.launch(gpt_rank, tp)
+    for trace, _, replicated, params in results:
+        assert torch.allclose(torch.tensor(trace.losses), torch.tensor(ref.losses), atol=LOSS_TOL)
+        assert max_abs_diff(trace.grads, ref.grads) < GRAD_TOL
+        assert max_abs_diff(trace.params, ref.params) < PARAM_TOL
+        # replicated parameters get bit-identical gradients on every tp rank
+        assert all(torch.equal(replicated[n], results[0][2][n]) for n in replicated)
+        cfg = model.cfg
+        assert params == theory.params_per_rank(
+            cfg.layers, cfg.hidden, cfg.vocab_size, cfg.seq_len, tp
+        )  # split ones 1/t (vocab padded to 32), replicated ones whole
+    # the ledger: exactly the all-reduces of the theory, and nothing else
+    b, s = batches[0][0].shape
+    expected = theory.all_reduces_per_step(model.cfg.layers, b, s, model.cfg.hidden)
+    records = results[0][1]
+    assert {r.op for r in records} == {"all_reduce"}
+    tags = [r.tag for r in records]
+    assert tags.count("tp-g-forward") == STEPS * expected["forward"][0]
+    assert tags.count("tp-f-backward") == STEPS * expected["backward"][0]
+    sent = sum(r.ring_bytes for r in records) / STEPS
+    assert sent == pytest.approx(
+        theory.bytes_sent_per_step(model.cfg.layers, b, s, model.cfg.hidden, tp)
+    )
+
+
+def test_sizes_not_divisible_by_tp_are_named():
+    def rank_fn():
+        TensorParallelGPT(build("gpt", heads=2, hidden=32).model)  # heads=2 on tp=4
+
+    with pytest.raises(minidist.RankFailedError, match="heads=2 is not divisible by tp=4"):
+        minidist.launch(rank_fn, 4)
