@@ -167,3 +167,24 @@ def test_sizes_not_divisible_by_tp_are_named():
 
     with pytest.raises(minidist.RankFailedError, match="heads=2 is not divisible by tp=4"):
         minidist.launch(rank_fn, 4)
+
+
+def dropout_rank():
+    from minidist.megatron.layers import TensorParallelRNG
+
+    group = None
+    rng = TensorParallelRNG(seed=0, group=group)
+    torch.manual_seed(1)
+    with rng.fork():
+        inside = [torch.rand(4) for _ in range(2)]  # two steps: the stream advances
+    outside = torch.rand(4)
+    return inside, outside
+
+
+def test_dropout_rng_differs_inside_tp_regions_and_agrees_outside():
+    (in0, out0), (in1, out1) = minidist.launch(dropout_rank, 2)
+    assert not torch.equal(in0[0], in1[0])  # each rank's heads get their own masks
+    assert not torch.equal(in0[0], in0[1])  # and new ones at every call
+    assert torch.equal(out0, out1)  # outside: the same on every tp rank, unaffected by fork
+    torch.manual_seed(1)
+    assert torch.equal(out0, torch.rand(4))

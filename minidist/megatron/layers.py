@@ -21,6 +21,8 @@ of `blocks` equal sections along `dim` (3 for Q, K, V), `full_size` before vocab
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -94,15 +96,38 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class TensorParallelRNG:
+    """Random numbers inside a tensor-parallel region: a stream of its own per tp rank.
+
+    Megatron-LM's rule (Shoeybi et al. 2019, section 3): dropout on split activations (a
+    rank's own heads) must differ between tp ranks, or every rank would drop the same
+    positions of its different heads; outside the regions (replicated activations) every
+    tp rank must draw the same masks. So the default generator, seeded alike everywhere,
+    serves outside; inside, `fork()` swaps in this rank's stream (seed + 2718 + tp rank, as
+    Megatron-LM does) and saves where it got to.
+    """
+
+    def __init__(self, seed: int, group):
+        self.state = torch.Generator().manual_seed(seed + 2718 + dist.get_rank(group)).get_state()
+
+    @contextlib.contextmanager
+    def fork(self):
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.state)
+            yield
+            self.state = torch.get_rng_state()
+
+
 class ParallelAttention(nn.Module):
     """Causal self-attention with the heads split over the tp ranks."""
 
-    def __init__(self, dense, group):
+    def __init__(self, dense, group, seed: int = 0):
         super().__init__()
         n = dist.get_world_size(group)
         if dense.heads % n:
             raise ValueError(f"ParallelAttention: heads={dense.heads} not divisible by tp={n}")
         self.heads, self.dropout = dense.heads // n, dense.dropout
+        self.rng = TensorParallelRNG(seed, group)
         self.qkv = ColumnParallelLinear(dense.qkv, group, blocks=3)
         self.proj = RowParallelLinear(dense.proj, group)
 
@@ -112,7 +137,8 @@ class ParallelAttention(nn.Module):
         q, k, v = self.qkv(x).split(local, dim=2)
         q, k, v = (t.view(b, s, self.heads, local // self.heads).transpose(1, 2) for t in (q, k, v))
         drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        with self.rng.fork():  # this rank's heads: this rank's dropout stream
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         return self.proj(y.transpose(1, 2).reshape(b, s, local))
 
 
