@@ -41,6 +41,7 @@ RING_FACTORS = {
     "send": lambda n: 1.0,
     "recv": lambda n: 0.0,
     "barrier": lambda n: 0.0,
+    "all_gather_object": lambda n: 0.0,
 }
 
 
@@ -256,6 +257,15 @@ def all_to_all(
 def barrier(group=None, tag=""):
     """Wait until every rank of `group` arrives (recorded with no payload)."""
     return _run("barrier", torch.empty(0), group, False, lambda: dist.barrier(group=group), tag)
+
+
+def all_gather_object(output: list, obj, group=None, tag=""):
+    """`output[r]` receives rank r's picklable `obj` (recorded without a byte count: the
+    pickled size is not known before; used for checks, not for training traffic)."""
+    return _run(
+        "all_gather_object", torch.empty(0), group, False,
+        lambda: dist.all_gather_object(output, obj, group=group), tag,
+    )  # fmt: skip
 
 
 def send(tensor, dst, group=None, tag=""):

@@ -1,0 +1,18 @@
+"""Lesson 09 (in progress), pipeline parallelism: schedules as data (GPipe, 1F1B, interleaved,
+zero bubble), a simulator, and an engine running them on a world.
+
+Huang et al. 2019 (GPipe); Narayanan et al. 2021 (PipeDream-Flush / 1F1B, and interleaved
+1F1B in "Efficient Large-Scale Language Model Training on GPU Clusters"); Qi et al. 2024
+("Zero Bubble Pipeline Parallelism").
+
+- `schedules.py`: `schedule(kind, stages, microbatches, virtual)`
+- `simulate.py`: `simulate(steps, forward, backward, weight, latency)` -> Timeline
+- `theory.py`: bubble fractions and peak micro-batches alive
+- `engine.py`: `GPTStage`, `split_gpt`, `PipelineParallel`
+"""
+
+from .engine import PipelineParallel, split_gpt
+from .schedules import schedule
+from .simulate import simulate
+
+__all__ = ["schedule", "simulate", "PipelineParallel", "split_gpt"]

@@ -1,0 +1,208 @@
+"""Run a pipeline schedule on a world: stages of the GPT, activations passed point to point.
+
+Each rank of a pipeline group holds one stage (`GPTStage`: consecutive blocks, the first
+stage also the embeddings, the last the final norm and head) and executes its list from
+`schedules.schedule` step by step (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel
+DNN Training", section 3; Megatron-LM's `forward_backward_pipelining_without_interleaving`):
+
+- F(i): receive micro-batch i's activation from the previous stage (the first stage reads
+  the batch), run the stage, send the output to the next one (the last computes the loss,
+  divided by m so the accumulated gradient is the whole batch's mean);
+- B(i): receive the gradient of that output, back-propagate, send the input's gradient back;
+  with the zero-bubble split, B(i) computes only the input gradient and W(i) the weights'.
+
+Sends are asynchronous (`comm.batch_isend_irecv`), so two neighbours sending to each other
+never wait on one another; receives block. Once a send has completed, the stage's copy of
+the output is freed (its autograd node stays; backward then runs from the node with the
+received gradient, as Megatron-LM's `deallocate_output_tensor` does). After the last step:
+the tied embedding's two copies (first and last stage) get the sum of their gradients over
+the embedding group, and data-parallel replicas all-reduce every gradient once.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from ..memory import SavedActivations
+from ..models import GPT
+from ..parallel import ParallelModule
+from .schedules import schedule
+
+
+class GPTStage(nn.Module):
+    """Blocks `blocks` of `dense` (names kept: `blocks.3.ln1.weight`), plus the embeddings on
+    the first stage and the final norm and (tied) head on the last."""
+
+    def __init__(self, dense: GPT, blocks: range, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok_emb, self.pos_emb = copy.deepcopy(dense.tok_emb), copy.deepcopy(dense.pos_emb)
+        self.blocks = nn.ModuleDict({str(i): copy.deepcopy(dense.blocks[i]) for i in blocks})
+        if last:
+            self.ln_f = copy.deepcopy(dense.ln_f)
+            self.lm_head = nn.Linear(dense.cfg.hidden, dense.cfg.vocab_size, bias=False)
+            self.lm_head.weight = (
+                self.tok_emb.weight
+                if first
+                else nn.Parameter(dense.tok_emb.weight.detach().clone())
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.tok_emb(x) + self.pos_emb(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks.values():
+            x = block(x)
+        return self.lm_head(self.ln_f(x)) if self.last else x
+
+
+def split_gpt(dense: GPT, stages: int, stage: int) -> GPTStage:
+    """Stage `stage` of `stages`, the blocks dealt out as evenly as possible."""
+    layers = dense.cfg.layers
+    if not 1 <= stages <= layers:
+        raise ValueError(f"split_gpt: stages={stages} must be between 1 and layers={layers}")
+    bounds = [round(k * layers / stages) for k in range(stages + 1)]
+    return GPTStage(dense, range(bounds[stage], bounds[stage + 1]), stage == 0, stage == stages - 1)
+
+
+class PipelineParallel(ParallelModule):
+    """This rank's stage of a pipeline over `pp_group`, driven by a schedule."""
+
+    def __init__(self, dense: GPT, loss_fn, layout, kind: str = "1f1b", microbatches: int = 4):
+        """`layout`: a `minidist.megatron.ParallelLayout` with tp = 1; its pp groups are the
+        pipelines, its dp groups the replicas, its embedding groups the tied copies."""
+        super().__init__()
+        if kind == "interleaved":
+            raise ValueError("PipelineParallel runs gpipe, 1f1b and zb-h1 (interleaved: simulated)")
+        if layout.tp_size != 1:
+            raise ValueError(
+                f"PipelineParallel: layout.tp_size={layout.tp_size}; stages here are dense"
+            )
+        pp_group = layout.group("pp")
+        dp_group = layout.group("dp") if layout.dp_size > 1 else None
+        embedding_group = layout.groups.get("embedding")  # first and last stages only
+        self.p, self.stage_index = dist.get_world_size(pp_group), dist.get_rank(pp_group)
+        self.ranks = dist.get_process_group_ranks(pp_group) if pp_group else list(range(self.p))
+        self.module = split_gpt(dense, self.p, self.stage_index)
+        self.steps = schedule(kind, self.p, microbatches)[self.stage_index]
+        self.kind, self.m, self.loss_fn, self.hidden = kind, microbatches, loss_fn, dense.cfg.hidden
+        self.pp_group, self.dp_group, self.embedding_group = pp_group, dp_group, embedding_group
+        self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
+
+    # -- one training step ----------------------------------------------------------------
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """Forward and backward of every micro-batch of `batch`, gradients synchronised.
+        Returns the batch's mean loss (on every stage)."""
+        x, y = batch
+        if x.shape[0] % self.m:
+            raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
+        xs, ys = x.chunk(self.m), y.chunk(self.m)
+        shape = (x.shape[0] // self.m, x.shape[1], self.hidden)
+        inputs, outputs, saved, sends = {}, {}, {}, []
+        loss_sum = torch.zeros(())
+        for op, i in self.steps:
+            if op == "F":
+                inp = xs[i] if self.module.first else self._recv(shape, -1).requires_grad_()
+                with SavedActivations(self.module) as bytes_saved:
+                    out = self.module(inp)
+                    if self.module.last:
+                        out = self.loss_fn(out, ys[i]) / self.m
+                        loss_sum += out.detach()
+                inputs[i], outputs[i], saved[i] = inp, out, bytes_saved.bytes
+                self.saved_per_microbatch = bytes_saved.bytes
+                if not self.module.last:
+                    sends.append((self._send(out.detach(), +1), out))
+                self.peak_alive = max(self.peak_alive, len(outputs))
+                self.peak_saved_bytes = max(self.peak_saved_bytes, sum(saved.values()))
+            elif op == "B":
+                out, inp = outputs[i], inputs[i]
+                grad = None if self.module.last else self._recv(shape, +1)
+                if self.kind != "zb-h1":
+                    _backward(out, grad)
+                elif not self.module.first:  # the input gradient only; W comes later
+                    _backward(out, grad, inputs=[inp], keep=True)
+                else:
+                    out._minidist_grad = grad  # the first stage has no input gradient to pass
+                if not self.module.first:
+                    sends.append((self._send(inp.grad, -1), None))
+                if self.kind != "zb-h1":
+                    del outputs[i], inputs[i], saved[i]
+            else:  # W: the weight gradients of micro-batch i, from the kept graph
+                params = [p for p in self.module.parameters() if p.requires_grad]
+                grad = getattr(outputs[i], "_minidist_grad", None)
+                _backward(outputs[i], grad, inputs=params, keep=False)
+                del outputs[i], inputs[i], saved[i]
+            sends = _free_sent(sends)
+        for work, _ in sends:
+            work.wait()
+        self._sync_gradients()
+        comm.broadcast(loss_sum, src=self.ranks[-1], group=self.pp_group, tag="pp-loss")
+        return float(loss_sum)
+
+    def _send(self, t: torch.Tensor, direction: int):
+        peer = self.ranks[self.stage_index + direction]
+        return comm.batch_isend_irecv([("send", t.contiguous(), peer)], tag="pp")[0]
+
+    def _recv(self, shape, direction: int) -> torch.Tensor:
+        buffer = torch.empty(shape)
+        peer = self.ranks[self.stage_index + direction]
+        comm.batch_isend_irecv([("recv", buffer, peer)], tag="pp")[0].wait()
+        return buffer
+
+    @torch.no_grad()
+    def _sync_gradients(self) -> None:
+        stage = self.module
+        if self.p > 1 and (stage.first or stage.last):  # the tied embedding's two copies
+            tied = stage.tok_emb.weight if stage.first else stage.lm_head.weight
+            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
+        if self.dp_group is not None:  # once per step, after the last micro-batch
+            n = dist.get_world_size(self.dp_group)
+            for p in stage.parameters():
+                if p.grad is not None:
+                    comm.all_reduce(p.grad, group=self.dp_group, tag="dp-grads")
+                    p.grad.div_(n)
+
+    # -- the comparison contract: every stage's part, under the dense names ----------------
+    def _gathered(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        parts = [None] * self.p
+        comm.all_gather_object(parts, tensors, group=self.pp_group, tag="full-state")
+        out = {}
+        for part in parts:
+            out.update({k: v for k, v in part.items() if k not in out and k != "lm_head.weight"})
+        return out
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return self._gathered({n: p.detach().clone() for n, p in self.module.named_parameters()})
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return self._gathered(
+            {n: p.grad.clone() for n, p in self.module.named_parameters() if p.grad is not None}
+        )
+
+
+def _backward(out: torch.Tensor, grad, inputs=None, keep: bool = False) -> None:
+    """Back-propagate from `out` (its data may have been freed: the node is what counts)."""
+    grads = (grad,) if grad is not None else (torch.ones_like(out),)
+    if inputs is not None and keep:
+        out._minidist_grad = grad  # the W step needs it again
+    torch.autograd.Variable._execution_engine.run_backward(
+        (out,), grads, keep, False, tuple(inputs or ()), allow_unreachable=True,
+        accumulate_grad=True,
+    )  # fmt: skip
+
+
+def _free_sent(sends: list) -> list:
+    """Drop completed sends; free the stage's copy of what they carried."""
+    pending = []
+    for work, out in sends:
+        if work.is_completed():
+            if out is not None:
+                out.data = torch.empty(0)
+        else:
+            pending.append((work, out))
+    return pending

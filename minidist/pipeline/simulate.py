@@ -1,0 +1,93 @@
+"""Run a schedule on paper: when each step starts and ends, the bubble, micro-batches alive.
+
+Each stage executes its steps in order; a step also waits for what it depends on:
+F(i) on stage s for F(i) on stage s-1 (plus the link latency), B(i) on stage s for B(i) on
+stage s+1 (the last stage for its own F(i)), W(i) for B(i) on the same stage. With
+interleaved chunks, stage s of chunk c is virtual stage c·p + s. The bubble is the idle
+share of the stages' time until the last step ends (Huang et al. 2019; Narayanan et al.
+2021): (p-1)/(m+p-1) for GPipe and 1F1B with equal forward and backward times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Timeline:
+    """Per stage, (step, start, end) in execution order; plus what they add up to."""
+
+    stages: list[list[tuple[tuple, float, float]]]
+
+    @property
+    def makespan(self) -> float:
+        return max(end for steps in self.stages for _, _, end in steps)
+
+    @property
+    def bubble(self) -> float:
+        """Idle time of all stages over stages × makespan."""
+        busy = sum(end - start for steps in self.stages for _, start, end in steps)
+        return 1 - busy / (len(self.stages) * self.makespan)
+
+    def peak_in_flight(self) -> list[int]:
+        """Per stage, the most micro-batches (× chunks) forwarded and not yet backwarded."""
+        peaks = []
+        for steps in self.stages:
+            alive = peak = 0
+            for step, _, _ in steps:
+                alive += {"F": 1, "B": -1}.get(step[0], 0)
+                peak = max(peak, alive)
+            peaks.append(peak)
+        return peaks
+
+
+def simulate(
+    steps: list[list[tuple]],
+    forward: float = 1.0,
+    backward: float = 1.0,
+    weight: float = 0.0,
+    latency: float = 0.0,
+) -> Timeline:
+    """Times of every step. With split backward (W steps), `backward` is B's and `weight` W's."""
+    p = len(steps)
+    v = 1 + max((s[2] for stage in steps for s in stage if len(s) > 2), default=0)
+    cost = {"F": forward, "B": backward, "W": weight}
+    done: dict[tuple, float] = {}  # (op, microbatch, virtual stage) -> end time
+    position, clock = [0] * p, [0.0] * p
+    out: list[list] = [[] for _ in range(p)]
+    while any(position[s] < len(steps[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            if position[s] == len(steps[s]):
+                continue
+            step = steps[s][position[s]]
+            op, i, c = step[0], step[1], step[2] if len(step) > 2 else 0
+            ready = _ready(op, i, c * p + s, p * v, done, latency)
+            if ready is None:
+                continue
+            start = max(clock[s], ready)
+            end = start + cost[op]
+            done[(op, i, c * p + s)] = end
+            clock[s] = end
+            out[s].append((step, start, end))
+            position[s] += 1
+            progressed = True
+        if not progressed:
+            raise ValueError("simulate: the schedule deadlocks (a step waits for one never run)")
+    return Timeline(out)
+
+
+def _ready(op: str, i: int, vs: int, total: int, done: dict, latency: float) -> float | None:
+    """When the step's dependency is met, or None if it has not run yet."""
+    if op == "F":
+        need = None if vs == 0 else ("F", i, vs - 1)
+    elif op == "B":
+        need = ("F", i, vs) if vs == total - 1 else ("B", i, vs + 1)
+    else:
+        need = ("B", i, vs)
+    if need is None:
+        return 0.0
+    if need not in done:
+        return None
+    same_stage = op == "W" or (op == "B" and vs == total - 1)
+    return done[need] + (0.0 if same_stage else latency)

@@ -1,0 +1,33 @@
+"""The pipeline bubble and the activation memory of each schedule, as functions.
+
+Huang et al. 2019 (GPipe) and Narayanan et al. 2021: with p stages, m micro-batches and
+equal forward/backward times the idle share is (p-1)/(m+p-1) for GPipe and 1F1B alike;
+interleaving v chunks per rank divides the bubble by v, (p-1)/(v·m) of the ideal time;
+ZB-H1 (Qi et al. 2024) leaves (p-1)(F + B - W) of idle time instead of (p-1)(F + B + W).
+GPipe keeps the activations of m micro-batches on every stage; 1F1B at most min(p-r, m)
+on stage r.
+"""
+
+from __future__ import annotations
+
+
+def bubble_fraction(stages: int, microbatches: int, kind: str = "1f1b", virtual: int = 1) -> float:
+    """Idle share of the pipeline's time (equal forward and backward times)."""
+    p, m = stages, microbatches
+    if kind in ("gpipe", "1f1b"):
+        return (p - 1) / (m + p - 1)
+    if kind == "interleaved":
+        ideal = m  # forward + backward of m micro-batches, in chunk-sized units: v·m
+        return (p - 1) / virtual / (ideal + (p - 1) / virtual)
+    if kind == "zb-h1":  # F = B = W = 1: bubble (p-1)(F + B - W) over m(F + B + W) of work
+        return (p - 1) / (3 * m + p - 1)
+    raise ValueError(f"bubble_fraction: no closed form for kind={kind!r}")
+
+
+def peak_microbatches(stage: int, stages: int, microbatches: int, kind: str = "1f1b") -> int:
+    """Micro-batches whose activations stage `stage` holds at most at once."""
+    if kind == "gpipe":
+        return microbatches
+    if kind in ("1f1b", "zb-h1"):
+        return min(stages - stage, microbatches)
+    raise ValueError(f"peak_microbatches: no closed form for kind={kind!r}")

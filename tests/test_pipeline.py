@@ -1,0 +1,117 @@
+"""Pipeline schedules: their shape and bubble match the theory; the engine equals one process."""
+
+import pytest
+
+import minidist
+from minidist.data import shard_batch
+from minidist.data_parallel.fixture import STEPS, build
+from minidist.megatron import ParallelLayout
+from minidist.pipeline import PipelineParallel, schedule, simulate, split_gpt, theory
+from minidist.training import make_optimizer, max_abs_diff, train
+
+# float32; only the order of summing micro-batch gradients differs from one process
+LOSS_TOL, PARAM_TOL = 1e-5, 1e-6
+PP_GPT = dict(layers=4)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 3), (4, 8), (8, 16)])
+def test_bubble_and_memory_of_gpipe_and_1f1b(kind, p, m):
+    steps = schedule(kind, p, m)
+    timeline = simulate(steps)
+    assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, kind))
+    assert timeline.peak_in_flight() == [theory.peak_microbatches(r, p, m, kind) for r in range(p)]
+    for r, stage in enumerate(steps):
+        assert sorted(stage) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+        if kind == "1f1b":  # warm-up: min(p-r-1, m) forwards before the first backward
+            first_b = stage.index(("B", 0))
+            assert first_b == min(p - r - 1, m) + (
+                1 if first_b < len(stage) and m > p - r - 1 else 0
+            )
+
+
+@pytest.mark.parametrize("p, m, v", [(4, 8, 2), (2, 4, 2), (4, 4, 3)])
+def test_interleaved_divides_the_bubble_by_v(p, m, v):
+    timeline = simulate(schedule("interleaved", p, m, v))
+    assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, "interleaved", v))
+    assert timeline.bubble < theory.bubble_fraction(p, m, "1f1b")
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (8, 16)])
+def test_zero_bubble_h1(p, m):
+    zb = simulate(schedule("zb-h1", p, m), forward=1, backward=1, weight=1)
+    one = simulate(schedule("1f1b", p, m), forward=1, backward=2)
+    assert zb.bubble == pytest.approx(theory.bubble_fraction(p, m, "zb-h1"))
+    assert zb.makespan < one.makespan  # (p-1)(F+B-W) instead of (p-1)(F+B+W) idle
+
+
+def test_no_step_runs_before_its_dependency():
+    timeline = simulate(schedule("1f1b", 4, 6), latency=0.5)
+    ends = {(s[0], s[1], r): end for r, stage in enumerate(timeline.stages) for s, _, end in stage}
+    for r, stage in enumerate(timeline.stages):
+        for (op, i), start, _ in stage:
+            if op == "F" and r > 0:
+                assert start >= ends["F", i, r - 1] + 0.5
+            if op == "B" and r < 3:
+                assert start >= ends["B", i, r + 1] + 0.5
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("gpipe", 4, 0), "microbatches=0 must both be >= 1"),
+        (("interleaved", 4, 6, 2), "microbatches=6 a multiple of stages=4"),
+        (("pipedream", 2, 2), "kind must be one of"),
+    ],
+)
+def test_bad_schedules_are_named(args, words):
+    with pytest.raises(ValueError, match=words):
+        schedule(*args)
+
+
+def test_fewer_layers_than_stages_is_named():
+    with pytest.raises(ValueError, match="stages=3 must be between 1 and layers=2"):
+        split_gpt(build("gpt").model, 3, 0)
+
+
+def pipeline_rank(kind: str, m: int, pp: int):
+    model, batches, loss_fn = build("gpt", **PP_GPT)
+    layout = ParallelLayout(tp=1, pp=pp)
+    pipe = PipelineParallel(model, loss_fn, layout, kind, m)
+    opt = make_optimizer(pipe.module.parameters())
+    losses = []
+    with minidist.comm.record() as ledger:
+        for batch in batches:
+            opt.zero_grad()
+            losses.append(pipe.train_step(shard_batch(batch, layout.dp_rank, layout.dp_size)))
+            opt.step()
+    dp = [r for r in ledger.records if r.tag == "dp-grads"]
+    trainable = sum(1 for p in pipe.module.parameters() if p.requires_grad)
+    return dict(
+        losses=losses, params=pipe.full_parameters(), peak=pipe.peak_alive,
+        peak_bytes=pipe.peak_saved_bytes, per_mb=pipe.saved_per_microbatch,
+        dp_per_step=len(dp) / STEPS, trainable=trainable, stage=layout.pp_rank,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 2), (4, 4), (4, 8)])  # m divides the batch of 8
+def test_pipeline_equals_single_process(kind, p, m):
+    model, batches, loss_fn = build("gpt", **PP_GPT)
+    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
+    for r in minidist.launch(pipeline_rank, p, kind, m, p):
+        assert r["losses"] == pytest.approx(ref.losses, abs=LOSS_TOL)
+        assert max_abs_diff(r["params"], ref.params) < PARAM_TOL  # tied embedding in sync
+        if kind != "zb-h1":  # activations alive: m (GPipe), min(p - r, m) (1F1B)
+            expected = theory.peak_microbatches(r["stage"], p, m, kind)
+            assert r["peak"] == expected
+            assert r["peak_bytes"] == expected * r["per_mb"]
+
+
+def test_dp_times_pp_reduces_once_per_step():
+    """4 ranks: 2 pipelines of 2 stages; each replica trains on half the batch."""
+    model, batches, loss_fn = build("gpt", **PP_GPT)
+    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
+    for r in minidist.launch(pipeline_rank, 4, "1f1b", 2, 2):
+        assert max_abs_diff(r["params"], ref.params) < PARAM_TOL
+        assert r["dp_per_step"] == r["trainable"]  # one all-reduce per parameter per step
