@@ -57,7 +57,9 @@ def test_tour_row_matches_reference_and_theory(name, tmp_path):
 def test_every_lesson_registers_a_row_in_lesson_order():
     assert list(ROWS) == [
         "ring all-reduce", "naive DP", "bucketed DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)",
-        "FSDP hybrid",
+        "FSDP hybrid", "FSDP + bf16", "ZeRO-2 + bf16", "FSDP + CPU offload",
+        "FSDP + disk offload", "recompute", "FSDP + recompute", "tensor parallel",
+        "parallel layout",
     ]  # fmt: skip
 
 

@@ -8,8 +8,23 @@ import torch.nn.functional as F
 
 import minidist
 from minidist import comm
-from minidist.data_parallel.fixture import STEPS, build
+from minidist.data_parallel.fixture import build
 from minidist.megatron import ParallelLayout, TensorParallelGPT, parallel_groups, theory
+from minidist.megatron.fixture import (
+    GRAD_TOL,
+    LOSS_TOL,
+    PARAM_TOL,
+    STEPS,
+    build_dense,
+    compare,
+    dp_mean_losses,
+    dropout_streams_on_rank,
+    layout_train_on_rank,
+    ledger_by_part_on_rank,
+    memory_theory,
+    reference,
+    train_on_rank,
+)
 from minidist.megatron.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -18,12 +33,9 @@ from minidist.megatron.layers import (
     vocab_parallel_cross_entropy,
 )
 from minidist.megatron.ops import copy_to_tp
-from minidist.training import make_optimizer, max_abs_diff, train
 
-# float32: the all-reduces sum t partial products in another order than one matmul does
-# (a few ulps); 5 SGD-with-momentum steps keep that at the 1e-6 level.
-LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-5, 1e-6, 1e-5
-TP_GPT = dict(heads=4)  # 4 heads: divisible by tp = 2 and 4; vocab 30 needs padding at tp=4
+# Tolerances (LOSS_TOL, GRAD_TOL, PARAM_TOL) and the model (lesson 01's GPT with 4 heads:
+# divisible by tp = 2 and 4, vocabulary 30 padded to 32 at tp = 4) are the fixture's.
 
 
 def test_the_16_rank_example():
@@ -118,47 +130,73 @@ def test_each_layer_equals_its_dense_original(tp):
         assert torch.allclose(grads["emb"], emb.weight.grad, atol=1e-5)
 
 
-def gpt_rank():
-    model, batches, _ = build("gpt", **TP_GPT)
-    tp = TensorParallelGPT(model, ParallelLayout(tp=dist.get_world_size()).group("tp"))
-    with comm.record() as ledger:
-        trace = train(tp, batches, tp.loss, make_optimizer(tp.parameters()))
-    replicated = {
-        n: p.grad.clone()
-        for n, p in tp.named_parameters()
-        if p.grad is not None and not hasattr(p, "tp_split")
-    }
-    params = sum(p.numel() for p in tp.parameters())
-    return trace, [r for r in ledger.records if r.tag != "full-state"], replicated, params
-
-
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_gpt_equals_the_dense_gpt(tp):
-    model, batches, loss_fn = build("gpt", **TP_GPT)
-    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
-    results = minidist.launch(gpt_rank, tp)
-    for trace, _, replicated, params in results:
-        assert torch.allclose(torch.tensor(trace.losses), torch.tensor(ref.losses), atol=LOSS_TOL)
-        assert max_abs_diff(trace.grads, ref.grads) < GRAD_TOL
-        assert max_abs_diff(trace.params, ref.params) < PARAM_TOL
+    model, batches, _ = build_dense()
+    ref = reference()
+    results = minidist.launch(train_on_rank, tp)
+    cfg = model.cfg
+    for run in results:
+        diffs = compare(run.trace, ref)
+        assert diffs["loss"] < LOSS_TOL and diffs["grad"] < GRAD_TOL
+        assert diffs["param"] < PARAM_TOL
         # replicated parameters get bit-identical gradients on every tp rank
-        assert all(torch.equal(replicated[n], results[0][2][n]) for n in replicated)
-        cfg = model.cfg
-        assert params == theory.params_per_rank(
+        first = results[0].replicated_grads
+        assert all(torch.equal(g, first[n]) for n, g in run.replicated_grads.items())
+        assert run.params == theory.params_per_rank(
             cfg.layers, cfg.hidden, cfg.vocab_size, cfg.seq_len, tp
         )  # split ones 1/t (vocab padded to 32), replicated ones whole
+        # parameters + gradients + momentum, to the byte (the frozen ln_f.bias has neither)
+        assert run.memory.total == memory_theory(tp)
+    # vocab padding: the last rank's padding rows exist only at tp=4 and never get a gradient
+    pads = [run.padding_grad for run in results]
+    assert pads == ([None, None] if tp == 2 else [None, None, None, 0.0])
     # the ledger: exactly the all-reduces of the theory, and nothing else
     b, s = batches[0][0].shape
-    expected = theory.all_reduces_per_step(model.cfg.layers, b, s, model.cfg.hidden)
-    records = results[0][1]
+    expected = theory.all_reduces_per_step(cfg.layers, b, s, cfg.hidden)
+    records = results[0].records
     assert {r.op for r in records} == {"all_reduce"}
     tags = [r.tag for r in records]
     assert tags.count("tp-g-forward") == STEPS * expected["forward"][0]
     assert tags.count("tp-f-backward") == STEPS * expected["backward"][0]
     sent = sum(r.ring_bytes for r in records) / STEPS
-    assert sent == pytest.approx(
-        theory.bytes_sent_per_step(model.cfg.layers, b, s, model.cfg.hidden, tp)
-    )
+    assert sent == pytest.approx(theory.bytes_sent_per_step(cfg.layers, b, s, cfg.hidden, tp))
+
+
+def test_ledger_by_part_is_two_and_two_per_layer():
+    rows = minidist.launch(ledger_by_part_on_rank, 2)[0]
+    model, batches, _ = build_dense()
+    b, s = batches[0][0].shape
+    h = model.cfg.hidden
+    for i in range(model.cfg.layers):
+        for phase, tag in (("forward", "tp-g-forward"), ("backward", "tp-f-backward")):
+            mine = [r for r in rows if r[:2] == (f"block {i}", phase)]
+            assert mine == [(f"block {i}", phase, tag, b * s * h)] * 2
+    assert [r for r in rows if r[0] == "embedding"] == [
+        ("embedding", "forward", "tp-g-forward", b * s * h)
+    ]
+    assert [r for r in rows if r[0] == "head"] == [("head", "backward", "tp-f-backward", b * s * h)]
+    assert [(r[1], r[3]) for r in rows if r[0] == "loss"] == [("forward", b * s)] * 3
+
+
+def test_tp_inside_dp_across_equals_the_dense_gpt():
+    model, batches, _ = build_dense()
+    cfg, (b, s) = model.cfg, batches[0][0].shape
+    ref = reference()
+    runs = minidist.launch(layout_train_on_rank, 4, 2)
+    losses = dp_mean_losses(runs)
+    for rank, run in enumerate(runs):
+        assert run.coords == (rank % 2, rank // 2)  # TP inside (consecutive), DP across
+        diffs = compare(run.trace, ref, losses)
+        assert diffs["loss"] < LOSS_TOL and diffs["grad"] < GRAD_TOL
+        assert diffs["param"] < PARAM_TOL
+        assert run.memory.total == memory_theory(2)  # DP replicates: TP's memory at t=2
+        groups = {r.group_ranks for r in run.records}
+        assert groups == {tuple(run.mine["tp"]), tuple(run.mine["dp"])}
+        sent = sum(r.ring_bytes for r in run.records) / STEPS
+        assert sent == pytest.approx(
+            theory.layout_bytes_sent_per_step(cfg.layers, b, s, cfg.hidden, 2, 2, run.trainable)
+        )
 
 
 def test_sizes_not_divisible_by_tp_are_named():
@@ -169,22 +207,10 @@ def test_sizes_not_divisible_by_tp_are_named():
         minidist.launch(rank_fn, 4)
 
 
-def dropout_rank():
-    from minidist.megatron.layers import TensorParallelRNG
-
-    group = None
-    rng = TensorParallelRNG(seed=0, group=group)
-    torch.manual_seed(1)
-    with rng.fork():
-        inside = [torch.rand(4) for _ in range(2)]  # two steps: the stream advances
-    outside = torch.rand(4)
-    return inside, outside
-
-
 def test_dropout_rng_differs_inside_tp_regions_and_agrees_outside():
-    (in0, out0), (in1, out1) = minidist.launch(dropout_rank, 2)
+    (in0, out0), (in1, out1) = minidist.launch(dropout_streams_on_rank, 2)
     assert not torch.equal(in0[0], in1[0])  # each rank's heads get their own masks
     assert not torch.equal(in0[0], in0[1])  # and new ones at every call
     assert torch.equal(out0, out1)  # outside: the same on every tp rank, unaffected by fork
-    torch.manual_seed(1)
-    assert torch.equal(out0, torch.rand(4))
+    torch.manual_seed(1)  # the fixture seeds the default generator with seed + 1
+    assert torch.equal(out0, (torch.rand(out0.numel()) > 0.5).int())  # as if no fork happened

@@ -2,26 +2,13 @@
 
 import pytest
 import torch
-import torch.nn as nn
 
 import minidist
 from minidist.data_parallel.fixture import build
-from minidist.mixed_precision import DynamicLossScaler, MixedPrecision, divide_factors
-from minidist.mixed_precision.fixture import train_on_rank
+from minidist.mixed_precision import DynamicLossScaler, MixedPrecision, divide_factors, theory
+from minidist.mixed_precision.fixture import grad_scaler_scales, train_on_rank
+from minidist.mixed_precision.lesson import LOSS_TOL, PATH_TOL, distance
 from minidist.zero.fixture import reference
-
-# bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 2e-3 per operation), fp16 11 bits:
-# the GPT's loss (about 3.4) then differs from fp32 by about 1e-3 (bf16) and 1e-4 (fp16)
-# over 5 steps. Parameters are compared as a whole, against how far fp32 training moved
-# them: single elements with near-zero gradients can take an Adam step of the other sign
-# (±lr), and lr = 1e-2 is as large as the weights themselves. Measured: bf16 6%, fp16 3%
-# of the distance travelled (fp32 through the same code: 1e-5).
-LOSS_TOL = {torch.bfloat16: 5e-3, torch.float16: 1e-3}
-PATH_TOL = {torch.bfloat16: 0.15, torch.float16: 0.08}
-
-
-def distance(a: dict, b: dict) -> float:
-    return sum(float((a[k] - b[k]).pow(2).sum()) for k in b) ** 0.5
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -43,21 +30,12 @@ def test_scale_sequence_equals_grad_scaler_and_skips_on_every_rank():
     """Overflow injected on the last rank only at steps 1 and 2; growth every 2 good steps."""
     overflows = (1, 2)
     results = minidist.launch(train_on_rank, 2, torch.float16, overflows, growth_interval=2)
-    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=2)
-    p = nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([p], lr=0.1)
-    expected = []
-    for step in range(len(results[0]["scales"])):
-        opt.zero_grad()
-        torch_scaler.scale(p.sum()).backward()
-        if step in overflows:
-            p.grad[0] = float("inf")
-        torch_scaler.step(opt)
-        torch_scaler.update()
-        expected.append(torch_scaler.get_scale())
+    expected = grad_scaler_scales(len(results[0]["scales"]), overflows, growth_interval=2)
     for r in results:
         assert r["scales"] == expected
         assert r["stepped"] == [s not in overflows for s in range(len(expected))]
+        # only the last rank's own shard held the inf; every rank skipped
+        assert r["local_inf"] == [s in overflows and r is results[-1] for s in range(len(expected))]
         for s in overflows:  # a skipped step touches no parameter and no optimizer state
             before, after = r["params"][s - 1], r["params"][s]
             assert all(torch.equal(before[k], after[k]) for k in before)
@@ -150,3 +128,107 @@ def test_zero_mixed_precision_tracks_fp32_and_memory_is_the_papers(stage, world)
             start, ref.params
         )
         assert total == theory.memory_per_device(padded, world, stage) + 4 * buckets
+
+
+# -- theory --------------------------------------------------------------------------------------
+
+
+def test_float_formats_are_read_from_finfo_and_hold_at_the_boundaries():
+    f16, bf16, f32 = (theory.float_format(d) for d in theory.FORMATS[1:] + theory.FORMATS[:1])
+    assert (f16.exponent_bits, f16.mantissa_bits, f16.max) == (5, 10, 65504.0)
+    assert (f16.smallest_normal, f16.smallest_subnormal) == (2.0**-14, 2.0**-24)
+    assert (bf16.exponent_bits, bf16.mantissa_bits, bf16.smallest_subnormal) == (8, 7, 2.0**-133)
+    assert (f32.mantissa_bits, f32.smallest_subnormal) == (23, 2.0**-149)
+    for dtype in theory.FORMATS:
+        f = theory.float_format(dtype)
+        assert torch.tensor(f.smallest_subnormal, dtype=torch.float64).to(dtype) > 0
+        assert torch.tensor(f.smallest_subnormal / 2, dtype=torch.float64).to(dtype) == 0
+        assert torch.tensor(1 + f.eps / 2, dtype=torch.float64).to(dtype) == 1  # ties to even
+    with pytest.raises(ValueError, match="not a floating-point dtype"):
+        theory.float_format(torch.int32)
+
+
+def test_fate_sorts_values_by_what_the_cast_does():
+    values = torch.tensor([2.0**-26, 2.0**-20, 2.0**-10, 1e5, 0.0])
+    assert theory.fate(values, torch.float16) == dict(
+        zero=0.25, subnormal=0.25, normal=0.25, overflow=0.25
+    )
+    scaled = theory.fate(values, torch.float16, scale=2.0**8)  # 2^-18, 2^-12, 2^-2, inf
+    assert scaled == dict(zero=0.0, subnormal=0.25, normal=0.5, overflow=0.25)
+    assert theory.fate(values, torch.bfloat16)["normal"] == 1.0
+    assert theory.largest_safe_scale(0.5, torch.float16) == 2.0**16  # 0.5 · 2^17 = 65536
+    assert theory.largest_safe_scale(0.46, torch.float16) == 2.0**17
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 64])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_state_terms_are_the_papers_formula(stage, world):
+    from minidist.zero import theory as zero_theory
+
+    terms = theory.model_state_terms(1000, world, stage)
+    assert sum(terms.values()) == pytest.approx(zero_theory.memory_per_device(1000, world, stage))
+    assert (
+        theory.rank_bytes(1000, world, stage, frozen=3, adam_steps=2)
+        == int(zero_theory.memory_per_device(1000, world, stage)) + 2 * 3 + 4 * 2
+    )
+
+
+def test_splitting_the_division_keeps_an_fp16_mean_in_range():
+    pre, post = divide_factors(64)
+    assert theory.ring_mean([2048.0] * 64, torch.float16, 1, 64)[1] == float("inf")
+    assert theory.ring_mean([2.0**-20] * 64, torch.float16, 64, 1)[1] == 0.0
+    assert theory.ring_mean([2048.0] * 64, torch.float16, pre, post)[1] == 2048.0
+    assert theory.ring_mean([2.0**-20] * 64, torch.float16, pre, post)[1] == 2.0**-20
+
+
+def test_found_inf_is_one_small_all_reduce_per_step():
+    results = minidist.launch(train_on_rank, 2, torch.float16)
+    for r in results:
+        assert r["found_inf_sent"] == [theory.found_inf_bytes(2)] * len(r["losses"])
+
+
+def test_tour_rows_on_two_ranks(tmp_path):
+    """The tour runs the rows on 4 ranks (tests/test_bench_tour.py); here N = 2."""
+    from minidist.mixed_precision.lesson import fsdp_bf16_row, zero2_bf16_row
+
+    for row_fn in (fsdp_bf16_row, zero2_bf16_row):
+        row = row_fn(2, tmp_path)
+        assert row.matches, row
+        assert row.memory_per_rank == row.memory_theory
+        assert row.bytes_per_rank == pytest.approx(row.bytes_theory)
+
+
+def zero_scaler_rank(dtype):
+    import torch.distributed as dist
+
+    from minidist.data import shard_batch
+    from minidist.zero import ZeroDataParallel
+    from minidist.zero.fixture import ADAM
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches, loss_fn = build("gpt")
+    zero = ZeroDataParallel(model, stage=2, mixed_precision=MixedPrecision(dtype), **ADAM)
+    scaler = DynamicLossScaler(init_scale=2.0**8)
+    stepped, changed = [], []
+    for step, batch in enumerate(batches):
+        before = zero.full_parameters()
+        x, y = shard_batch(batch, rank, world)
+        zero.optimizer.zero_grad()
+        scaler.scale(loss_fn(zero(x), y)).backward()
+        if step == 1 and rank == world - 1:  # an overflow on one rank only
+            zero.buckets[0].grad_chunk[0] = float("inf")
+        stepped.append(scaler.step(zero.optimizer))
+        scaler.update()
+        after = zero.full_parameters()
+        changed.append(any(not torch.equal(before[k], after[k]) for k in before))
+    return stepped, changed, scaler.get_scale()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_loss_scaler_sees_zero_gradient_chunks(dtype):
+    """ZeRO keeps its reduced gradients as chunks in the compute dtype: the scaler unscales
+    and checks those (`ShardedOptimizer.gradients`), so one rank's inf skips every rank."""
+    for stepped, changed, scale in minidist.launch(zero_scaler_rank, 2, dtype):
+        assert stepped == [True, False, True, True, True]
+        assert changed == stepped  # the skipped step touched no parameter
+        assert scale == 2.0**7

@@ -99,3 +99,69 @@ def test_bench_memory_prints_every_setup():
     peaks = [float(v) for k, v in values.items() if k.endswith("_peak_kib")]
     assert len(peaks) == 7  # no speed is asserted; bytes must shrink down the list
     assert peaks == sorted(peaks, reverse=True)
+
+
+# -- the formulas of a transformer layer, the exact peak, the measuring tools -----------------
+
+
+def test_layer_terms_add_up_to_korthikanti():
+    for s, b, h, a in [(2048, 1, 12288, 96), (16, 8, 32, 2), (64, 3, 48, 4)]:
+        terms = theory.layer_activation_terms(s, b, h, a)
+        assert sum(terms.values()) == theory.transformer_layer_activation_bytes(s, b, h, a)
+
+
+@pytest.mark.parametrize("dropout", [True, False])
+def test_a_block_saves_what_the_course_layout_says(dropout):
+    """fp32 on a CPU: with dropout the math attention kernel (a·s²·b matrices, a float32
+    mask), without it the flash kernel; per module, the parts add up to the whole."""
+    from minidist.recompute.fixture import block_saved_by_module, gpt_dims
+
+    d = gpt_dims(**DROPOUT_GPT)
+    by_module = block_saved_by_module(dropout)
+    expected = theory.course_block_bytes(d["seq"], d["batch"], d["hidden"], d["heads"], dropout)
+    assert sum(by_module.values()) == expected
+    if dropout:
+        assert sum(by_module.values()) == block_bytes()[0]
+    assert by_module["mlp.1"] == 4 * 4 * d["seq"] * d["batch"] * d["hidden"]  # GeLU input
+
+
+@pytest.mark.parametrize("segment", [None, 1, 2, 3, 4])
+def test_live_peak_of_a_chain_of_blocks_is_exact(segment):
+    """Measured over forward and backward: forward keeps ⌈L/k⌉ inputs; the peak is the exact
+    count (never above Chen et al.'s), the recomputed segment's input counted once."""
+    from minidist.recompute.fixture import block_chain
+
+    a, b = block_bytes()
+    got = block_chain(4, segment)
+    assert got["forward"] == theory.saved_bytes(4, a, b, segment)["forward"]
+    assert got["peak"] == theory.chain_peak_bytes(4, a, b, segment)
+    assert got["peak"] <= theory.saved_bytes(4, a, b, segment)["peak"]
+
+
+@pytest.mark.parametrize("layers, segment", [(16, 4), (16, 5), (9, 3), (9, None)])
+def test_live_peak_of_a_linear_chain_follows_sqrt_l(layers, segment):
+    from minidist.recompute.fixture import linear_chain
+
+    b = 16 * 64 * 4  # Linear(64, 64) on 16 rows keeps its input only: a = b
+    assert linear_chain(layers, segment)["peak"] == theory.chain_peak_bytes(layers, b, b, segment)
+
+
+def test_saved_by_part_adds_up_and_recompute_keeps_block_inputs():
+    from minidist.recompute.fixture import saved_by_part
+
+    a, b = block_bytes()
+    plain, recomputed = saved_by_part("plain"), saved_by_part("recompute")
+    assert sum(plain.values()) == saved_and_grads("plain")[0]
+    for i in range(DROPOUT_GPT["layers"]):
+        assert (plain[f"block {i}"], recomputed[f"block {i}"]) == (a, b)
+    outside = [p for p in plain if not p.startswith("block")]
+    assert all(plain[p] == recomputed[p] for p in outside)
+
+
+def test_recomputed_training_is_the_reference_bit_for_bit():
+    from minidist.recompute.fixture import train_recomputed
+    from minidist.zero.fixture import reference
+
+    ref, got = reference("gpt"), train_recomputed()
+    assert max_abs_diff(got.grads, ref.grads) == 0.0
+    assert max_abs_diff(got.params, ref.params) == 0.0

@@ -1,14 +1,25 @@
-"""Lesson 07 (in progress), Megatron tensor parallelism, and the parallel layout (lesson 08).
+"""Lessons 07 and 08 in one package: Megatron tensor parallelism, and the parallel layout.
 
-Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion Parameter Language Models Using
-Model Parallelism"; Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
-on GPU Clusters Using Megatron-LM" (the layout).
+Lesson 07, tensor parallelism: notebook `notebooks/07_tensor_parallel.ipynb`, exercises
+`exercises/07_tensor_parallel.ipynb`; Shoeybi et al. 2019, "Megatron-LM: Training
+Multi-Billion Parameter Language Models Using Model Parallelism", section 3.
+Lesson 08, the parallel layout (tensor inside a node, pipeline and data across): notebook
+`notebooks/08_parallel_layout.ipynb`, exercises `exercises/08_parallel_layout.ipynb`;
+Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", section 3. The two lessons share the model, the layers and the layout, hence
+one package.
 
-- `layout.py`: `parallel_groups(world_size, tp, pp)` and `ParallelLayout`
+- `layout.py`: `parallel_groups(world_size, tp, pp)` and `ParallelLayout` (lesson 08)
 - `ops.py`: f, g, scatter and gather along the last dimension (autograd Functions)
 - `layers.py`: column/row-parallel Linear, parallel attention and MLP, vocab-parallel
   embedding and cross entropy
 - `model.py`: `TensorParallelGPT`, the course GPT split over a tp group
+- `theory.py`: all-reduces and bytes per step, parameters and memory per rank, the layout's
+  bytes, the α-β time of TP and DP communication
+- `fixture.py`: the rank functions the notebooks, tests and tour run
+- `plots.py`: weights split, f and g in a block, the rank grid, memory against t
+- `check.py`: the exercise checkers of both lessons; `lesson.py`: the tour rows
+  ("tensor parallel", "parallel layout") and the `tp` bench
 """
 
 from .layout import ParallelLayout, parallel_groups

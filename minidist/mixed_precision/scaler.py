@@ -57,11 +57,9 @@ class DynamicLossScaler:
             raise RuntimeError("unscale_() was already called since the last update()")
         inv = 1.0 / self.scale_value
         found = torch.zeros(())
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.mul_(inv)
-                    found = torch.maximum(found, (~torch.isfinite(p.grad)).any().float())
+        for grad in gradients(optimizer):
+            grad.mul_(inv)
+            found = torch.maximum(found, (~torch.isfinite(grad)).any().float())
         if dist.is_initialized():
             comm.all_reduce(found, op=comm.ReduceOp.MAX, group=self.group, tag="found-inf")
         self._found_inf = bool(found)
@@ -89,3 +87,12 @@ class DynamicLossScaler:
                 self.scale_value *= self.growth_factor
                 self.good_steps = 0
         self._found_inf = None
+
+
+def gradients(optimizer) -> list[torch.Tensor]:
+    """The gradients `optimizer.step()` will use: its parameters' `.grad`, or what the
+    optimizer says they are (`optimizer.gradients()`: ZeRO keeps low-precision gradient
+    chunks beside its fp32 master chunks and casts them only for the step)."""
+    if callable(getattr(optimizer, "gradients", None)):
+        return optimizer.gradients()
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]

@@ -12,7 +12,13 @@ bytes measurable on any machine.
 `OffloadOptimizer` wraps the parameters a technique steps (e.g. FSDP's or ZeRO's chunks):
 each `step()` copies their gradients to the host masters (non-blocking from a GPU into
 pinned memory), steps the inner optimizer there, and copies the masters back. It counts
-the bytes each tier holds (`resident_bytes`) and moves (`moved`).
+the bytes each tier holds (`tier_bytes`, measured per storage and, for the disk tier, per
+file; `resident_bytes` sums them) and the bytes it moves (`moved`, counted at every copy).
+The formulas are in `theory.py`. Not here: overlapping the copies with backward
+(ZeRO-Offload streams gradients bucket by bucket), its vectorised CPU Adam and one-step
+delayed parameter update, asynchronous NVMe I/O (ZeRO-Infinity). The torch-native
+equivalent is FSDP2's `CPUOffloadPolicy` (`fully_shard(..., offload_policy=...)`), which
+offloads the sharded parameters as well and steps the optimizer on the CPU.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import tempfile
 import weakref
 
 import torch
+
+from ..memory import tensor_bytes
 
 TIERS = ("cpu", "disk")
 DISK_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
@@ -52,30 +60,41 @@ class OffloadOptimizer:
             if not (os.path.isdir(base) and os.access(base, os.W_OK)):
                 raise ValueError(f"OffloadOptimizer: path={base!r} is not a writable directory")
         self.params, self.tier = params, tier
-        pin = torch.cuda.is_available() and any(p.is_cuda for p in params)
+        # On a GPU the host buffers are pinned (page-locked): copies to and from them are DMA
+        # transfers that `non_blocking=True` really overlaps. On a CPU nothing is pinned.
+        self.on_cuda = any(p.is_cuda for p in params)
+        self.pinned = self.on_cuda
         self.masters = [
-            torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach())
+            torch.empty(p.shape, dtype=torch.float32, pin_memory=self.pinned).copy_(p.detach())
             for p in params
         ]
         for m in self.masters:
-            m.grad = torch.zeros_like(m)
+            m.grad = self._host_zeros(m)
         self.inner = optimizer_class(self.masters, **defaults)
         self.directory = None
+        self.files: dict[str, torch.Tensor] = {}  # name -> the tensor mapping that file
         if tier == "disk":  # a fresh directory per run: never another run's (or model's) files
             self.directory = tempfile.mkdtemp(prefix="minidist-offload-", dir=path)
             self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
             for i, m in enumerate(self.masters):
                 self.inner.state[m] = {
                     "step": torch.tensor(0.0),
-                    "exp_avg": self._file(f"{i}.exp_avg", m.numel()).view(m.shape),
-                    "exp_avg_sq": self._file(f"{i}.exp_avg_sq", m.numel()).view(m.shape),
+                    "exp_avg": self._file(f"{i}.exp_avg", m),
+                    "exp_avg_sq": self._file(f"{i}.exp_avg_sq", m),
                 }
         self.moved = {"device_to_host": 0, "host_to_device": 0}
 
-    def _file(self, name: str, numel: int) -> torch.Tensor:
-        """A zero-filled float32 tensor whose storage is a memory-mapped file."""
+    def _host_zeros(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(like.shape, dtype=torch.float32, pin_memory=self.pinned)
+
+    def _file(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A zero-filled float32 tensor shaped like `like` whose storage is a new file,
+        memory-mapped and shared (writes go to the file). An existing file is refused."""
         filename = os.path.join(self.directory, name)
-        return torch.from_file(filename, shared=True, size=numel, dtype=torch.float32)
+        open(filename, "xb").close()  # FileExistsError rather than map another run's state
+        t = torch.from_file(filename, shared=True, size=like.numel(), dtype=torch.float32)
+        self.files[name] = t.view(like.shape)
+        return self.files[name]
 
     @property
     def param_groups(self) -> list[dict]:
@@ -97,35 +116,57 @@ class OffloadOptimizer:
                 m.grad = None
                 continue
             if m.grad is None:
-                m.grad = torch.zeros_like(m)
+                m.grad = self._host_zeros(m)
             m.grad.copy_(p.grad, non_blocking=True)
             self.moved["device_to_host"] += p.grad.numel() * p.grad.element_size()
-        if torch.cuda.is_available():
+        if self.on_cuda:  # the host reads the gradients next: wait for the copies
             torch.cuda.synchronize()
         self.inner.step()
         for p, m in zip(self.params, self.masters):
             p.copy_(m, non_blocking=True)
             self.moved["host_to_device"] += p.numel() * p.element_size()
 
-    def resident_bytes(self) -> dict[str, int]:
-        """Bytes each tier holds: the device's parameters and gradients, the host's masters,
-        gradient copies and (cpu tier) optimizer state, the disk's state files."""
-        device = sum(p.numel() * p.element_size() for p in self.params)
-        device += sum(
-            p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None
-        )
-        host = sum(2 * m.numel() * 4 for m in self.masters)  # masters + their gradients
-        states = sum(
-            v.numel() * v.element_size()
-            for s in self.inner.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        )
+    def tier_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each tier holds, by kind of state, measured: storages counted once
+        (`minidist.memory.tensor_bytes`), files by their size on disk.
+
+        device: the stepped parameters and their gradients. host: the fp32 masters, their
+        gradients, the optimizer state held in memory (everything on the cpu tier, the step
+        counters on the disk tier). disk: the files of the disk tier.
+        """
+        grads = [p.grad for p in self.params if p.grad is not None]
+        master_grads = [m.grad for m in self.masters if m.grad is not None]
+        state = [v for s in self.inner.state.values() for v in s.values() if torch.is_tensor(v)]
+        in_files = list(self.files.values())
         disk = 0
         if self.directory is not None:
             disk = sum(e.stat().st_size for e in os.scandir(self.directory))
-            states -= disk  # the moments live in the files, only the step counters in RAM
-        return {"device": device, "host": host + states, "disk": disk}
+        return {
+            "device": {
+                "params": tensor_bytes(self.params),
+                "grads": tensor_bytes(grads, exclude=self.params),
+                "optimizer": 0,
+            },
+            "host": {
+                "params": tensor_bytes(self.masters),
+                "grads": tensor_bytes(master_grads, exclude=self.masters),
+                "optimizer": tensor_bytes(state, exclude=[*self.masters, *in_files]),
+            },
+            "disk": {"params": 0, "grads": 0, "optimizer": disk},
+        }
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes each tier holds: `tier_bytes` summed per tier."""
+        return {tier: sum(states.values()) for tier, states in self.tier_bytes().items()}
+
+    def file_sizes(self) -> dict[str, int]:
+        """The disk tier's files and their sizes in bytes, as the file system reports them."""
+        if self.directory is None:
+            return {}
+        return {
+            e.name: e.stat().st_size
+            for e in sorted(os.scandir(self.directory), key=lambda e: e.name)
+        }
 
     def close(self) -> None:
         """Remove the disk tier's files now (they are removed at exit in any case)."""

@@ -4,9 +4,11 @@ For the course GPT (4 blocks) on a world of N ranks, one row per combination: pl
 (lesson 01), ZeRO-1/2 (lesson 02), FSDP = ZeRO-3 (lesson 03), then FSDP with bf16 mixed
 precision (lesson 04), with the optimizer offloaded to the host (lesson 05), with every
 block recomputed (lesson 06). Each row gives the bytes a rank keeps per kind (model states
-after a step, counted per storage by `minidist.memory`; activations saved during forward,
-by `SavedActivations`), their sum as the step's approximate peak on the device, and the
-median step time. With offload the optimizer's bytes are on the host (`host_kib`).
+after a step, counted per storage by `minidist.memory`; activations saved during forward),
+the step's approximate peak on the device (model states plus the most activation bytes held
+at once during the step, `LiveActivations`: what forward saved, except with recomputation,
+where backward adds one block's activations while it recomputes it), and the median step
+time. With offload the optimizer's bytes are on the host (`host_kib`).
 On a GPU the row also reports `torch.cuda.max_memory_allocated`.
 
 The trade-off a user chooses from: every row trains the same model to the same result (the
@@ -26,7 +28,7 @@ from ..data_parallel import BucketedDataParallel
 from ..data_parallel.fixture import build
 from ..fsdp.fixture import UNITS
 from ..fsdp.fully_sharded import FullyShardedDataParallel
-from ..memory import SavedActivations, cuda_peak_bytes, model_state_bytes
+from ..memory import cuda_peak_bytes, model_state_bytes
 from ..mixed_precision import MixedPrecision
 from ..offload import OffloadOptimizer
 from ..registry import bench
@@ -34,6 +36,7 @@ from ..runtime import launch
 from ..zero import ZeroDataParallel
 from ..zero.fixture import ADAM
 from .checkpoint import recompute
+from .measure import LiveActivations
 
 MODEL = dict(layers=4, hidden=64, heads=4, seq_len=32, global_batch=16)
 SETUPS = (
@@ -83,20 +86,22 @@ def _bench_rank(name: str, steps: int) -> dict:
     model, batches, loss_fn = build("gpt", steps=steps + 1, **MODEL)
     wrapped, opt, extra_params, grads = _setup(name, model)
     local = [shard_batch(b, rank, world) for b in batches]
-    times, activations = [], 0
+    times, activations, peak = [], 0, 0
     flat = [u.full for u in getattr(wrapped, "units", [])]
     for i, (x, y) in enumerate(local):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        with SavedActivations(model, exclude=flat) as saved:
+        with LiveActivations(model, exclude=flat) as live:  # forward and backward
             loss = loss_fn(wrapped(x), y)
-        loss.backward()
+            saved = live.live  # what forward saved (SavedActivations would count the same)
+            loss.backward()
         wrapped.finish_gradient_sync()
         opt.step()
         if i > 0:  # the first step warms up
             times.append(time.perf_counter() - t0)
-        activations = max(activations, saved.bytes)
+        activations = max(activations, saved)
+        peak = max(peak, live.peak)
     offloaded = isinstance(opt, OffloadOptimizer)  # its state is on the host, not here
     states = model_state_bytes(
         wrapped, None if offloaded else opt, extra_params=extra_params, extra_grads=grads()
@@ -107,6 +112,7 @@ def _bench_rank(name: str, steps: int) -> dict:
         "grads": states.grads,
         "optimizer": states.optimizer,
         "activations": activations,
+        "activation_peak": peak,
         "ms": 1e3 * statistics.median(times),
         "cuda_peak": cuda_peak_bytes(),
     }
@@ -122,7 +128,7 @@ def bench_memory(world_size: int, rounds: int, steps: int) -> dict[str, float]:
         states = r["params"] + r["grads"] + r["optimizer"]
         out[f"{key}_state_kib"] = states / 1024
         out[f"{key}_activation_kib"] = r["activations"] / 1024
-        out[f"{key}_peak_kib"] = (states + r["activations"]) / 1024
+        out[f"{key}_peak_kib"] = (states + r["activation_peak"]) / 1024
         out[f"{key}_step_ms"] = r["ms"]
         if r["host"]:
             out[f"{key}_host_kib"] = r["host"] / 1024

@@ -318,6 +318,11 @@ class ShardedOptimizer:
         for b in self.owner.buckets:
             b.grad_chunk = None
 
+    def gradients(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient chunks, the ones the step will use (in the compute
+        dtype with mixed precision): what a loss scaler unscales and checks."""
+        return [b.grad_chunk for b in self.owner.buckets if b.grad_chunk is not None]
+
     def step(self) -> None:
         casts = [b for b in self.owner.buckets if b.grad_chunk is not None and b.shard.grad is None]
         for b in casts:  # mixed precision: the fp32 gradient exists during the step only

@@ -1,0 +1,344 @@
+"""The tensor-parallel and layout checkers pass right answers and name the mistake in wrong ones."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minidist import comm
+from minidist.course.check import CheckFailed
+from minidist.megatron.check import (
+    check_average_dp_gradients,
+    check_parallel_groups,
+    check_reduce_from_tp,
+    check_vocab_parallel_cross_entropy,
+)
+
+# -- exercise 1: g as an autograd Function ----------------------------------------------------
+
+
+class GRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        comm.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class GIsF(torch.autograd.Function):
+    """All-reduce in backward instead of forward: that is f."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        comm.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class GIdentity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class GInPlace(GRight):
+    """Forgot to clone: all-reduces the caller's x."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        comm.all_reduce(x, group=group)
+        return x
+
+
+class GBothWays(GIsF):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return GRight.forward(ctx, x, group)
+
+
+class GWholeWorld(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        comm.all_reduce(out)
+        return out
+
+
+class GMean(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        comm.all_reduce(out, group=group)
+        return out / dist.get_world_size(group)
+
+
+class GOneGradient(GRight):
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GTorchDirectly(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+
+class GStub(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_reduce_from_tp_passes(capsys):
+    check_reduce_from_tp(GRight)
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (GIsF, "that is f, g's conjugate"),
+        (GIdentity, "identity both ways, nothing was all-reduced"),
+        (GInPlace, "all-reduced its input x in place"),
+        (GBothWays, "backward all-reduced the gradient too"),
+        (GWholeWorld, "sum over all 4 ranks of the world"),
+        (GMean, "returns the SUM"),
+        (GOneGradient, r"wrong number of gradients: .* None for `group`"),
+        (GTorchDirectly, "the ledger saw no collective"),
+    ],
+)
+def test_reduce_from_tp_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_reduce_from_tp(impl)
+
+
+def test_reduce_from_tp_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_reduce_from_tp(GStub)
+
+
+# -- exercise 2: the vocab-parallel cross entropy ---------------------------------------------
+
+
+def ce(logits, targets, group, start, vocab_size, *, max_op="global", mask_target="zero",
+       sum_exp=True, reduce_target=True, mask_padding=True, mean=True, gather=False):  # fmt: skip
+    """The right answer by default; each keyword makes one mistake."""
+    if gather:
+        n = dist.get_world_size(group)
+        full = torch.empty(n * logits.numel())
+        comm.all_gather(full, logits.reshape(-1).contiguous(), group=group)
+        full = torch.cat(full.view(n, *logits.shape).unbind(0), dim=-1)[:, :vocab_size]
+        return torch.nn.functional.cross_entropy(full, targets)
+    columns = start + torch.arange(logits.shape[-1])
+    if mask_padding:
+        logits = logits.masked_fill(columns >= vocab_size, float("-inf"))
+    peak = logits.max(dim=-1).values
+    if max_op == "global":
+        comm.all_reduce(peak, op=comm.ReduceOp.MAX, group=group)
+    elif max_op == "none":
+        peak = torch.zeros_like(peak)
+    shifted = logits - peak[:, None]
+    total = shifted.exp().sum(-1)
+    if sum_exp:
+        comm.all_reduce(total, group=group)
+    local = targets - start
+    inside = (local >= 0) & (local < logits.shape[-1])
+    if mask_target == "clamp":
+        index = local.clamp(0, logits.shape[-1] - 1)
+    else:
+        index = local.masked_fill(~inside, 0)
+    target = shifted.gather(1, index[:, None]).squeeze(1)
+    if mask_target == "zero":
+        target = target.masked_fill(~inside, 0.0)
+    if reduce_target:
+        comm.all_reduce(target, group=group)
+    loss = total.log() - target
+    return loss.mean() if mean else loss.sum()
+
+
+def ce_with(**mistake):
+    return lambda *args: ce(*args, **mistake)
+
+
+def ce_stub(logits, targets, group, start, vocab_size):
+    raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_vocab_parallel_cross_entropy_passes(capsys):
+    check_vocab_parallel_cross_entropy(ce)
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "mistake, hint",
+    [
+        (dict(max_op="none"), r"large logits .* overflows float32"),
+        (dict(max_op="local"), "its OWN row maximum"),
+        (dict(mask_target="none"), "zero the target logit where the target is outside"),
+        (dict(mask_target="clamp"), "clamping the index picks a real column"),
+        (dict(sum_exp=False), "sum of exp over its own columns only"),
+        (dict(reduce_target=False), "all-reduce \\(SUM\\) the masked target logits"),
+        (dict(mask_padding=False), "the vocabulary padding took part"),
+        (dict(mean=False), "you summed over the 8 tokens"),
+        (dict(gather=True), "gathering the logits forms the"),
+    ],
+)
+def test_vocab_parallel_cross_entropy_names_the_mistake(mistake, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_vocab_parallel_cross_entropy(ce_with(**mistake))
+
+
+def test_vocab_parallel_cross_entropy_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_vocab_parallel_cross_entropy(ce_stub)
+
+
+# -- exercise 3: the group layout -------------------------------------------------------------
+
+
+def groups_right(world_size, tp, pp):
+    per_stage = world_size // pp
+    return {
+        "tp": [list(range(i, i + tp)) for i in range(0, world_size, tp)],
+        "pp": [list(range(i, world_size, per_stage)) for i in range(per_stage)],
+        "dp": [
+            list(range(stage * per_stage + j, (stage + 1) * per_stage, tp))
+            for stage in range(pp)
+            for j in range(tp)
+        ],
+    }
+
+
+def groups_dp_contiguous(world_size, tp, pp):
+    dp = world_size // (tp * pp)
+    return groups_right(world_size, tp, pp) | {
+        "dp": [list(range(i, i + dp)) for i in range(0, world_size, dp)]
+    }
+
+
+def groups_pp_contiguous(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "pp": [list(range(i, i + pp)) for i in range(0, world_size, pp)]
+    }
+
+
+def groups_swapped(world_size, tp, pp):
+    return groups_right(world_size, pp, tp)
+
+
+def groups_dp_whole_world_stride(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "dp": [list(range(i, world_size, tp * pp)) for i in range(tp * pp)]
+    }
+
+
+def groups_repeated_rank(world_size, tp, pp):
+    out = groups_right(world_size, tp, pp)
+    out["tp"][1] = list(out["tp"][0])
+    return out
+
+
+def groups_no_dp(world_size, tp, pp):
+    out = groups_right(world_size, tp, pp)
+    del out["dp"]
+    return out
+
+
+def groups_stub(world_size, tp, pp):
+    raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_parallel_groups_passes(capsys):
+    check_parallel_groups(groups_right)
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (groups_dp_contiguous, r"DP groups are blocks of 2 consecutive ranks \(here the TP"),
+        (groups_pp_contiguous, "pipeline groups are blocks of 4 consecutive ranks"),
+        (groups_swapped, "tp and pp are swapped"),
+        (groups_dp_whole_world_stride, r"rank 0's group is \[0, 8\], Megatron-LM's is \[0, 2\]"),
+        (groups_repeated_rank, r"ranks \[0, 1\] appear more than once; ranks \[2, 3\] are in"),
+        (groups_no_dp, "return a dict with the keys"),
+    ],
+)
+def test_parallel_groups_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_parallel_groups(impl)
+
+
+def test_parallel_groups_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_parallel_groups(groups_stub)
+
+
+# -- exercise 4: data parallelism across tensor-parallel groups ------------------------------
+
+
+def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=False):
+    """The right answer by default; each keyword makes one mistake."""
+    reduce_over = {"dp": dp_group, "world": None}.get(group, group)
+    n = {"dp": dist.get_world_size(dp_group), "world": dist.get_world_size(), "none": 1}
+    for p in model.parameters():
+        if p.grad is None or (skip_replicated and not hasattr(p, "tp_split")):
+            continue
+        comm.all_reduce(p.grad, group=reduce_over)
+        p.grad /= n[divide_by]
+
+
+def average_over_tp(model, dp_group):
+    from minidist.megatron import ParallelLayout  # noqa: F401 (the tp group: model.group)
+
+    average(model, dp_group, group=model.group)
+
+
+def average_with(**mistake):
+    return lambda model, dp_group: average(model, dp_group, **mistake)
+
+
+def average_stub(model, dp_group):
+    raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_average_dp_gradients_passes(capsys):
+    check_average_dp_gradients(average)
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (average_with(group="world"), "you reduced over the whole world"),
+        (average_with(group="world", divide_by="world"), "you reduced over the whole world"),
+        (average_over_tp, r"you reduced over the tp group \[0, 1\]"),
+        (average_with(divide_by="none"), "did not divide by its size"),
+        (average_with(divide_by="world"), "2x too small: you divided by 2 twice, or by the"),
+        (average_with(skip_replicated=True), "they were skipped"),
+    ],
+)
+def test_average_dp_gradients_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_average_dp_gradients(impl)
+
+
+def test_average_dp_gradients_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_average_dp_gradients(average_stub)
