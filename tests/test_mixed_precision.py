@@ -49,6 +49,8 @@ def test_scale_sequence_equals_grad_scaler_and_skips_on_every_rank():
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="param_dtype=torch.int8 is not supported"):
         MixedPrecision(param_dtype=torch.int8)
+    with pytest.raises(ValueError, match="float16 needs a loss scaler"):
+        MixedPrecision(torch.float16)
     with pytest.raises(ValueError, match="growth_factor > 1"):
         DynamicLossScaler(growth_factor=1.0)
     scaler = DynamicLossScaler()
@@ -207,8 +209,9 @@ def zero_scaler_rank(dtype):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batches, loss_fn = build("gpt")
-    zero = ZeroDataParallel(model, stage=2, mixed_precision=MixedPrecision(dtype), **ADAM)
     scaler = DynamicLossScaler(init_scale=2.0**8)
+    policy = MixedPrecision(dtype, loss_scaler=scaler)
+    zero = ZeroDataParallel(model, stage=2, mixed_precision=policy, **ADAM)
     stepped, changed = [], []
     for step, batch in enumerate(batches):
         before = zero.full_parameters()

@@ -49,11 +49,10 @@ def train_on_rank(
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batches, loss_fn = build("gpt", steps=steps)
-    fsdp = FullyShardedDataParallel(
-        model, wrap=UNITS["gpt"], mixed_precision=MixedPrecision(param_dtype)
-    )
-    opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
     scaler = DynamicLossScaler(**scaler_args) if loss_scaling else None
+    policy = MixedPrecision(param_dtype, loss_scaler=scaler)
+    fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"], mixed_precision=policy)
+    opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
     out = dict(losses=[], scales=[], params=[], states=[], stepped=[], local_inf=[])
     with comm.record() as ledger:
         for step, batch in enumerate(batches):

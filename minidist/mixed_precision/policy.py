@@ -24,8 +24,12 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class MixedPrecision:
+    """`loss_scaler` (a `DynamicLossScaler`) is required with fp16 compute: without it the
+    small gradients underflow (the training loop calls `policy.loss_scaler.scale(loss)`)."""
+
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
+    loss_scaler: object | None = None
 
     def __post_init__(self):
         for name in ("param_dtype", "reduce_dtype"):
@@ -34,6 +38,12 @@ class MixedPrecision:
                     f"MixedPrecision: {name}={getattr(self, name)} is not supported; choose "
                     f"one of {[str(d) for d in DTYPES]}"
                 )
+        if self.param_dtype is torch.float16 and self.loss_scaler is None:
+            raise ValueError(
+                "MixedPrecision: param_dtype=torch.float16 needs a loss scaler (fp16 flushes "
+                "gradients below 2^-24 to zero): MixedPrecision(torch.float16, "
+                "loss_scaler=DynamicLossScaler()), then scale the loss with it"
+            )
 
 
 def divide_factors(world_size: int) -> tuple[float, float]:
