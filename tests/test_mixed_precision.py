@@ -235,3 +235,42 @@ def test_loss_scaler_sees_zero_gradient_chunks(dtype):
         assert stepped == [True, False, True, True, True]
         assert changed == stepped  # the skipped step touched no parameter
         assert scale == 2.0**7
+
+
+def ddp_rank(dtype, reduce_dtype):
+    import torch.distributed as dist
+
+    from minidist import comm
+    from minidist.data import shard_batch
+    from minidist.data_parallel import BucketedDataParallel
+    from minidist.training import train
+    from minidist.zero.fixture import ADAM
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches, loss_fn = build("gpt")
+    ddp = BucketedDataParallel(model, mixed_precision=MixedPrecision(dtype, reduce_dtype))
+    opt = torch.optim.Adam(ddp.master_parameters(), **ADAM)
+    with comm.record() as ledger:
+        trace = train(ddp, [shard_batch(b, rank, world) for b in batches], loss_fn, opt)
+    payload = sum(r.payload_bytes for r in ledger.records if r.op == "all_reduce")
+    dtypes = {p.dtype for p in model.parameters()} | {m.dtype for m in ddp.masters}
+    return trace, payload, dtypes
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
+def test_ddp_mixed_precision_tracks_fp32(reduce_dtype):
+    """DDP with bf16 compute copies refreshed from fp32 masters each forward; the bucket
+    all-reduce runs in the reduction dtype (bf16: half the bytes)."""
+    from minidist.data_parallel.fixture import STEPS
+    from minidist.data_parallel.theory import bytes_sent_per_step  # noqa: F401 (same Ψ)
+
+    ref = reference("gpt")
+    start = {n: p.detach() for n, p in build("gpt").model.named_parameters()}
+    psi = sum(p.numel() for p in build("gpt").model.parameters() if p.requires_grad)
+    for trace, payload, dtypes in minidist.launch(ddp_rank, 2, torch.bfloat16, reduce_dtype):
+        assert distance(trace.params, ref.params) < PATH_TOL[torch.bfloat16] * distance(
+            start, ref.params
+        )
+        element = 4 if reduce_dtype is torch.float32 else 2
+        assert payload == STEPS * element * psi
+        assert dtypes == {torch.bfloat16, torch.float32}  # compute copies and masters

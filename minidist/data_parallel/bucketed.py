@@ -33,6 +33,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..mixed_precision.policy import (
+    MixedPrecision,
+    cast_floating,
+    cast_module_state,
+    divide_factors,
+)
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 
 MiB = 1024 * 1024
@@ -78,12 +84,13 @@ class GradBucket:
     wrapper's job here (`launch`), because buckets must be launched in index order.
     """
 
-    def __init__(self, index: int, params: list[torch.Tensor]):
+    def __init__(self, index: int, params: list[torch.Tensor], dtype: torch.dtype | None = None):
         self.index = index
         self.params = params
         self.buffer = torch.zeros(
-            sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
-        )
+            sum(p.numel() for p in params), dtype=dtype or params[0].dtype,
+            device=params[0].device,
+        )  # fmt: skip
         self.slots: dict[int, torch.Tensor] = {}  # id(param) -> view of its slot
         offset = 0
         for p in params:
@@ -94,6 +101,7 @@ class GradBucket:
     def reset(self) -> None:
         self.pending = len(self.params)
         self.arrived: set[int] = set()
+        self.had_grad: set[int] = set()  # arrived with a gradient (not as an unused zero)
         self.work = None
 
     def on_grad_ready(self, param: torch.Tensor) -> bool:
@@ -101,16 +109,18 @@ class GradBucket:
         slot = self.slots[id(param)]
         if param.grad is None:
             slot.zero_()
-        elif param.grad.data_ptr() != slot.data_ptr():
-            slot.copy_(param.grad)
-            param.grad = slot
+        else:
+            self.had_grad.add(id(param))
+            if param.grad.data_ptr() != slot.data_ptr():
+                slot.copy_(param.grad)  # casts to the reduction dtype where it differs
+                param.grad = slot if slot.dtype == param.dtype else None
         self.pending -= 1
         self.arrived.add(id(param))
         return self.pending == 0
 
-    def launch(self, world_size: int, group) -> None:
-        """Pre-divide by N (the sum of the divided values is the mean), then all-reduce."""
-        self.buffer.div_(world_size)
+    def launch(self, divide: float, group) -> None:
+        """Pre-divide (by N: the sum of the divided values is the mean), then all-reduce."""
+        self.buffer.div_(divide)
         self.work = comm.all_reduce(
             self.buffer, group=group, async_op=True, tag=f"bucket{self.index}"
         )
@@ -131,7 +141,12 @@ class BucketedDataParallel(ParallelModule):
         bucket_cap_mb: float = 25.0,
         first_bucket_cap_mb: float = 1.0,
         find_unused_parameters: bool = False,
+        mixed_precision: MixedPrecision | None = None,
     ):
+        """`mixed_precision`: the module computes in `param_dtype` (its parameters become
+        copies, refreshed from fp32 masters at every forward), gradients are reduced in
+        `reduce_dtype` with pre/post-divide factors; build the optimizer on
+        `master_parameters()` (the fp32 masters; the module's own parameters without it)."""
         super().__init__()
         if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
             raise ValueError(
@@ -148,9 +163,19 @@ class BucketedDataParallel(ParallelModule):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.param_names = {id(p): n for n, p in named}
         self.params = [p for _, p in named]
+        self.mixed_precision = mixed_precision
+        self.masters = nn.ParameterList()
+        if mixed_precision is not None:
+            self.masters.extend(nn.Parameter(p.detach().float().clone()) for p in self.params)
+            cast_module_state(module, mixed_precision.param_dtype)
+        self.pre_divide, self.post_divide = (
+            divide_factors(self.world_size) if mixed_precision else (float(self.world_size), 1.0)
+        )
+        reduce_dtype = mixed_precision.reduce_dtype if mixed_precision else None
         plan = plan_buckets(self.params, int(bucket_cap_mb * MiB), int(first_bucket_cap_mb * MiB))
         self.buckets = [
-            GradBucket(b, [self.params[i] for i in indices]) for b, indices in enumerate(plan)
+            GradBucket(b, [self.params[i] for i in indices], reduce_dtype)
+            for b, indices in enumerate(plan)
         ]
         self.bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
         for p in self.params:
@@ -158,13 +183,24 @@ class BucketedDataParallel(ParallelModule):
         self._reset()
 
     # -- forward ------------------------------------------------------------------------
+    def master_parameters(self) -> list[nn.Parameter]:
+        """What the optimizer steps: the fp32 masters with mixed precision, else the module's
+        trainable parameters."""
+        return list(self.masters) if self.mixed_precision else list(self.params)
+
     def forward(self, *args, **kwargs):
+        policy = self.mixed_precision
+        if policy is not None:  # compute copies made just before use
+            with torch.no_grad():
+                for p, master in zip(self.params, self.masters):
+                    p.copy_(master)
+            args, kwargs = cast_floating((args, kwargs), policy.param_dtype)
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._reset()
             if self.find_unused_parameters:
                 self.unused = self._unused_params(out)
-        return out
+        return out if policy is None else cast_floating(out, torch.float32)
 
     def _reset(self) -> None:
         for bucket in self.buckets:
@@ -201,7 +237,7 @@ class BucketedDataParallel(ParallelModule):
         self.bucket_of[id(param)].on_grad_ready(param)
         # Launch in index order only: every rank must issue the same collectives in order.
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
-            self.buckets[self.next_bucket].launch(self.world_size, self.group)
+            self.buckets[self.next_bucket].launch(self.pre_divide, self.group)
             self.next_bucket += 1
 
     @torch.no_grad()
@@ -220,6 +256,12 @@ class BucketedDataParallel(ParallelModule):
             )
         for bucket in self.buckets:
             bucket.wait()
+            if self.post_divide != 1.0:
+                bucket.buffer.div_(self.post_divide)
+        if self.mixed_precision is not None:  # the masters step; the copies keep no gradient
+            for p, master in zip(self.params, self.masters):
+                master.grad = self.bucket_of[id(p)].slots[id(p)].float()
+                p.grad = None
         if self.find_unused_parameters:
             self._resolve_unused()
 
@@ -229,10 +271,36 @@ class BucketedDataParallel(ParallelModule):
         Over *all* parameters, so that every rank makes this call whatever it left unused.
         """
         has_grad = torch.tensor(
-            [float(p.grad is not None) for p in self.params], device=self.buckets[0].buffer.device
+            [float(id(p) in self.bucket_of[id(p)].had_grad) for p in self.params],
+            device=self.buckets[0].buffer.device,
         )
         comm.all_reduce(has_grad, group=self.group, tag="unused-flags")
         unused = {id(p) for p in self.unused}
-        for p, flag in zip(self.params, has_grad.tolist()):
+        targets = self.master_parameters()
+        for p, target, flag in zip(self.params, targets, has_grad.tolist()):
             if id(p) in unused:
-                p.grad = self.bucket_of[id(p)].slots[id(p)] if flag > 0 else None
+                slot = self.bucket_of[id(p)].slots[id(p)]
+                target.grad = (
+                    (slot if slot.dtype == target.dtype else slot.float()) if flag else None
+                )
+
+    # -- the comparison contract: with mixed precision, the fp32 masters ------------------
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        if self.mixed_precision is None:
+            return super().full_parameters()
+        out = {
+            n: p.detach().to(torch.float32, copy=True) for n, p in self.module.named_parameters()
+        }
+        out.update(
+            {self.param_names[id(p)]: m.detach().clone() for p, m in zip(self.params, self.masters)}
+        )
+        return out
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        if self.mixed_precision is None:
+            return super().full_grads()
+        return {
+            self.param_names[id(p)]: m.grad.clone()
+            for p, m in zip(self.params, self.masters)
+            if m.grad is not None
+        }
