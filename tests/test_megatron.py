@@ -214,3 +214,22 @@ def test_dropout_rng_differs_inside_tp_regions_and_agrees_outside():
     assert torch.equal(out0, out1)  # outside: the same on every tp rank, unaffected by fork
     torch.manual_seed(1)  # the fixture seeds the default generator with seed + 1
     assert torch.equal(out0, (torch.rand(out0.numel()) > 0.5).int())  # as if no fork happened
+
+
+def block_activation_rank(b: int, s: int):
+    from minidist.memory import SavedActivations
+
+    model = build_dense().model
+    tp = TensorParallelGPT(model)
+    x = torch.zeros(b, s, model.cfg.hidden, requires_grad=True)
+    with SavedActivations(tp) as saved:
+        tp.blocks[0](x)
+    return saved.bytes
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activation_memory_per_rank_falls_with_tp_as_the_theory_says(tp):
+    """Replicated outside the TP regions, split t ways inside (Korthikanti et al. 2022)."""
+    cfg = build_dense().model.cfg
+    measured = minidist.launch(block_activation_rank, tp, 8, cfg.seq_len)[0]
+    assert measured == theory.activation_bytes_per_layer(8, cfg.seq_len, cfg.hidden, cfg.heads, tp)

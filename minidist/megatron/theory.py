@@ -131,3 +131,19 @@ def dp_comm_seconds_per_step(
     """α-β time of data parallelism's one all-reduce of the gradients per step."""
     size = params_per_rank * element_size
     return float(cost.predict(comm.ring_bytes("all_reduce", size, dp)))
+
+
+def activation_bytes_per_layer(
+    batch: int, seq: int, hidden: int, heads: int, tp: int, element_size: int = 4
+) -> float:
+    """Bytes one transformer layer saves for backward on a tp rank (no dropout, as measured
+    with `SavedActivations` on this course's CPU kernels), after Korthikanti et al. 2022,
+    section 4.1: what sits outside the tensor-parallel regions is replicated on every rank
+    (the two layer norms' inputs and outputs, 4·sbh, and their statistics, 4·sb), what sits
+    inside is split t ways (Q, K, V, the attention output and the two MLP activations,
+    12·sbh, plus attention's log-sum-exp, b·a·s).
+    """
+    sbh, sb = seq * batch * hidden, seq * batch
+    replicated = 4 * sbh + 4 * sb
+    split = 12 * sbh + batch * heads * seq
+    return element_size * (replicated + split / tp)
