@@ -1,0 +1,59 @@
+"""ZeRO stage 1 as an optimizer wrapper: `torch.distributed.optim.ZeroRedundancyOptimizer`'s
+place in a training loop, with ZeRO's flat partition (Rajbhandari et al. 2020, section 5.1).
+
+Wrap any torch optimizer class around the parameters of one data-parallel replica. At
+`step()` the gradients of all of them, flattened and padded (`FlatShard`), are
+reduce-scattered over the data-parallel group (the mean lands on the rank that owns each
+chunk), the inner optimizer steps this rank's chunk of an fp32 flat copy of the parameters
+(its state is 1/N of the model's), and the updated chunks are all-gathered back into every
+parameter. Use it where the gradient reduction must happen once per step in a loop of its
+own (pipeline micro-batches, 3D parallelism), instead of `ZeroDataParallel`'s hooks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from .flat import FlatShard
+
+
+class ZeroRedundancyOptimizer:
+    """`optimizer_class` on this rank's 1/N of `params`; `step()` also reduces the gradients."""
+
+    def __init__(self, params, optimizer_class=torch.optim.Adam, group=None, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("ZeroRedundancyOptimizer: no trainable parameters")
+        self.group, self.world = group, dist.get_world_size(group)
+        self.layout = FlatShard(self.params, self.world, dist.get_rank(group))
+        flat = self.layout.flatten([p.detach().float() for p in self.params])
+        self.shard = nn.Parameter(self.layout.own(flat).clone())
+        self.inner = optimizer_class([self.shard], **defaults)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat_grad = self.layout.flatten([g.float() for g in grads]).div_(self.world)
+        chunk = torch.empty(self.layout.chunk)
+        comm.reduce_scatter(chunk, flat_grad, group=self.group, tag="zero1-grads")
+        self.shard.grad = chunk
+        self.inner.step()
+        full = torch.empty(self.layout.padded)
+        comm.all_gather(full, self.shard.detach().clone(), group=self.group, tag="zero1-params")
+        for p, view in zip(self.params, self.layout.views(full)):
+            p.copy_(view)
