@@ -36,7 +36,7 @@ from ..data_parallel.fixture import build
 from ..memory import tensor_bytes
 from ..zero.fixture import ADAM
 from .fixture import UNITS
-from .fully_sharded import FullyShardedDataParallel
+from .fully_sharded import FullyShardedDataParallel, _contains, _tensors
 
 Interval = tuple[float, float]
 
@@ -219,20 +219,6 @@ def _subtract(interval: Interval, holes: list[Interval]) -> list[Interval]:
                 out.append((he, e))
         pieces = out
     return [(s, e) for s, e in pieces if e > s]
-
-
-def _contains(outer: nn.Module, inner: nn.Module) -> bool:
-    return any(m is inner for m in outer.modules())
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
 
 
 # -- the rank functions notebook 03 and the tour run -------------------------------------------

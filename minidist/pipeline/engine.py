@@ -22,6 +22,7 @@ the embedding group, and data-parallel replicas all-reduce every gradient once.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -93,6 +94,9 @@ class PipelineParallel(ParallelModule):
         self.kind, self.m, self.loss_fn, self.hidden = kind, microbatches, loss_fn, dense.cfg.hidden
         self.pp_group, self.dp_group, self.embedding_group = pp_group, dp_group, embedding_group
         self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
+        # set to a list to record (op, microbatch, start, end) of every step, perf_counter
+        # seconds, start after the step's receive: the real run's Gantt chart and bubble
+        self.timings: list[tuple[str, int, float, float]] | None = None
 
     # -- one training step ----------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -108,6 +112,7 @@ class PipelineParallel(ParallelModule):
         for op, i in self.steps:
             if op == "F":
                 inp = xs[i] if self.module.first else self._recv(shape, -1).requires_grad_()
+                start = time.perf_counter()
                 with SavedActivations(self.module) as bytes_saved:
                     out = self.module(inp)
                     if self.module.last:
@@ -122,6 +127,7 @@ class PipelineParallel(ParallelModule):
             elif op == "B":
                 out, inp = outputs[i], inputs[i]
                 grad = None if self.module.last else self._recv(shape, +1)
+                start = time.perf_counter()
                 if self.kind != "zb-h1":
                     _backward(out, grad)
                 elif not self.module.first:  # the input gradient only; W comes later
@@ -133,11 +139,14 @@ class PipelineParallel(ParallelModule):
                 if self.kind != "zb-h1":
                     del outputs[i], inputs[i], saved[i]
             else:  # W: the weight gradients of micro-batch i, from the kept graph
+                start = time.perf_counter()
                 params = [p for p in self.module.parameters() if p.requires_grad]
                 grad = getattr(outputs[i], "_minidist_grad", None)
                 _backward(outputs[i], grad, inputs=params, keep=False)
                 del outputs[i], inputs[i], saved[i]
             sends = _free_sent(sends)
+            if self.timings is not None:
+                self.timings.append((op, i, start, time.perf_counter()))
         for work, _ in sends:
             work.wait()
         self._sync_gradients()

@@ -91,3 +91,11 @@ def _ready(op: str, i: int, vs: int, total: int, done: dict, latency: float) -> 
         return None
     same_stage = op == "W" or (op == "B" and vs == total - 1)
     return done[need] + (0.0 if same_stage else latency)
+
+
+def from_timestamps(timings: list[list[tuple[str, int, float, float]]]) -> Timeline:
+    """A measured Timeline: per stage, the (op, microbatch, start, end) that
+    `PipelineParallel.timings` recorded (perf_counter seconds, one clock for the forked ranks
+    of one machine), shifted so that the earliest start is 0."""
+    t0 = min(start for steps in timings for _, _, start, _ in steps)
+    return Timeline([[((op, i), s - t0, e - t0) for op, i, s, e in steps] for steps in timings])

@@ -31,3 +31,24 @@ def peak_microbatches(stage: int, stages: int, microbatches: int, kind: str = "1
     if kind in ("1f1b", "zb-h1"):
         return min(stages - stage, microbatches)
     raise ValueError(f"peak_microbatches: no closed form for kind={kind!r}")
+
+
+def p2p_bytes_sent_per_step(
+    stage: int, stages: int, batch: int, seq: int, hidden: int, vocab: int, element_bytes: int = 4
+) -> float:
+    """Bytes stage `stage` sends per step, whatever the schedule (GPipe, 1F1B, ZB-H1).
+
+    Forward: each micro-batch's output activation, b/m·s·h elements, to the next stage (all
+    but the last), m of them: b·s·h. Backward: the gradient of each micro-batch's input, the
+    same size, to the previous stage (all but the first). After the last micro-batch the
+    first and last stages all-reduce the tied embedding's gradient (V·h) over their group of
+    two, 2(2-1)/2·V·h on a ring (Narayanan et al. 2021, section 3; Megatron-LM's embedding
+    group). The broadcast of the loss and the comparison contract's gathers are not counted.
+    """
+    from ..comm import ring_bytes
+
+    activations = batch * seq * hidden * element_bytes  # m micro-batches of b/m·s·h
+    sent = activations * (stage < stages - 1) + activations * (stage > 0)
+    if stages > 1 and stage in (0, stages - 1):
+        sent += ring_bytes("all_reduce", vocab * hidden * element_bytes, 2)
+    return sent
