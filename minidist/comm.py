@@ -16,6 +16,7 @@ is what the data-parallel timeline draws.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -245,7 +246,7 @@ def all_to_all(
         if input_split_sizes is None:
             own = input.numel() // rec.group_size
         else:
-            row = input[0].numel() if input.dim() else 1
+            row = math.prod(input.shape[1:])  # elements per first-dimension entry
             own = input_split_sizes[dist.get_rank(group)] * row
         rec.ring_bytes = float((input.numel() - own) * input.element_size())
     work = dist.all_to_all_single(

@@ -1,0 +1,35 @@
+"""Lesson 11 (in progress, no notebook yet): HugeCTR-style hash-table embeddings.
+
+NVIDIA Merlin HugeCTR (docs: "Sparse Embedding", `DistributedSlotSparseEmbeddingHash`,
+`LocalizedSlotSparseEmbeddingHash`; Wang et al. 2022, "Merlin HugeCTR: GPU-accelerated
+Recommender System Training and Inference"): int64 feature keys mapped by a GPU hash table
+to rows of a value table, pooled per slot, split over ranks by key or by slot.
+
+- `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow), torch
+  back end; `kernels.py`: its Triton kernels and the embedding-bag scatter kernel
+- `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean), sparse SGD and Adagrad
+- `distributed.py`: the distributed and localized slot placements over `minidist.comm`
+- `theory.py`: the bytes each placement sends, as functions
+"""
+
+from .distributed import (
+    DistributedSlotSparseEmbeddingHash,
+    LocalizedSlotSparseEmbeddingHash,
+    key_owner,
+)
+from .hash_table import HashTable, HashTableFullError
+from .layers import HashEmbeddingBag, SparseAdagrad, SparseSGD, embedding_bag, key_init, to_csr
+
+__all__ = [
+    "HashTable",
+    "HashTableFullError",
+    "HashEmbeddingBag",
+    "SparseSGD",
+    "SparseAdagrad",
+    "embedding_bag",
+    "key_init",
+    "to_csr",
+    "DistributedSlotSparseEmbeddingHash",
+    "LocalizedSlotSparseEmbeddingHash",
+    "key_owner",
+]

@@ -1,0 +1,229 @@
+"""Hash embeddings: keys -> rows through `HashTable`, pooled per bag; sparse optimizers.
+
+HugeCTR's sparse embeddings (NVIDIA Merlin HugeCTR docs, "Embedding Training Cache" and
+"Sparse Embedding" layers; Wang et al. 2022, "Merlin HugeCTR") take each batch in CSR form:
+`values` (the int64 keys) and `row_offsets` (length bags + 1, sample-major when a sample has
+several slots: bag b = sample b // slots, slot b % slots), and pool each bag with a combiner:
+
+- sum, or mean (divided by the number of keys in the bag; an empty bag gives zeros);
+- in training new keys are inserted into the table, at evaluation a missing key
+  contributes zero (it still counts in a mean's denominator, as in HugeCTR).
+
+The pooling is one fused gather-scale-scatter (`kernels.gather_scale_scatter_add_kernel`,
+or `index_add_` in the torch back end): out[bag(i)] += scale(i) * weight[row(i)]. Its
+backward is the same kernel the other way round after HugeCTR's dedup: the rows of the
+occurrences are sorted and split into runs of equal rows (`torch.unique`), and each unique
+row receives the sum of its occurrences' scaled top gradients. The gradient of the value
+table is a sparse COO tensor of those rows, like `nn.EmbeddingBag(sparse=True)`.
+
+`SparseSGD` and `SparseAdagrad` update only the touched rows (HugeCTR's "local" update);
+they equal `torch.optim.SGD` / `torch.optim.Adagrad` on the same sparse gradients (Adagrad:
+std = sqrt(sum of squares) + eps, eps added after the root, torch's convention). Not done
+here: momentum, Adam, loss scaling, slot-aware inputs beyond the CSR layout. The
+torch-native equivalent is `nn.EmbeddingBag(mode=..., sparse=True, include_last_offset=True)`
+over keys mapped to rows beforehand.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .hash_table import HashTable, check_keys, fmix64
+
+MODES = ("sum", "mean")
+
+
+def key_init(keys: torch.Tensor, dim: int, scale: float = 0.05) -> torch.Tensor:
+    """The starting vector of each key, a function of the key alone (uniform in
+    [-scale, scale) from fmix64 bits), so every layout of the tables starts alike."""
+    bits = fmix64(fmix64(keys)[:, None] + torch.arange(1, dim + 1, device=keys.device))
+    unit = ((bits >> 11) & ((1 << 52) - 1)).to(torch.float64) / float(1 << 52)
+    return ((2 * unit - 1) * scale).to(torch.float32)
+
+
+def to_csr(bags: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-bag key lists -> (values, row_offsets), HugeCTR's CSR input."""
+    lengths = torch.tensor([len(b) for b in bags], dtype=torch.int64)
+    offsets = torch.zeros(len(bags) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    values = torch.tensor([k for b in bags for k in b], dtype=torch.int64)
+    return values, offsets
+
+
+def check_csr(values: torch.Tensor, row_offsets: torch.Tensor, who: str) -> None:
+    """Clear errors for a malformed CSR batch (raised before any state changes)."""
+    check_keys(values, who, "values")
+    check_keys(row_offsets, who, "row_offsets")
+    if values.dim() != 1 or row_offsets.dim() != 1 or row_offsets.numel() < 1:
+        raise ValueError(
+            f"{who}: values and row_offsets must be 1-D (row_offsets of length bags + 1), got "
+            f"shapes {tuple(values.shape)} and {tuple(row_offsets.shape)}"
+        )
+    if row_offsets[0] != 0 or (row_offsets[1:] < row_offsets[:-1]).any():
+        raise ValueError(f"{who}: row_offsets must start at 0 and never decrease")
+    if row_offsets[-1] != values.numel():
+        raise ValueError(
+            f"{who}: row_offsets must end at len(values)={values.numel()}, "
+            f"got {int(row_offsets[-1])}"
+        )
+
+
+def _launch_bag_kernel(src, src_idx, scale, dst, dst_idx) -> None:
+    from .kernels import gather_scale_scatter_add_kernel
+
+    n, d = src_idx.numel(), src.shape[1]
+    if n == 0:
+        return
+    block_n = min(256, max(16, 1 << (n - 1).bit_length()))
+    block_d = min(128, max(16, 1 << (d - 1).bit_length()))
+    gather_scale_scatter_add_kernel[(-(-n // block_n),)](
+        src.contiguous(), src_idx.contiguous(), scale.contiguous(), dst, dst_idx.contiguous(),
+        n, d, BLOCK_N=block_n, BLOCK_D=block_d,
+    )  # fmt: skip
+
+
+def _gather_scale_scatter_add(backend, src, src_idx, scale, dst, dst_idx) -> None:
+    if backend == "triton":
+        _launch_bag_kernel(src, src_idx, scale, dst, dst_idx)
+    else:
+        dst.index_add_(0, dst_idx, src[src_idx] * scale[:, None])
+
+
+class _EmbeddingBagFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, rows, row_offsets, mode, backend):
+        counts = row_offsets[1:] - row_offsets[:-1]
+        bag = torch.repeat_interleave(torch.arange(counts.numel(), device=rows.device), counts)
+        scale = torch.ones(rows.numel(), dtype=weight.dtype, device=weight.device)
+        if mode == "mean":
+            scale = scale / counts[bag].to(weight.dtype)
+        scale = torch.where(rows >= 0, scale, torch.zeros_like(scale))  # missing keys: zero
+        out = torch.zeros(counts.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
+        _gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bag)
+        ctx.save_for_backward(rows, bag, scale)
+        ctx.backend, ctx.weight_shape = backend, weight.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        rows, bag, scale = ctx.saved_tensors
+        valid = rows >= 0
+        # HugeCTR's backward: sort the occurrences by row, runs of equal rows, one sum per run.
+        unique_rows, run = torch.unique(rows[valid], return_inverse=True)
+        grad_rows = grad_out.new_zeros(unique_rows.numel(), grad_out.shape[1])
+        _gather_scale_scatter_add(
+            ctx.backend, grad_out.contiguous(), bag[valid], scale[valid], grad_rows, run
+        )
+        grad = torch.sparse_coo_tensor(
+            unique_rows[None],
+            grad_rows,
+            ctx.weight_shape,
+            is_coalesced=True,
+            check_invariants=False,
+        )
+        return grad, None, None, None, None
+
+
+def embedding_bag(weight, rows, row_offsets, mode: str = "sum", backend: str = "torch"):
+    """Pool `weight[rows]` per bag of the CSR `row_offsets`; rows of -1 contribute zero."""
+    if mode not in MODES:
+        raise ValueError(f"embedding_bag: mode={mode!r} must be one of {MODES}")
+    return _EmbeddingBagFunction.apply(weight, rows, row_offsets, mode, backend)
+
+
+class HashEmbeddingBag(nn.Module):
+    """A value table [capacity, dim] indexed by a `HashTable` of int64 keys, pooled per bag.
+
+    `forward(values, row_offsets)` takes HugeCTR's CSR batch (see `to_csr`) and returns
+    [bags, dim]; in training new keys are inserted (their row set to `key_init(key)`, as
+    HugeCTR initialises a row on insert), in eval mode missing keys give zero.
+    """
+
+    def __init__(
+        self, capacity: int, dim: int, mode: str = "sum", *, max_load: float = 0.75,
+        device=None, backend=None, init_scale: float = 0.05,
+    ):  # fmt: skip
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"HashEmbeddingBag: mode={mode!r} must be one of {MODES}")
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"HashEmbeddingBag: dim={dim!r} must be an int > 0")
+        self.table = HashTable(capacity, max_load=max_load, device=device, backend=backend)
+        self.mode, self.dim, self.init_scale = mode, dim, init_scale
+        self.weight = nn.Parameter(torch.zeros(capacity, dim, device=self.table.device))
+
+    @property
+    def backend(self) -> str:
+        return self.table.backend
+
+    def rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Rows of the keys: inserted in training, -1 for a missing key in eval mode."""
+        if not self.training:
+            return self.table.find(values)
+        size = self.table.size
+        rows = self.table.insert(values)
+        new = rows >= size
+        if new.any():
+            with torch.no_grad():
+                self.weight[rows[new]] = key_init(values[new], self.dim, self.init_scale)
+        return rows
+
+    def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
+        check_csr(values, row_offsets, "HashEmbeddingBag")
+        return embedding_bag(self.weight, self.rows(values), row_offsets, self.mode, self.backend)
+
+    def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, vectors) sorted by key: the layer as a key -> vector map."""
+        keys, rows = self.table.items()
+        return keys, self.weight.detach()[rows]
+
+
+class SparseSGD(torch.optim.Optimizer):
+    """p[rows] -= lr * grad[rows], touching only the rows of a sparse gradient."""
+
+    def __init__(self, params, lr: float):
+        if lr <= 0:
+            raise ValueError(f"SparseSGD: lr={lr!r} must be > 0")
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    rows, values = _rows_and_values(p.grad)
+                    p.index_add_(0, rows, values, alpha=-group["lr"])
+
+
+class SparseAdagrad(torch.optim.Optimizer):
+    """Adagrad on the touched rows only: s[rows] += g², p[rows] -= lr·g / (sqrt(s[rows]) + eps)."""
+
+    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value=0.0):
+        if lr <= 0:
+            raise ValueError(f"SparseAdagrad: lr={lr!r} must be > 0")
+        super().__init__(
+            params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value)
+        )
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["sum"] = torch.full_like(p, group["initial_accumulator_value"])
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                rows, g = _rows_and_values(p.grad)
+                acc = self.state[p]["sum"]
+                acc.index_add_(0, rows, g * g)
+                p.index_add_(0, rows, g / (acc[rows].sqrt() + group["eps"]), alpha=-group["lr"])
+
+
+def _rows_and_values(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The touched rows and their gradient, from a sparse (or dense: all rows) gradient."""
+    if grad.is_sparse:
+        grad = grad.coalesce()
+        return grad.indices()[0], grad.values()
+    return torch.arange(grad.shape[0], device=grad.device), grad

@@ -1,0 +1,132 @@
+"""The rank function the tests (and later notebook 12 and the tour) run, and its reference.
+
+`train_on_rank(servers, workers, consistency, staleness, ...)` runs on every rank of a world
+of S + W: ranks below S serve their key range of `build(name)`'s trainable parameters,
+the others train on their slice of each global batch (the data-parallel fixture's model and
+batches, so BSP can be compared with one process and with all-reduce data parallelism).
+`reference` is one process training the same model on the whole batches with the same SGD.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..data import shard_batch
+from ..data_parallel.fixture import STEPS, build
+from ..parallel import named_parameters
+from ..training import TrainTrace, make_optimizer, train
+from . import keys
+from .server import AppliedGradient, ShardServer
+from .worker import Worker
+
+CONSISTENCY = ("bsp", "ssp", "async")
+
+
+def staleness_bound(consistency: str, staleness: int | None = None) -> int | None:
+    """s of the consistency model: 0 for BSP, `staleness` for SSP, None (∞) for async."""
+    if consistency not in CONSISTENCY:
+        raise ValueError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+    if consistency == "ssp":
+        if not isinstance(staleness, int) or staleness < 0:
+            raise ValueError(f"consistency='ssp' needs staleness >= 0, got staleness={staleness!r}")
+        return staleness
+    if staleness is not None:
+        raise ValueError(f"staleness={staleness!r} is only for consistency='ssp'")
+    return 0 if consistency == "bsp" else None
+
+
+@dataclass
+class ServerResult:
+    server: int
+    key_range: tuple[int, int]
+    values: torch.Tensor
+    last_update: torch.Tensor | None
+    applied: list[AppliedGradient]
+    ledger: comm.Ledger
+
+
+@dataclass
+class WorkerResult:
+    worker: int
+    losses: list[float]
+    read_versions: list[list[int]]  # per clock, the version each server answered with
+    params: dict[str, torch.Tensor]  # after the final pull (every update in)
+    ledger: comm.Ledger
+    step_times: list[float] = field(default_factory=list)
+
+
+def train_on_rank(
+    servers: int,
+    workers: int,
+    consistency: str = "bsp",
+    staleness: int | None = None,
+    name: str = "mlp",
+    steps: int = STEPS,
+    global_batch: int = 8,
+    delay_s: dict[int, float] | None = None,
+    fail_worker_at: tuple[int, int] | None = None,
+    lr: float = 0.05,
+    momentum: float = 0.9,
+) -> ServerResult | WorkerResult:
+    """On a rank: serve or train. `delay_s` {worker: seconds} slows workers down each step;
+    `fail_worker_at` (worker, clock) makes that worker raise there (a test of failure)."""
+    keys.check_roles(dist.get_world_size(), servers, workers)
+    bound = staleness_bound(consistency, staleness)
+    rank = dist.get_rank()
+    model, batches, loss_fn = build(name, steps=steps, global_batch=global_batch)
+    psi = sum(p.numel() for p in keys.trainable(model))
+    ranges = keys.key_ranges(psi, servers)
+    worker_ranks = list(range(servers, servers + workers))
+    if rank < servers:
+        start, stop = ranges[rank]
+        shard = ShardServer(
+            keys.flat_values(model)[start:stop], worker_ranks, bound, lr=lr, momentum=momentum
+        )
+        with comm.record() as ledger:
+            shard.serve()
+        return ServerResult(
+            rank, ranges[rank], shard.param.detach().clone(), shard.last_update, shard.applied,
+            ledger,
+        )  # fmt: skip
+    w = rank - servers
+    client = Worker(model, list(range(servers)), ranges)
+    losses, versions, times = [], [], []
+    with comm.record() as ledger:
+        for clock, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            versions.append(client.pull(clock))
+            x, y = shard_batch(batch, w, workers)
+            model.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if fail_worker_at == (w, clock):
+                raise RuntimeError(f"worker {w} failed at clock {clock} (as asked)")
+            if delay_s and w in delay_s:
+                time.sleep(delay_s[w])
+            client.push(clock)
+            losses.append(loss.item())
+            times.append(time.perf_counter() - t0)
+        client.pull(len(batches), everything=True)
+        client.done()
+    return WorkerResult(w, losses, versions, named_parameters(model), ledger, times)
+
+
+def reference(
+    name: str = "mlp", steps: int = STEPS, global_batch: int = 8, lr: float = 0.05
+) -> TrainTrace:
+    """One process, the whole global batches, SGD with momentum 0.9 (the servers' optimizer)."""
+    model, batches, loss_fn = build(name, steps=steps, global_batch=global_batch)
+    return train(model, batches, loss_fn, make_optimizer(model.parameters(), "sgd", lr=lr))
+
+
+def assemble(results: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the Ψ keys' values, the last averaged gradient) from the servers' results."""
+    served = [r for r in results if isinstance(r, ServerResult)]
+    values = torch.cat([r.values for r in served])
+    updates = [r.last_update for r in served]
+    return values, (None if any(u is None for u in updates) else torch.cat(updates))

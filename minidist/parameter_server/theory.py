@@ -1,0 +1,55 @@
+"""The bytes and times a parameter server should produce, as functions: defined here once.
+
+Per step (one clock) a worker sends the gradient of all Ψ keys and receives all Ψ parameters,
+S pieces each (Li et al. 2014); server k receives W gradient slices of its range and sends W
+parameter slices: W·Ψ/S each way. A ring all-reduce over N ranks sends 2(N-1)/N·Ψ per rank
+(`minidist.comm.ring_bytes`). With one link per rank at bandwidth B, the busiest link sets the
+step time: a server's, W·Ψ/S each way, so the parameter server needs S ≈ W servers to load its
+links as lightly as the ring does. Headers (3 int64 per request, 1 int64 per answer) are
+counted separately.
+"""
+
+from __future__ import annotations
+
+from .. import comm
+from ..network.theory import Link
+from .keys import key_ranges
+
+HEADER_BYTES = 3 * 8  # op, clock, read version
+VERSION_BYTES = 8  # a pull's answer starts with the server's version
+
+
+def worker_bytes_per_step(psi: int, element_size: int = 4) -> dict[str, int]:
+    """{"pushed": gradient bytes sent, "pulled": parameter bytes received} per worker per clock."""
+    return {"pushed": psi * element_size, "pulled": psi * element_size}
+
+
+def server_bytes_per_step(
+    psi: int, servers: int, workers: int, server: int, element_size: int = 4
+) -> dict[str, int]:
+    """{"received": W gradient slices, "sent": W parameter slices} of `server`'s range."""
+    start, stop = key_ranges(psi, servers)[server]
+    return {
+        "received": workers * (stop - start) * element_size,
+        "sent": workers * (stop - start) * element_size,
+    }
+
+
+def ring_bytes_per_step(psi: int, world_size: int, element_size: int = 4) -> float:
+    """Bytes each rank sends per step in data parallelism by ring all-reduce: 2(N-1)/N·Ψ."""
+    return comm.ring_bytes("all_reduce", psi * element_size, world_size)
+
+
+def ps_step_time(psi: int, servers: int, workers: int, link: Link, element_size=4) -> float:
+    """α-β seconds of a BSP step's communication on the busiest server link: W·Ψ/S of
+    gradients in, then (pulls wait for the update) W·Ψ/S of parameters out, 2W messages."""
+    busiest = -(-psi // servers) * workers * element_size
+    return 2 * workers * link.alpha_s + 2 * busiest / link.bandwidth_bytes_per_s
+
+
+def ring_step_time(psi: int, world_size: int, link: Link, element_size: int = 4) -> float:
+    """α-β seconds of a ring all-reduce of Ψ values over N ranks: 2(N-1) steps."""
+    return (
+        2 * (world_size - 1) * link.alpha_s
+        + ring_bytes_per_step(psi, world_size, element_size) / link.bandwidth_bytes_per_s
+    )

@@ -1,0 +1,110 @@
+"""The hash table of lesson 11 against a Python dict, on both back ends.
+
+The Triton back end runs its kernels under TRITON_INTERPRET=1 (conftest.py); examples stay
+few and small because the interpreter runs programs one after another.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minidist.embedding.hash_table import (
+    EMPTY_KEY,
+    HashTable,
+    HashTableFullError,
+    fmix64,
+    resolve_backend,
+)
+
+BACKENDS = ["triton", "torch"]
+INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+
+
+def assert_like_dict(table: HashTable, batches: list[list[int]]) -> dict[int, int]:
+    """Insert the batches one after another and check every promise against a dict that
+    remembers the first row each key got."""
+    seen: dict[int, int] = {}
+    for batch in batches:
+        rows = table.insert(torch.tensor(batch, dtype=torch.int64)).tolist()
+        for key, row in zip(batch, rows):
+            assert seen.setdefault(key, row) == row, f"key {key} moved from {seen[key]} to {row}"
+    assert table.size == len(seen)
+    assert sorted(seen.values()) == list(range(len(seen)))  # distinct rows, exactly 0..U-1
+    if seen:
+        keys = torch.tensor(list(seen), dtype=torch.int64)
+        assert table.find(keys).tolist() == list(seen.values())
+        dump_keys, dump_rows = table.items()
+        assert dump_keys.tolist() == sorted(seen)
+        assert dump_rows.tolist() == [seen[k] for k in sorted(seen)]
+    return seen
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_duplicates_negatives_and_multiples_of_the_slot_count(backend):
+    table = HashTable(200, backend=backend)
+    n = table.num_slots
+    batch = [7, 7, -7, 0, 0, n, 2 * n, -n, 3 * n, 7, EMPTY_KEY, (1 << 63) - 1, EMPTY_KEY, -1]
+    seen = assert_like_dict(table, [batch, [k * n for k in range(-40, 40)], batch])
+    assert len(seen) == 10 + 80 - 5  # 0, n, 2n, -n, 3n are in both
+    missing = torch.tensor([8, -8, 5 * n + 1, 1000 * n], dtype=torch.int64)
+    assert table.find(missing).tolist() == [-1, -1, -1, -1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_full_block_of_colliding_keys(backend):
+    # 1000 keys in one launch, many of them contending for the same slots.
+    table = HashTable(1500, backend=backend)
+    keys = torch.randint(-(1 << 62), 1 << 62, (1000,), generator=torch.Generator().manual_seed(0))
+    assert_like_dict(table, [keys.tolist() + keys[:300].tolist()])
+    assert table.load_factor <= 0.75
+
+
+def test_back_ends_hash_alike():
+    """A table filled by torch is read by the Triton kernels: the same fmix64 slots."""
+    keys = torch.arange(-300, 300, 3, dtype=torch.int64) * 1024
+    table = HashTable(300, backend="torch")
+    rows = table.insert(keys)
+    table.backend = "triton"
+    assert torch.equal(table.find(keys), rows)
+    assert fmix64(torch.tensor([0])).item() == 0  # fmix64 fixes 0: the slot of key 0 is 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_raises_before_any_change_and_grow_keeps_rows(backend):
+    table = HashTable(10, backend=backend)
+    first = table.insert(torch.arange(8, dtype=torch.int64))
+    slots_before = table._slot_keys.clone()
+    with pytest.raises(HashTableFullError, match="capacity=10"):
+        table.insert(torch.arange(5, 13, dtype=torch.int64))  # 5 new keys, 3 places left
+    assert table.size == 8 and torch.equal(table._slot_keys, slots_before)
+    table.grow()
+    assert table.capacity == 20 and table.num_slots >= 20 / 0.75
+    assert torch.equal(table.find(torch.arange(8, dtype=torch.int64)), first)
+    assert_like_dict(table, [list(range(0, 20))])
+    with pytest.raises(HashTableFullError, match="capacity=20"):
+        table.insert(torch.tensor([-1], dtype=torch.int64))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="capacity=0"):
+        HashTable(0)
+    with pytest.raises(ValueError, match="max_load=1"):
+        HashTable(4, max_load=1)
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        HashTable(4, backend="cuda")
+    table = HashTable(4)
+    with pytest.raises(TypeError, match="keys must be an int64 tensor, got torch.int32"):
+        table.insert(torch.tensor([1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="new_capacity=3"):
+        table.grow(3)
+    assert resolve_backend(None, torch.device("cpu")) == "torch"
+    assert resolve_backend(None, torch.device("cuda")) == "triton"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(INT64 | st.integers(-20, 20), max_size=40), max_size=3))
+def test_property_like_a_dict(backend, batches):
+    capacity = max(1, len({k for b in batches for k in b}))
+    assert_like_dict(HashTable(capacity, backend=backend), batches)

@@ -1,0 +1,188 @@
+"""A parameter server on a real world: BSP equals one process (and all-reduce data
+parallelism), SSP with s = 0 equals BSP, SSP never exceeds its bound, async runs; the ledger
+equals `minidist.parameter_server.theory`."""
+
+import pytest
+import torch
+
+import minidist
+from minidist.data_parallel.fixture import build
+from minidist.data_parallel.fixture import reference as dp_reference
+from minidist.parameter_server import check_roles, key_ranges, keys, owner, staleness_bound, theory
+from minidist.parameter_server.fixture import (
+    ServerResult,
+    WorkerResult,
+    assemble,
+    reference,
+    train_on_rank,
+)
+from minidist.training import max_abs_diff
+
+# float32; the server averages W slice gradients where one process takes one mean over the
+# batch: a few ulps per step through 5 momentum steps, as in data parallelism.
+LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-5, 1e-6, 1e-5
+STEPS = 8  # clocks of the staleness runs
+SLOW_S = 0.05  # the slow worker's extra seconds per clock
+
+
+def _split(results):
+    servers = [r for r in results if isinstance(r, ServerResult)]
+    workers = [r for r in results if isinstance(r, WorkerResult)]
+    return servers, workers
+
+
+def _psi() -> int:
+    return sum(p.numel() for p in keys.trainable(build("mlp").model))
+
+
+@pytest.mark.parametrize("servers, workers", [(1, 2), (2, 2), (2, 3)])
+def test_bsp_equals_single_process(servers, workers):
+    batch = 4 * workers  # every worker gets an equal slice
+    results = minidist.launch(
+        train_on_rank, servers + workers, servers, workers, "bsp", global_batch=batch
+    )
+    served, trained = _split(results)
+    ref = reference(global_batch=batch)
+    mean_losses = torch.tensor([w.losses for w in trained]).mean(0)
+    assert torch.allclose(mean_losses, torch.tensor(ref.losses), atol=LOSS_TOL, rtol=0)
+    values, last_update = assemble(results)
+    ref_model = build("mlp").model
+    flat_ref_grad = torch.cat(
+        [ref.grads[n].reshape(-1) for n, p in ref_model.named_parameters() if p.requires_grad]
+    )
+    assert float((last_update - flat_ref_grad).abs().max()) < GRAD_TOL
+    for w in trained:
+        assert max_abs_diff(w.params, ref.params) < PARAM_TOL
+        # the final pull returns exactly what the servers hold
+        assert torch.equal(keys.flat_values(_load(w.params)), values)
+    for s in served:
+        assert all(a.staleness == 0 for a in s.applied)
+        assert len(s.applied) == workers * 5
+
+
+def _load(params):
+    model = build("mlp").model
+    model.load_state_dict(params, strict=False)
+    return model
+
+
+def test_bsp_equals_all_reduce_data_parallelism():
+    # DP's reference is what naive and bucketed DP are tested equal to (test_data_parallel)
+    results = minidist.launch(train_on_rank, 3, 1, 2, "bsp")
+    _, trained = _split(results)
+    assert max_abs_diff(trained[0].params, dp_reference("mlp").params) < PARAM_TOL
+
+
+def test_ssp_zero_equals_bsp():
+    bsp = minidist.launch(train_on_rank, 4, 2, 2, "bsp")
+    ssp = minidist.launch(train_on_rank, 4, 2, 2, "ssp", 0)
+    assert torch.equal(assemble(bsp)[0], assemble(ssp)[0])  # same updates, same order
+    for a, b in zip(_split(bsp)[1], _split(ssp)[1]):
+        assert a.losses == b.losses
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_ssp_staleness_never_exceeds_bound_with_a_slow_worker(bound):
+    results = minidist.launch(
+        train_on_rank,
+        4,
+        1,
+        3,
+        "ssp",
+        bound,
+        steps=STEPS,
+        global_batch=12,
+        delay_s={2: SLOW_S},
+        timeout_s=30,
+    )
+    served, trained = _split(results)
+    stale = [a.staleness for a in served[0].applied]
+    assert len(stale) == 3 * STEPS
+    assert max(stale) <= bound
+    # the fast workers really ran ahead: they used the whole bound (8 clocks of 50 ms leave
+    # them time to, even on a loaded 2-core machine)
+    assert max(a.staleness for a in served[0].applied if a.worker != 2) == bound
+    for w in trained:  # each pull got at least clock - s
+        assert all(v[0] >= clock - bound for clock, v in enumerate(w.read_versions))
+
+
+def test_async_records_staleness_beyond_any_bound():
+    results = minidist.launch(
+        train_on_rank,
+        4,
+        1,
+        3,
+        "async",
+        steps=STEPS,
+        global_batch=12,
+        delay_s={2: SLOW_S},
+        timeout_s=30,
+    )
+    served, trained = _split(results)
+    stale = [a.staleness for a in served[0].applied]
+    assert len(stale) == 3 * STEPS and min(stale) >= 0
+    # the fast workers finish all clocks while the slow one is still at its first ones
+    assert max(stale) > 2
+    assert all(torch.isfinite(torch.tensor(w.losses)).all() for w in trained)
+
+
+def test_ledger_equals_theory():
+    servers, workers, steps = 2, 3, 5
+    results = minidist.launch(
+        train_on_rank, servers + workers, servers, workers, "bsp", global_batch=12
+    )
+    served, trained = _split(results)
+    psi = _psi()
+    per_worker = theory.worker_bytes_per_step(psi)
+    for w in trained:
+        recs = w.ledger.records
+        pushed = sum(r.payload_bytes for r in recs if r.op == "send" and r.tag == "push")
+        pulled = sum(r.payload_bytes for r in recs if r.op == "recv" and r.tag == "pull")
+        headers = sum(r.payload_bytes for r in recs if r.op == "send" and r.tag == "ps-header")
+        assert pushed == steps * per_worker["pushed"]
+        # a pull per clock, plus the final one; each answer is the version, then the values
+        assert pulled == (steps + 1) * (per_worker["pulled"] + servers * theory.VERSION_BYTES)
+        # per server: a pull and a push header per clock, the final pull, done
+        assert headers == servers * (2 * steps + 2) * theory.HEADER_BYTES
+    for s in served:
+        expect = theory.server_bytes_per_step(psi, servers, workers, s.server)
+        recs = s.ledger.records
+        got = sum(r.payload_bytes for r in recs if r.op == "recv" and r.tag == "push")
+        sent = sum(r.payload_bytes for r in recs if r.op == "send" and r.tag == "pull")
+        assert got == steps * expect["received"]
+        assert sent == (steps + 1) * expect["sent"]
+
+
+def test_theory_ps_against_ring():
+    psi = 10**6
+    # a worker moves Ψ each way; a single server receives W·Ψ; S = W servers receive Ψ each
+    assert theory.server_bytes_per_step(psi, 1, 8, 0)["received"] == 8 * 4 * psi
+    assert theory.server_bytes_per_step(psi, 8, 8, 0)["received"] == 4 * psi
+    assert theory.ring_bytes_per_step(psi, 8) == pytest.approx(2 * 7 / 8 * 4 * psi)
+    link = theory.Link(1e-5, 10e9)
+    assert theory.ps_step_time(psi, 1, 8, link) > 4 * theory.ring_step_time(psi, 8, link)
+    assert theory.ps_step_time(psi, 8, 8, link) < 1.3 * theory.ring_step_time(psi, 8, link)
+
+
+def test_failing_worker_fails_the_world_with_its_rank():
+    with pytest.raises(minidist.RankFailedError, match=r"rank 3 failed(.|\n)*worker 1 failed"):
+        minidist.launch(train_on_rank, 4, 2, 2, "bsp", fail_worker_at=(1, 2), timeout_s=30)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="servers must be an int >= 1, got 0"):
+        check_roles(3, 0, 3)
+    with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
+        check_roles(3, 3, 0)
+    with pytest.raises(ValueError, match=r"servers=2 \+ workers=2 = 4 ranks, but world_size=5"):
+        check_roles(5, 2, 2)
+    with pytest.raises(ValueError, match="staleness >= 0, got staleness=-1"):
+        staleness_bound("ssp", -1)
+    with pytest.raises(ValueError, match="consistency must be one of"):
+        staleness_bound("eventual")
+    assert key_ranges(10, 3) == [(0, 4), (4, 8), (8, 10)]
+    assert owner(9, key_ranges(10, 3)) == 2
+    with pytest.raises(KeyError, match="key=10 is outside"):
+        owner(10, key_ranges(10, 3))
+    with pytest.raises(minidist.RankFailedError, match="world_size=4"):
+        minidist.launch(train_on_rank, 4, 2, 3, "bsp", timeout_s=30)
