@@ -1,4 +1,4 @@
-"""Lesson 10 (in progress), 3D parallelism: tensor × pipeline × data parallel (ZeRO-1).
+"""Lesson 10, 3D parallelism: tensor × pipeline × data parallel (ZeRO-1).
 
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM". `python -m minidist.three_d` runs it on a local world of 8 ranks;
@@ -6,7 +6,10 @@ Megatron-LM". `python -m minidist.three_d` runs it on a local world of 8 ranks;
 
 - `stage.py`: a tensor-parallel pipeline stage of the course GPT
 - `parallel.py`: `ThreeDParallel`
-- `run.py`: the 20-step run the test, the script and (later) the notebook share
+- `run.py`: the 20-step run the test, the script and the notebook share
+- `theory.py`: bytes per step by group kind, parameters and memory per rank
+- `fixture.py`, `plots.py`, `check.py`, `lesson.py`: notebook 10's measurements, pictures,
+  exercise checkers and tour row
 """
 
 from .parallel import ThreeDParallel

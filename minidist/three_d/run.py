@@ -27,7 +27,7 @@ def train_3d(tp: int = 2, pp: int = 2) -> dict:
     model, batches, _ = build("gpt", **GPT_3D)
     layout = ParallelLayout(tp=tp, pp=pp)
     pipe = ThreeDParallel(model, layout, "1f1b", MICROBATCHES)
-    dp = layout.group("dp") if layout.dp_size > 1 else None
+    dp = layout.group("dp")  # a group of one when d = 1 (None would mean the whole world)
     opt = ZeroRedundancyOptimizer(
         pipe.module.parameters(), torch.optim.SGD, group=dp, lr=0.05, momentum=0.9
     )
@@ -38,7 +38,7 @@ def train_3d(tp: int = 2, pp: int = 2) -> dict:
         losses.append(pipe.train_step(local))
         opt.step()
     mean = torch.tensor(losses)
-    if dp is not None:  # every replica's loss is its slice's: the mean is the batch's
+    if layout.dp_size > 1:  # every replica's loss is its slice's: the mean is the batch's
         from .. import comm
 
         comm.all_reduce(mean, group=dp, tag="loss")
