@@ -59,7 +59,8 @@ def test_every_lesson_registers_a_row_in_lesson_order():
         "ring all-reduce", "naive DP", "bucketed DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)",
         "FSDP hybrid", "FSDP + bf16", "ZeRO-2 + bf16", "FSDP + CPU offload",
         "FSDP + disk offload", "recompute", "FSDP + recompute", "tensor parallel",
-        "parallel layout", "pipeline 1F1B", "3D (TP x PP x DP)",
+        "parallel layout", "pipeline 1F1B", "3D (TP x PP x DP)", "hash embedding (HugeCTR)",
+        "parameter server (BSP)", "2D torus all-reduce",
     ]  # fmt: skip
 
 

@@ -186,3 +186,13 @@ def test_bad_input_is_named():
         owner(10, key_ranges(10, 3))
     with pytest.raises(minidist.RankFailedError, match="world_size=4"):
         minidist.launch(train_on_rank, 4, 2, 3, "bsp", timeout_s=30)
+
+
+def test_server_state_bytes_is_measured():
+    # a server holds its range's values, their averaged gradient and the momentum buffer
+    results = minidist.launch(train_on_rank, 4, 2, 2, "bsp")
+    served, _ = _split(results)
+    psi = _psi()
+    for s in served:
+        assert s.state_bytes == theory.server_state_bytes(psi, 2, s.server)
+    assert theory.server_state_bytes(10, 3, 2) == 3 * 2 * 4

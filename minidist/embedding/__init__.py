@@ -1,4 +1,4 @@
-"""Lesson 11 (in progress, no notebook yet): HugeCTR-style hash-table embeddings.
+"""Lesson 11, HugeCTR-style hash-table embeddings (notebook `notebooks/11_embeddings.ipynb`).
 
 NVIDIA Merlin HugeCTR (docs: "Sparse Embedding", `DistributedSlotSparseEmbeddingHash`,
 `LocalizedSlotSparseEmbeddingHash`; Wang et al. 2022, "Merlin HugeCTR: GPU-accelerated

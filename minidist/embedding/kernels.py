@@ -11,7 +11,7 @@ Written for the interpreter as much as for a GPU:
 - every mask is a vector condition: a mask never mixes a vector and a scalar condition
   (triton 3.9's interpreter rejects that), loop counters enter masks as `tl.full` vectors.
 
-The hash is MurmurHash3's 64-bit finalizer `fmix64` (Appleyard, MurmurHash3, 2011), on int64
+The hash is MurmurHash3's 64-bit finalizer `fmix64` (Appleby, MurmurHash3, 2011), on int64
 with logical shifts written as an arithmetic shift and a mask, so that torch (which has no
 uint64 arithmetic on CPU) computes the same bits.
 """

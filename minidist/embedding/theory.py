@@ -37,3 +37,26 @@ def localized_slot_forward_bytes(
         + 8 * _others(keys_to, rank)
         + 4 * dim * _others(bags_from, rank)
     )
+
+
+def distributed_slot_step_bytes(
+    keys_to: Sequence[int], keys_from: Sequence[int], rank: int, dim: int
+) -> int:
+    """Distributed slots, one training step: the forward's bytes plus the backward's
+    all-to-all, which returns the gradient of every vector this rank received to its owner,
+    4·D·Σ keys_to[r≠rank]."""
+    return distributed_slot_forward_bytes(keys_to, keys_from, rank, dim) + 4 * dim * _others(
+        keys_to, rank
+    )
+
+
+OPTIMIZER_STATES = {"sgd": 0, "adagrad": 1}  # tensors shaped like the value table
+
+
+def embedding_state_bytes_per_rank(capacity_per_rank: int, dim: int, optimizer: str) -> int:
+    """What one rank holds for its share of the embedding: the float32 value table
+    [capacity_per_rank, D] and the optimizer's state (Adagrad: one accumulator of the same
+    shape; SGD: none). The hash table's slot arrays are not counted."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer={optimizer!r} must be one of {tuple(OPTIMIZER_STATES)}")
+    return 4 * capacity_per_rank * dim * (1 + OPTIMIZER_STATES[optimizer])

@@ -1,5 +1,6 @@
-"""Lesson 12 (in progress, no notebook yet), the shape of the network: collectives built for
-a 2D mesh or torus of chips and for nodes of GPUs, and where to put the heavier traffic.
+"""Lesson 12, the shape of the network: collectives built for a 2D mesh or torus of chips and
+for nodes of GPUs, and where to put the heavier traffic. With `minidist.parameter_server` it
+forms one lesson, notebook 12; the course files live in that package.
 
 A TPU pod links its chips by a 2D torus of inter-chip links (Jouppi et al. 2020, "A Domain-
 Specific Supercomputer for Training Deep Neural Networks", CACM; Ying et al. 2018, "Image

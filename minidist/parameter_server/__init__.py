@@ -1,6 +1,7 @@
-"""Lesson 12 (in progress, no notebook yet), parameter servers: S server ranks own key ranges
-of the parameters and optimizer state, W workers push gradients and pull parameters, under
-BSP, bounded staleness (SSP) or no synchronisation at all.
+"""Lesson 12, parameter servers: S server ranks own key ranges of the parameters and optimizer
+state, W workers push gradients and pull parameters, under BSP, bounded staleness (SSP) or
+no synchronisation at all. With `minidist.network` (the shape of the network) it forms one
+lesson, notebook 12; the lesson's course files (tour rows, plots, checkers) live here.
 
 Li et al. 2014, "Scaling Distributed Machine Learning with the Parameter Server" (OSDI);
 Dean et al. 2012, "Large Scale Distributed Deep Networks" (NIPS, Downpour SGD); Ho et al.
@@ -13,6 +14,7 @@ GPU-Specialized Parameter Server" (EuroSys).
 - `worker.py`: `Worker`, pull / push / done
 - `theory.py`: bytes per step of a worker and a server, against ring all-reduce; α-β times
 - `fixture.py`: `train_on_rank` (serve or train), `reference` (one process)
+- `lesson.py`, `plots.py`, `check.py`: lesson 12's tour rows, pictures and exercise checkers
 """
 
 from .fixture import staleness_bound, train_on_rank

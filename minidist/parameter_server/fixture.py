@@ -18,6 +18,7 @@ import torch.distributed as dist
 from .. import comm
 from ..data import shard_batch
 from ..data_parallel.fixture import STEPS, build
+from ..memory import optimizer_state_tensors, tensor_bytes
 from ..parallel import named_parameters
 from ..training import TrainTrace, make_optimizer, train
 from . import keys
@@ -48,6 +49,7 @@ class ServerResult:
     last_update: torch.Tensor | None
     applied: list[AppliedGradient]
     ledger: comm.Ledger
+    state_bytes: int = 0  # measured: the shard's values, their gradient, the momentum buffer
 
 
 @dataclass
@@ -89,9 +91,12 @@ def train_on_rank(
         )
         with comm.record() as ledger:
             shard.serve()
+        state = [shard.param, *optimizer_state_tensors(shard.optimizer)]
+        if shard.param.grad is not None:
+            state.append(shard.param.grad)
         return ServerResult(
             rank, ranges[rank], shard.param.detach().clone(), shard.last_update, shard.applied,
-            ledger,
+            ledger, tensor_bytes(state),
         )  # fmt: skip
     w = rank - servers
     client = Worker(model, list(range(servers)), ranges)

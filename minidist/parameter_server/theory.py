@@ -35,6 +35,13 @@ def server_bytes_per_step(
     }
 
 
+def server_state_bytes(psi: int, servers: int, server: int, element_size: int = 4) -> int:
+    """Bytes `server` holds after a step: its key range's values, their averaged gradient and
+    SGD's momentum buffer, 3 × the range (a worker holds the whole model instead)."""
+    start, stop = key_ranges(psi, servers)[server]
+    return 3 * (stop - start) * element_size
+
+
 def ring_bytes_per_step(psi: int, world_size: int, element_size: int = 4) -> float:
     """Bytes each rank sends per step in data parallelism by ring all-reduce: 2(N-1)/N·Ψ."""
     return comm.ring_bytes("all_reduce", psi * element_size, world_size)

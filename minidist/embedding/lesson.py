@@ -1,0 +1,72 @@
+"""Lesson 11's entry in the tour: the "hash embedding (HugeCTR)" row.
+
+HugeCTR's `DistributedSlotSparseEmbeddingHash` (NVIDIA Merlin HugeCTR docs; Wang et al.
+2022) on the tour's world, both key placements (`key mod N` and `fmix64(key) mod N`), trained
+`STEPS` steps with `SparseAdagrad` on `fixture.ctr_data`, against one `HashEmbeddingBag` over
+the global batches: pooled outputs and key-sorted key -> vector dumps within `fixture.TOL`.
+Memory: rank 0's value table plus Adagrad's accumulator, measured, against
+`theory.embedding_state_bytes_per_rank`. Bytes: what rank 0 sends in the last step (the
+counts, the keys to their owners, the vectors back, the gradients back to the owners) with
+the hashed placement, against `theory.distributed_slot_step_bytes` from the step's split
+counts. Figures: the load of keys per rank and the bytes per step of the two placements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..registry import TourRow, tour_row
+from ..runtime import launch
+from . import theory
+from .fixture import (
+    CTRData,
+    ctr_data,
+    max_diff_vs_reference,
+    reference,
+    slot_embedding_on_rank,
+    split_counts,
+)
+
+STEPS, GLOBAL_BATCH, CAPACITY_PER_RANK = 2, 16, 256
+PLACEMENTS = ("modulo", "hashed")
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def step_bytes_theory(data: CTRData, step: int, world: int, placement: str, dim: int) -> list:
+    """theory.distributed_slot_step_bytes for every rank at `step`."""
+    to = split_counts(data, step, world, GLOBAL_BATCH, placement)
+    return [
+        theory.distributed_slot_step_bytes(to[r], [to[q][r] for q in range(world)], r, dim)
+        for r in range(world)
+    ]
+
+
+@tour_row("hash embedding (HugeCTR)", lesson=11)
+def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
+    from .plots import plot_bytes_per_step, plot_load_imbalance
+
+    data = ctr_data(seed=0, samples=STEPS * GLOBAL_BATCH)
+    n = world_size if GLOBAL_BATCH % world_size == 0 else 1
+    runs = launch(slot_embedding_on_rank, n, data, PLACEMENTS, STEPS, GLOBAL_BATCH,
+                  CAPACITY_PER_RANK)  # fmt: skip
+    ref = reference(data, STEPS, GLOBAL_BATCH, n * CAPACITY_PER_RANK)
+    diff = max(max_diff_vs_reference(runs, p, ref) for p in PLACEMENTS)
+    dim = runs[0]["hashed"]["dump"][1].shape[1]
+    last = STEPS - 1
+    measured = {p: [r[p]["sent"][last] for r in runs] for p in PLACEMENTS}
+    predicted = {p: step_bytes_theory(data, last, n, p, dim) for p in PLACEMENTS}
+    _save(plot_load_imbalance(data.keys(), n), out_dir / "embedding_load_imbalance.png")
+    _save(plot_bytes_per_step(measured, predicted), out_dir / "embedding_bytes_per_step.png")
+    return TourRow(
+        f"hash embedding (HugeCTR, N={n})", diff <= 1e-6, diff,
+        memory_per_rank=runs[0]["hashed"]["memory"],
+        memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
+        bytes_per_rank=measured["hashed"][0],
+        bytes_theory=predicted["hashed"][0],
+    )  # fmt: skip

@@ -1,0 +1,154 @@
+"""The lesson 12 checkers pass right answers and name the mistake in wrong ones."""
+
+import pytest
+
+from minidist.course.check import CheckFailed
+from minidist.parameter_server.check import (
+    check_link_class_bytes,
+    check_may_proceed,
+    simulate_ssp,
+)
+
+# -- exercise 1: SSP's admission rule ---------------------------------------------------------
+
+
+def rule_right(worker_clock, clocks, staleness):
+    return worker_clock - min(clocks) <= staleness
+
+
+def rule_off_by_one(worker_clock, clocks, staleness):
+    return worker_clock - min(clocks) < staleness
+
+
+def rule_fastest(worker_clock, clocks, staleness):
+    return worker_clock - max(clocks) <= staleness  # always True: async in disguise
+
+
+def rule_fastest_gap(worker_clock, clocks, staleness):
+    return max(clocks) - worker_clock <= staleness
+
+
+def rule_no_staleness(worker_clock, clocks, staleness):
+    return worker_clock <= min(clocks)
+
+
+def rule_async(worker_clock, clocks, staleness):
+    return True
+
+
+def rule_int(worker_clock, clocks, staleness):
+    return int(worker_clock - min(clocks) <= staleness)
+
+
+def rule_other(worker_clock, clocks, staleness):
+    return worker_clock - min(clocks) <= staleness + 1
+
+
+def rule_stub(worker_clock, clocks, staleness):
+    raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_may_proceed_passes(capsys):
+    check_may_proceed(rule_right)
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "for s = 0, 1, 2: [0, 1, 2]" in out
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (rule_off_by_one, r"off by one: .* c - slowest < s"),
+        (rule_fastest, r"always says yes(.|\n)*the fastest worker, c - max\(clocks\) <= s"),
+        (rule_fastest_gap, "you compared with the fastest worker"),
+        (rule_no_staleness, "you ignored the staleness s"),
+        (rule_async, "always says yes: that is the asynchronous"),
+        (rule_int, "returned 1; return a bool"),
+        (rule_other, r"e.g. a worker at clock \d"),
+    ],
+)
+def test_may_proceed_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_may_proceed(impl)
+
+
+def test_may_proceed_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_may_proceed(rule_stub)
+
+
+def test_simulation_bounds_the_lead_and_names_a_deadlock():
+    assert max(simulate_ssp(rule_right, 2)) == 2
+    assert max(simulate_ssp(rule_async, 2)) > 2  # unbounded: the fast workers run away
+    with pytest.raises(CheckFailed, match="deadlock"):
+        simulate_ssp(rule_off_by_one, 0)
+
+
+# -- exercise 2: a two-level all-reduce's bytes per link class --------------------------------
+
+
+def bytes_right(numel, inner_size, outer_size, element_size):
+    size = numel * element_size
+    return {
+        "inner": 2 * (inner_size - 1) / inner_size * size,
+        "outer": 2 * (outer_size - 1) / outer_size * size / inner_size,
+    }
+
+
+def bytes_no_1_over_i(numel, inner_size, outer_size, element_size):
+    size = numel * element_size
+    return {
+        "inner": 2 * (inner_size - 1) / inner_size * size,
+        "outer": 2 * (outer_size - 1) / outer_size * size,
+    }
+
+
+def bytes_all_gather_twice(numel, inner_size, outer_size, element_size):
+    size = numel * element_size
+    return {
+        "inner": 3 * (inner_size - 1) / inner_size * size,
+        "outer": 2 * (outer_size - 1) / outer_size * size / inner_size,
+    }
+
+
+def bytes_swapped(numel, inner_size, outer_size, element_size):
+    return bytes_right(numel, outer_size, inner_size, element_size)
+
+
+def bytes_tuple(numel, inner_size, outer_size, element_size):
+    return tuple(bytes_right(numel, inner_size, outer_size, element_size).values())
+
+
+def bytes_flat_inner(numel, inner_size, outer_size, element_size):
+    n = inner_size * outer_size
+    return {"inner": 2 * (n - 1) / n * numel * element_size, "outer": 0.0}
+
+
+def bytes_stub(numel, inner_size, outer_size, element_size):
+    raise NotImplementedError("exercise: replace this line with your code")
+
+
+def test_link_class_bytes_passes(capsys):
+    check_link_class_bytes(bytes_right)
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "inner 4096 B, outer 2048 B per rank" in out
+    assert "I = 8, O = 4, 4096 float32: inner 28672 B, outer 3072 B" in out
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (bytes_no_1_over_i, "the outer links: .* only\nthat chunk|the outer links"),
+        (bytes_all_gather_twice, "you counted the all-gather twice"),
+        (bytes_swapped, "group sizes are swapped"),
+        (bytes_tuple, r"returned \("),
+        (bytes_flat_inner, "e.g. I = "),
+    ],
+)
+def test_link_class_bytes_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_link_class_bytes(impl)
+
+
+def test_link_class_bytes_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_link_class_bytes(bytes_stub)
