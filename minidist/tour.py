@@ -20,8 +20,9 @@ def _mib(n: float | None) -> str:
 
 
 def format_table(rows: list[TourRow]) -> str:
+    width = max([len("technique"), *(len(r.technique) for r in rows)]) + 2
     head = (
-        f"{'technique':<22}{'matches reference':<24}{'memory/rank (theory)':<28}"
+        f"{'technique':<{width}}{'matches reference':<24}{'memory/rank (theory)':<28}"
         f"{'sent/rank/step (theory)':<30}{'time':>7}"
     )
     lines = [head, "-" * len(head)]
@@ -29,7 +30,7 @@ def format_table(rows: list[TourRow]) -> str:
         match = f"{'yes' if r.matches else 'NO'} ({r.max_abs_diff:.1e})"
         mem = f"{_mib(r.memory_per_rank)} ({_mib(r.memory_theory)})"
         sent = f"{_mib(r.bytes_per_rank)} ({_mib(r.bytes_theory)})"
-        lines.append(f"{r.technique:<22}{match:<24}{mem:<28}{sent:<30}{r.seconds:>6.1f}s")
+        lines.append(f"{r.technique:<{width}}{match:<24}{mem:<28}{sent:<30}{r.seconds:>6.1f}s")
     return "\n".join(lines)
 
 
