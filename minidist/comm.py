@@ -277,17 +277,21 @@ def recv(tensor, src, group=None, tag=""):
     return _run("recv", tensor, group, False, lambda: dist.recv(tensor, src, group=group), tag)
 
 
-def batch_isend_irecv(ops: list[tuple[str, torch.Tensor, int]], group=None, tag="") -> list:
-    """Post several sends/receives at once: `ops` is [("send"|"recv", tensor, peer), ...].
+def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
+    """Post several sends/receives at once: `ops` is [("send"|"recv", tensor, peer), ...],
+    each optionally with a fourth element, the message tag (an int: messages between the
+    same two ranks are matched in order per tag, so separate streams need separate tags).
 
     Returns the works to wait on. Posting both directions together is what keeps a ring or a
     pipeline from deadlocking when every rank sends before it receives.
     """
     p2p = []
-    for kind, tensor, peer in ops:
+    for kind, tensor, peer, *message_tag in ops:
         if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
         fn = dist.isend if kind == "send" else dist.irecv
-        p2p.append(dist.P2POp(fn, tensor, peer, group=group))
+        p2p.append(
+            dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)
+        )
         _stamp_end(_log(kind, tensor, group, tag=tag), None)
     return dist.batch_isend_irecv(p2p)

@@ -115,3 +115,45 @@ def test_dp_times_pp_reduces_once_per_step():
     for r in minidist.launch(pipeline_rank, 4, "1f1b", 2, 2):
         assert max_abs_diff(r["params"], ref.params) < PARAM_TOL
         assert r["dp_per_step"] == r["trainable"]  # one all-reduce per parameter per step
+
+
+def interleaved_rank(p: int, m: int, v: int, layers: int):
+    model, batches, loss_fn = build("gpt", layers=layers)
+    layout = ParallelLayout(tp=1, pp=p)
+    pipe = PipelineParallel(model, loss_fn, layout, "interleaved", m, virtual=v)
+    opt = make_optimizer([q for chunk in pipe.chunks for q in chunk.parameters()])
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        losses.append(pipe.train_step(batch))
+        opt.step()
+    return losses, pipe.full_parameters(), [sorted(c.blocks) for c in pipe.chunks]
+
+
+@pytest.mark.parametrize(
+    "p, m, v, layers", [(2, 2, 2, 4), (2, 4, 2, 4), (4, 4, 2, 8), (2, 4, 3, 6)]
+)
+def test_interleaved_engine_equals_single_process(p, m, v, layers):
+    """v model chunks per rank (rank r holds virtual stages r, r + p, ...); activations and
+    gradients of different chunks travel between the same ranks under their own tags."""
+    model, batches, loss_fn = build("gpt", layers=layers)
+    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
+    for rank, (losses, params, blocks) in enumerate(
+        minidist.launch(interleaved_rank, p, p, m, v, layers)
+    ):
+        assert losses == pytest.approx(ref.losses, abs=LOSS_TOL)
+        assert max_abs_diff(params, ref.params) < PARAM_TOL
+        per = layers // (p * v)
+        assert blocks == [
+            [str(k) for k in range((c * p + rank) * per, (c * p + rank + 1) * per)]
+            for c in range(v)
+        ]
+
+
+def test_virtual_chunks_need_the_interleaved_schedule():
+    def rank_fn():
+        model, _, loss_fn = build("gpt", layers=4)
+        PipelineParallel(model, loss_fn, ParallelLayout(tp=1, pp=2), "1f1b", 2, virtual=2)
+
+    with pytest.raises(minidist.RankFailedError, match="virtual=2 needs kind='interleaved'"):
+        minidist.launch(rank_fn, 2)

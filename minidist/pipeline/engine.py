@@ -74,12 +74,22 @@ def split_gpt(dense: GPT, stages: int, stage: int) -> GPTStage:
 class PipelineParallel(ParallelModule):
     """This rank's stage of a pipeline over `pp_group`, driven by a schedule."""
 
-    def __init__(self, dense: GPT, loss_fn, layout, kind: str = "1f1b", microbatches: int = 4):
+    def __init__(
+        self,
+        dense: GPT,
+        loss_fn,
+        layout,
+        kind: str = "1f1b",
+        microbatches: int = 4,
+        virtual: int = 1,
+    ):
         """`layout`: a `minidist.megatron.ParallelLayout` with tp = 1; its pp groups are the
-        pipelines, its dp groups the replicas, its embedding groups the tied copies."""
+        pipelines, its dp groups the replicas, its embedding groups the tied copies.
+        `virtual`: model chunks per rank for the interleaved schedule (rank r holds the
+        virtual stages r, r + p, ...; `self.chunks`), 1 otherwise."""
         super().__init__()
-        if kind == "interleaved":
-            raise ValueError("PipelineParallel runs gpipe, 1f1b and zb-h1 (interleaved: simulated)")
+        if virtual != 1 and kind != "interleaved":
+            raise ValueError(f"PipelineParallel: virtual={virtual} needs kind='interleaved'")
         if layout.tp_size != 1:
             raise ValueError(
                 f"PipelineParallel: layout.tp_size={layout.tp_size}; stages here are dense"
@@ -89,8 +99,13 @@ class PipelineParallel(ParallelModule):
         embedding_group = layout.groups.get("embedding")  # first and last stages only
         self.p, self.stage_index = dist.get_world_size(pp_group), dist.get_rank(pp_group)
         self.ranks = dist.get_process_group_ranks(pp_group) if pp_group else list(range(self.p))
-        self.module = split_gpt(dense, self.p, self.stage_index)
-        self.steps = schedule(kind, self.p, microbatches)[self.stage_index]
+        self.v = virtual
+        self.chunks = [
+            split_gpt(dense, self.p * virtual, c * self.p + self.stage_index)
+            for c in range(virtual)
+        ]
+        self.module = self.chunks[0] if virtual == 1 else nn.ModuleList(self.chunks)
+        self.steps = schedule(kind, self.p, microbatches, virtual)[self.stage_index]
         self.kind, self.m, self.loss_fn, self.hidden = kind, microbatches, loss_fn, dense.cfg.hidden
         self.pp_group, self.dp_group, self.embedding_group = pp_group, dp_group, embedding_group
         self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
@@ -109,41 +124,43 @@ class PipelineParallel(ParallelModule):
         shape = (x.shape[0] // self.m, x.shape[1], self.hidden)
         inputs, outputs, saved, sends = {}, {}, {}, []
         loss_sum = torch.zeros(())
-        for op, i in self.steps:
+        for op, i, *chunk in self.steps:
+            c = chunk[0] if chunk else 0
+            stage, key = self.chunks[c], (i, c)
             if op == "F":
-                inp = xs[i] if self.module.first else self._recv(shape, -1).requires_grad_()
+                inp = xs[i] if stage.first else self._recv(shape, -1, c).requires_grad_()
                 start = time.perf_counter()
-                with SavedActivations(self.module) as bytes_saved:
-                    out = self.module(inp)
-                    if self.module.last:
+                with SavedActivations(stage) as bytes_saved:
+                    out = stage(inp)
+                    if stage.last:
                         out = self.loss_fn(out, ys[i]) / self.m
                         loss_sum += out.detach()
-                inputs[i], outputs[i], saved[i] = inp, out, bytes_saved.bytes
+                inputs[key], outputs[key], saved[key] = inp, out, bytes_saved.bytes
                 self.saved_per_microbatch = bytes_saved.bytes
-                if not self.module.last:
-                    sends.append((self._send(out.detach(), +1), out))
+                if not stage.last:
+                    sends.append((self._send(out.detach(), +1, c), out))
                 self.peak_alive = max(self.peak_alive, len(outputs))
                 self.peak_saved_bytes = max(self.peak_saved_bytes, sum(saved.values()))
             elif op == "B":
-                out, inp = outputs[i], inputs[i]
-                grad = None if self.module.last else self._recv(shape, +1)
+                out, inp = outputs[key], inputs[key]
+                grad = None if stage.last else self._recv(shape, +1, c)
                 start = time.perf_counter()
                 if self.kind != "zb-h1":
                     _backward(out, grad)
-                elif not self.module.first:  # the input gradient only; W comes later
+                elif not stage.first:  # the input gradient only; W comes later
                     _backward(out, grad, inputs=[inp], keep=True)
                 else:
                     out._minidist_grad = grad  # the first stage has no input gradient to pass
-                if not self.module.first:
-                    sends.append((self._send(inp.grad, -1), None))
+                if not stage.first:
+                    sends.append((self._send(inp.grad, -1, c), None))
                 if self.kind != "zb-h1":
-                    del outputs[i], inputs[i], saved[i]
+                    del outputs[key], inputs[key], saved[key]
             else:  # W: the weight gradients of micro-batch i, from the kept graph
                 start = time.perf_counter()
-                params = [p for p in self.module.parameters() if p.requires_grad]
-                grad = getattr(outputs[i], "_minidist_grad", None)
-                _backward(outputs[i], grad, inputs=params, keep=False)
-                del outputs[i], inputs[i], saved[i]
+                params = [p for p in stage.parameters() if p.requires_grad]
+                grad = getattr(outputs[key], "_minidist_grad", None)
+                _backward(outputs[key], grad, inputs=params, keep=False)
+                del outputs[key], inputs[key], saved[key]
             sends = _free_sent(sends)
             if self.timings is not None:
                 self.timings.append((op, i, start, time.perf_counter()))
@@ -153,25 +170,39 @@ class PipelineParallel(ParallelModule):
         comm.broadcast(loss_sum, src=self.ranks[-1], group=self.pp_group, tag="pp-loss")
         return float(loss_sum)
 
-    def _send(self, t: torch.Tensor, direction: int):
-        peer = self.ranks[self.stage_index + direction]
-        return comm.batch_isend_irecv([("send", t.contiguous(), peer)], tag="pp")[0]
+    def _neighbour(self, direction: int, chunk: int) -> tuple[int, int]:
+        """(global rank, chunk) of the virtual stage before (-1) or after (+1) this rank's
+        `chunk`: the last rank's chunk c is followed by the first rank's chunk c + 1."""
+        r = self.stage_index + direction
+        if r == self.p:
+            return self.ranks[0], chunk + 1
+        if r < 0:
+            return self.ranks[self.p - 1], chunk - 1
+        return self.ranks[r], chunk
 
-    def _recv(self, shape, direction: int) -> torch.Tensor:
+    def _send(self, t: torch.Tensor, direction: int, chunk: int = 0):
+        """Activations go forward with tag 2·(their chunk), gradients back with 2·chunk + 1:
+        streams between the same two ranks never mix."""
+        peer, peer_chunk = self._neighbour(direction, chunk)
+        message = 2 * peer_chunk + (direction < 0)
+        return comm.batch_isend_irecv([("send", t.contiguous(), peer, message)], tag="pp")[0]
+
+    def _recv(self, shape, direction: int, chunk: int = 0) -> torch.Tensor:
         buffer = torch.empty(shape)
-        peer = self.ranks[self.stage_index + direction]
-        comm.batch_isend_irecv([("recv", buffer, peer)], tag="pp")[0].wait()
+        peer, _ = self._neighbour(direction, chunk)
+        message = 2 * chunk + (direction > 0)  # from after: a gradient; from before: an input
+        comm.batch_isend_irecv([("recv", buffer, peer, message)], tag="pp")[0].wait()
         return buffer
 
     @torch.no_grad()
     def _sync_gradients(self) -> None:
-        stage = self.module
-        if self.p > 1 and (stage.first or stage.last):  # the tied embedding's two copies
-            tied = stage.tok_emb.weight if stage.first else stage.lm_head.weight
+        first, last = self.chunks[0], self.chunks[-1]
+        if self.p > 1 and (first.first or last.last):  # the tied embedding's two copies
+            tied = first.tok_emb.weight if first.first else last.lm_head.weight
             comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
         if self.dp_group is not None:  # once per step, after the last micro-batch
             n = dist.get_world_size(self.dp_group)
-            for p in stage.parameters():
+            for p in self._named().values():
                 if p.grad is not None:
                     comm.all_reduce(p.grad, group=self.dp_group, tag="dp-grads")
                     p.grad.div_(n)
@@ -185,12 +216,16 @@ class PipelineParallel(ParallelModule):
             out.update({k: v for k, v in part.items() if k not in out and k != "lm_head.weight"})
         return out
 
+    def _named(self) -> dict[str, torch.Tensor]:
+        """Every chunk's parameters under the dense model's names."""
+        return {n: p for chunk in self.chunks for n, p in chunk.named_parameters()}
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        return self._gathered({n: p.detach().clone() for n, p in self.module.named_parameters()})
+        return self._gathered({n: p.detach().clone() for n, p in self._named().items()})
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         return self._gathered(
-            {n: p.grad.clone() for n, p in self.module.named_parameters() if p.grad is not None}
+            {n: p.grad.clone() for n, p in self._named().items() if p.grad is not None}
         )
 
 

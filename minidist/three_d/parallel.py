@@ -34,6 +34,7 @@ class ThreeDParallel(PipelineParallel):
         self.p, self.stage_index = layout.pp_size, layout.pp_rank
         self.ranks = layout.mine["pp"]
         self.module = split_tensor_parallel_gpt(dense, layout)
+        self.chunks, self.v = [self.module], 1
         self.steps = schedule(kind, self.p, microbatches)[self.stage_index]
         self.kind, self.m, self.hidden = kind, microbatches, dense.cfg.hidden
         self.loss_fn = self.module.loss if self.module.last else None
