@@ -97,6 +97,7 @@ def _pp_bench_rank(rounds: int, steps: int) -> dict:
     layout = ParallelLayout(tp=1, pp=dist.get_world_size())
     rank, p = layout.pp_rank, layout.pp_size
     ours = PipelineParallel(copy.deepcopy(dense), loss_fn, layout, "1f1b", BENCH_M)
+    ours.measure_activations = False  # the torch side measures nothing either
     opt_ours = torch.optim.SGD(ours.module.parameters(), lr=0.05, momentum=0.9)
     losses_ours: list[float] = []
 
