@@ -26,6 +26,27 @@ class TrainTrace:
     params: dict[str, torch.Tensor]  # after the last step
 
 
+class OptimizerWrapper:
+    """An optimizer that steps an `inner` torch optimizer on other tensors than the model's
+    (shards, host copies): what the training loops read of it is the inner one's."""
+
+    inner: torch.optim.Optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
 def make_optimizer(params, name: str = "sgd", lr: float = 0.05) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)

@@ -31,12 +31,13 @@ import weakref
 import torch
 
 from ..memory import tensor_bytes
+from ..training import OptimizerWrapper
 
 TIERS = ("cpu", "disk")
 DISK_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 
 
-class OffloadOptimizer:
+class OffloadOptimizer(OptimizerWrapper):
     """`optimizer_class` stepping host copies of `params`; states in RAM or on disk."""
 
     def __init__(
@@ -95,14 +96,6 @@ class OffloadOptimizer:
         t = torch.from_file(filename, shared=True, size=like.numel(), dtype=torch.float32)
         self.files[name] = t.view(like.shape)
         return self.files[name]
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

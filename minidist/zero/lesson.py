@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data_parallel.bucketed import MiB, plan_buckets
+from ..data_parallel.buckets import MiB, plan_buckets
 from ..data_parallel.fixture import build
 from ..registry import TourRow, tour_row
 from ..runtime import launch

@@ -17,10 +17,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..training import OptimizerWrapper
 from .flat import FlatShard
 
 
-class ZeroRedundancyOptimizer:
+class ZeroRedundancyOptimizer(OptimizerWrapper):
     """`optimizer_class` on this rank's 1/N of `params`; `step()` also reduces the gradients."""
 
     def __init__(self, params, optimizer_class=torch.optim.Adam, group=None, **defaults):
@@ -32,14 +33,6 @@ class ZeroRedundancyOptimizer:
         flat = self.layout.flatten([p.detach().float() for p in self.params])
         self.shard = nn.Parameter(self.layout.own(flat).clone())
         self.inner = optimizer_class([self.shard], **defaults)
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..data_parallel.bucketed import MiB, plan_buckets
+from ..data_parallel.buckets import MiB, plan_buckets
 from ..mixed_precision.policy import (
     MixedPrecision,
     cast_floating,
@@ -45,6 +45,7 @@ from ..mixed_precision.policy import (
     divide_factors,
 )
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..training import OptimizerWrapper
 from .flat import FlatShard
 
 GATHER_WHEN = ("after_step", "before_forward")
@@ -296,20 +297,12 @@ def clip_sharded_grad_norm_(
     return norm
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(OptimizerWrapper):
     """What `ZeroDataParallel.optimizer` is: the inner optimizer on this rank's chunks, then
     the gather of the updated chunks. Mirrors the torch optimizer API the loops use."""
 
     def __init__(self, owner: ZeroDataParallel, inner: torch.optim.Optimizer):
         self.owner, self.inner = owner, inner
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -334,12 +327,6 @@ class ShardedOptimizer:
             self.owner.gather_parameters()
         else:
             self.owner._gather_pending = True
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
 
 
 def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[int, int]:
