@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-unit test-notebooks lint format exercises notebooks bench clean
+.PHONY: tour test test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP): $(PY) pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minidist tour
 
-test: $(STAMP) lint test-unit test-notebooks
+test: $(STAMP) lint test-unit test-triton-latest test-notebooks
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -33,6 +33,16 @@ lint: $(STAMP)
 
 test-unit: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests
+
+# The Triton kernels also under the newest triton's interpreter (3.9, what `pip install` of
+# the package brings on a CPU machine), installed beside the venv's 3.8, not over it.
+TRITON_LATEST := .triton-latest
+$(TRITON_LATEST)/.installed: $(STAMP)
+	[ "$$(uname -s)" != "Linux" ] || $(PY) -m pip install --quiet --no-deps --target $(TRITON_LATEST) "triton==3.9.0"
+	touch $@
+
+test-triton-latest: $(TRITON_LATEST)/.installed
+	[ "$$(uname -s)" != "Linux" ] || PYTHONPATH=$(TRITON_LATEST) TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests/test_embedding_hash.py tests/test_embedding_layers.py
 
 test-notebooks: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks solutions
@@ -56,4 +66,4 @@ bench: $(STAMP)
 	$(PY) -m minidist bench ddp
 
 clean:
-	rm -rf $(VENV) minidist_tour .pytest_cache
+	rm -rf $(VENV) $(TRITON_LATEST) minidist_tour .pytest_cache
