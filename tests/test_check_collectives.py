@@ -161,7 +161,8 @@ def test_all_reduce_checker_names_the_mistake(fn, hint):
 @pytest.mark.parametrize("world, length", [(3, 9), (4, 10)])
 def test_misplaced_all_gather_chunk_is_named_with_its_step(world, length):
     """On more than 2 ranks the mistake already shows in what is sent at the next step."""
-    from minidist.collectives.check import _all_reduce_input, _diagnose_sends, _run_rank
+    from minidist.collectives.check._shared import _all_reduce_input, _run_rank
+    from minidist.collectives.check.all_reduce import _diagnose_sends
     from minidist.runtime import launch
 
     fn = partial(_ring_all_reduce, store_offset=1)

@@ -1,53 +1,23 @@
-"""Checkers for the offload exercises of lesson 05 (Ren et al. 2021, "ZeRO-Offload", sections
-3-4; Rajbhandari et al. 2021, "ZeRO-Infinity", the NVMe tier).
-
-1. `check_offloaded_step(offloaded_step)`: `offloaded_step(params, masters, host_optimizer)`
-   is one step of an offloaded optimizer: `params` are this rank's FSDP chunks on the
-   device, each with its gradient from backward; `masters` their fp32 copies on the host,
-   each with a gradient buffer `m.grad`; `host_optimizer` Adam over `masters`. Copy every
-   gradient down into `m.grad`, step the host optimizer, copy every master back into its
-   device parameter. Run inside FSDP training of lesson 01's MLP on worlds of 2 and 3,
-   compared step by step with the same FSDP whose Adam runs on the device (they must be
-   identical) and at the end with one process. A dispatch mode watches every copy between a
-   device tensor and a host tensor (`_Bus`), and an optimizer hook sees when the step runs
-   and what `m.grad` holds then. Named: stepped on the device copy, the gradients not copied
-   down, the host gradient aliasing the device's, parameters not copied back (stale: the
-   run diverges), copied back before the step (one step behind), the parameter's storage
-   replaced instead of copied into, in-place copy into a parameter outside `no_grad`, more
-   bytes moved than the theory's 4 + 4 per element.
-2. `check_state_file(state_file)`: `state_file(directory, name, like)` returns a zero float32
-   tensor shaped like `like` whose storage is the new file `directory/name`, memory-mapped
-   and shared, and refuses (FileExistsError) a file that already exists, which would be
-   another model's or another run's state. Checked in this process on fresh temporary
-   directories: the file's size, the values written through the tensor read back from the
-   file with numpy, an existing file left untouched. Named: not shared (writes never reach
-   the file; or a copy of the mapping returned), the size in bytes instead of elements, not
-   shaped like `like`, another model's values reused, another model's file overwritten.
-"""
+"""offload checker: exercise 1: the offloaded step."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..course.check import fail, passed, run_on_world
-from ..data import shard_batch
-from ..data_parallel.fixture import build
-from ..fsdp.fixture import UNITS
-from ..fsdp.fully_sharded import FullyShardedDataParallel
-from ..runtime import RankFailedError
-from ..training import max_abs_diff
-from ..zero.fixture import ZERO_MLP
-from . import theory
-
-# -- exercise 1: the offloaded step ------------------------------------------------------------
+from ...course.check import fail, passed, run_on_world
+from ...data import shard_batch
+from ...data_parallel.fixture import build
+from ...fsdp.fixture import UNITS
+from ...fsdp.fully_sharded import FullyShardedDataParallel
+from ...runtime import RankFailedError
+from ...training import max_abs_diff
+from ...zero.fixture import ZERO_MLP
+from .. import theory
 
 STEP_WORLDS = (2, 3)
 STEPS = 3
@@ -343,141 +313,4 @@ def check_offloaded_step(offloaded_step: Callable) -> None:
         "steps, equal to one process): gradients down, the update on the host, parameters "
         "up, 4 + 4 bytes per owned element per step (2 + 2 in mixed precision: ZeRO-Offload's "
         "4Ψ)"
-    )
-
-
-# -- exercise 2: a memory-mapped optimizer state ------------------------------------------------
-
-FILE_SHAPES = [(3, 5), (7,), (2, 3, 4)]
-
-
-def _call(fn: Callable, directory: str, name: str, like: torch.Tensor):
-    """`fn(directory, name, like)`, with the errors torch.from_file raises for the usual
-    mistakes named."""
-    path = os.path.join(directory, name)
-    n = like.numel()
-    try:
-        return fn(directory, name, like)
-    except RuntimeError as exc:
-        text = str(exc)
-        if "read-only mode" in text or "smaller than the required mapping" in text:
-            fail(
-                f"torch.from_file could not map {name}: with shared=False it opens the file "
-                "read-only and maps a private copy of what is already there, so it needs an "
-                "existing file of the full size and never writes to it. shared=True creates "
-                "the file, grows it to size × 4 bytes (zeros) and sends every write to it."
-            )
-        if "is invalid for input of size" in text and os.path.exists(path):
-            got = os.path.getsize(path)
-            if got == 16 * n:
-                fail(
-                    f"{name} has {got} bytes for a {tuple(like.shape)} state of {n} "
-                    "elements: torch.from_file's `size` counts elements of `dtype`, not "
-                    f"bytes: size={n} gives a file of 4 × {n} = {4 * n} bytes."
-                )
-            fail(
-                f"{name} has {got} bytes; a float32 state shaped like {tuple(like.shape)} "
-                f"has {n} elements, 4 × {n} = {4 * n} bytes: size=like.numel()."
-            )
-        raise
-
-
-def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int) -> None:
-    like = torch.empty(shape)
-    name = f"{i}.exp_avg"
-    path = os.path.join(directory, name)
-    n = like.numel()
-    t = _call(fn, directory, name, like)
-    if not isinstance(t, torch.Tensor):
-        fail(f"state_file returned a {type(t).__name__}; return the mapped tensor.")
-    if not os.path.exists(path):
-        fail(
-            f"there is no file {name} in the directory after state_file ran: map the file "
-            "at os.path.join(directory, name) (torch.from_file(path, shared=True, ...) "
-            "creates it)."
-        )
-    size = os.path.getsize(path)
-    if size != 4 * n:
-        how = (
-            " `size` counts elements of `dtype`, not bytes."
-            if size == 16 * n
-            else " size=like.numel(), dtype=torch.float32."
-        )
-        fail(
-            f"{name} has {size} bytes; a float32 state shaped like {tuple(shape)} has {n} "
-            f"elements, 4 × {n} = {4 * n} bytes.{how}"
-        )
-    if t.dtype != torch.float32:
-        fail(f"the state is {t.dtype}; Adam's moments are float32 (dtype=torch.float32).")
-    if tuple(t.shape) != tuple(shape):
-        fail(
-            f"the state has shape {tuple(t.shape)}; Adam needs it shaped like the parameter, "
-            f"{tuple(shape)}: .view(like.shape) keeps the mapping."
-        )
-    if t.any():
-        fail("a fresh state must start at zeros (a new file, grown by from_file, reads zeros).")
-    values = torch.arange(1, n + 1, dtype=torch.float32).reshape(shape)
-    t.copy_(values)  # what Adam does to exp_avg, in place
-    on_disk = np.fromfile(path, dtype=np.float32)
-    if not np.array_equal(on_disk, values.reshape(-1).numpy()):
-        fail(
-            f"values written into the returned tensor are not in {name} (the file still "
-            "reads zeros): the tensor is not backed by the file. torch.from_file(..., "
-            "shared=False) maps it copy-on-write, a private copy whose writes never reach the "
-            "file; a .clone() or .to() of the mapping is a copy too. Use shared=True and "
-            "return the mapped tensor (a view of it)."
-        )
-
-
-def _diagnose_existing(fn: Callable, directory: str) -> None:
-    like = torch.empty(4, 3)
-    name = "0.exp_avg_sq"
-    path = os.path.join(directory, name)
-    other = np.full(2 * like.numel(), 0.25, dtype=np.float32)  # another model's state
-    other.tofile(path)
-    try:
-        t = _call(fn, directory, name, like)
-    except FileExistsError:
-        t = None
-    on_disk = np.fromfile(path, dtype=np.float32) if os.path.exists(path) else None
-    untouched = on_disk is not None and np.array_equal(on_disk, other)
-    if t is None:
-        if not untouched:
-            fail(
-                f"{name} existed (another model's state) and you raised FileExistsError, but "
-                "only after changing the file: check before touching it (open(path, 'xb') "
-                "fails without opening an existing file)."
-            )
-        return
-    if isinstance(t, torch.Tensor) and t.numel() and bool((t == 0.25).all()):
-        fail(
-            f"{name} already existed, holding another model's state ({other.size} values), "
-            "and you mapped it: your Adam would start from another model's moments. Refuse "
-            "an existing file: open(path, 'xb').close() raises FileExistsError when it "
-            "exists, then map the new, empty file."
-        )
-    if not untouched:
-        fail(
-            f"{name} already existed (another model's state, {other.nbytes} bytes) and you "
-            "overwrote it: that may be the live state of another run, two optimizers mapping "
-            "one file write into each other's moments. Refuse it: raise FileExistsError "
-            "(open(path, 'xb') does) and leave the file alone."
-        )
-    fail(
-        f"{name} already existed and state_file returned without an error: raise "
-        "FileExistsError for an existing file (open(path, 'xb') does)."
-    )
-
-
-def check_state_file(state_file: Callable) -> None:
-    """Call `state_file(directory, name, like)` on fresh temporary directories."""
-    with tempfile.TemporaryDirectory(prefix="minidist-check-") as directory:
-        for i, shape in enumerate(FILE_SHAPES):
-            _diagnose_fresh(state_file, directory, shape, i)
-    with tempfile.TemporaryDirectory(prefix="minidist-check-") as directory:
-        _diagnose_existing(state_file, directory)
-    passed(
-        "state_file maps a new float32 file of 4 bytes per element, zeros, shared: what is "
-        "written to the tensor is in the file; an existing file (another model's state) is "
-        "refused and left as it was"
     )

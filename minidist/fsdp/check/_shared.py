@@ -1,0 +1,5 @@
+"""Helpers the fsdp checkers share."""
+
+from __future__ import annotations
+
+WORLDS = (2, 4)

@@ -1,0 +1,231 @@
+"""megatron checker: exercise 2: the vocab-parallel cross entropy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ... import comm
+from ...course.check import fail, passed, run_on_world
+
+CE_TOKENS = 8
+# (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
+CE_CASES = {
+    "ordinary logits": (2, 12, 2.0, 0.0),
+    "a padded vocabulary": (4, 30, 2.0, 0.0),
+    "large logits": (2, 12, 5.0, 1000.0),
+}
+# float32: near 1000 a logit's ulp is 6e-5, so max + log Σ exp(...) - target carries ~1e-4
+# of rounding; every named mistake moves the loss by 0.1 or more.
+CE_RTOL, CE_ATOL = 1e-4, 5e-4
+CE_HANG_HINT = "Every rank of the group makes the same three all-reduces, in the same order."
+
+
+def _ce_inputs(world: int, vocab: int, scale: float, offset: float):
+    """Full padded logits [tokens, V'] (padding columns hold garbage, larger than the real
+    ones), targets covering every rank's range, V' and columns per rank."""
+    g = torch.Generator().manual_seed(7 + world + vocab)
+    padded = -(-vocab // world) * world
+    logits = offset + scale * torch.randn(CE_TOKENS, padded, generator=g)
+    logits[:, vocab:] += 3 * scale  # vocab padding: not part of the vocabulary
+    per = padded // world
+    targets = torch.tensor([(i * per + i % per) % vocab for i in range(CE_TOKENS)])
+    return logits, targets, padded, per
+
+
+def _ce_rank(fn: Callable, case: str) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    logits, targets, _, per = _ce_inputs(world, *CE_CASES[case][1:])
+    mine = logits[:, rank * per : (rank + 1) * per].clone()
+    with comm.record() as ledger:
+        loss = fn(mine, targets.clone(), None, rank * per, CE_CASES[case][1])
+    value = loss.detach().clone().float() if isinstance(loss, torch.Tensor) else loss
+    return dict(
+        value=value if isinstance(value, torch.Tensor) else type(value).__name__,
+        records=[(r.op, r.payload_bytes) for r in ledger.records],
+    )
+
+
+def _ce_variants(world: int, vocab: int, scale: float, offset: float) -> dict:
+    """{variant: the loss on each rank} for the right answer and the named mistakes."""
+    logits, targets, padded, per = _ce_inputs(world, vocab, scale, offset)
+    real = logits.masked_fill(torch.arange(padded) >= vocab, float("-inf"))
+    parts = [real[:, r * per : (r + 1) * per] for r in range(world)]
+    peak = real.max(dim=-1).values
+    total = (real - peak[:, None]).exp().sum(-1)
+    target = real.gather(1, targets[:, None]).squeeze(1)
+    right = (total.log() - (target - peak)).mean()
+
+    def unmasked(index_of) -> torch.Tensor:  # every rank adds the logit at its index
+        summed = sum(
+            (parts[r] - peak[:, None]).gather(1, index_of(targets - r * per)[:, None]).squeeze(1)
+            for r in range(world)
+        )
+        return (total.log() - summed).mean()
+
+    def owns(r: int) -> torch.Tensor:
+        return (targets >= r * per) & (targets < (r + 1) * per)
+
+    local_peaks = torch.stack([p.max(dim=-1).values for p in parts])
+    local_total = sum((p - m[:, None]).exp().sum(-1) for p, m in zip(parts, local_peaks))
+    owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS)]
+    lse_all = logits.logsumexp(-1)  # padding columns included
+    same = {
+        "sum_not_mean": right * CE_TOKENS,
+        "no_max": (real.exp().sum(-1).log() - target).mean(),
+        "local_max": (local_total.log() - (target - owner_peak)).mean(),
+        "unmasked_zero": unmasked(lambda t: t.masked_fill((t < 0) | (t >= per), 0)),
+        "unmasked_clamp": unmasked(lambda t: t.clamp(0, per - 1)),
+        "no_padding_mask": (lse_all - target).mean(),
+    }
+    out = {"right": [right] * world} | {k: [v] * world for k, v in same.items()}
+    out["local_sum"] = [
+        ((p - peak[:, None]).exp().sum(-1).log() - (target - peak)).mean() for p in parts
+    ]
+    out["no_target_reduce"] = [
+        (total.log() - (target - peak) * owns(r)).mean() for r in range(world)
+    ]
+    return out
+
+
+CE_OVERFLOW = (
+    "exp of logits around {offset:g} overflows float32 (exp(89) is already inf). Subtract "
+    "each row's maximum over the WHOLE vocabulary before exp: the local row maxima, "
+    "all-reduced with op=comm.ReduceOp.MAX; log-sum-exp = max + log Σ exp(logit - max)."
+)
+CE_MESSAGES = {
+    "no_max": "the loss is {value}: " + CE_OVERFLOW,
+    "sum_not_mean": (
+        "the loss is {tokens}x the cross entropy: you summed over the {tokens} tokens; return the "
+        "mean over tokens, as F.cross_entropy does."
+    ),
+    "local_max": (
+        "each rank subtracted its OWN row maximum before exp: then rank r's exps are scaled by "
+        "e^(-max_r), a different factor on every rank, and their sum over ranks means nothing. "
+        "All-reduce the row maxima with op=comm.ReduceOp.MAX first and subtract that global "
+        "maximum everywhere."
+    ),
+    "unmasked_zero": (
+        "the target logit is summed over ranks, but the ranks that do not hold a token's target "
+        "added a logit too (the one at the index you replaced the target by): after gathering, "
+        "zero the target logit where the target is outside [start, start + columns) "
+        "(masked_fill(~inside, 0)), so only the owner contributes to the SUM all-reduce."
+    ),
+    "unmasked_clamp": (
+        "the target logit is summed over ranks, but the ranks that do not hold a token's target "
+        "added a logit too (clamping the index picks a real column): zero the target logit where "
+        "the target is outside [start, start + columns), so only the owner contributes."
+    ),
+    "local_sum": (
+        "the ranks return different losses: each used the sum of exp over its own columns only. "
+        "The softmax's denominator runs over the whole vocabulary: all-reduce (SUM) each row's "
+        "sum of exp over the group."
+    ),
+    "no_target_reduce": (
+        "the ranks return different losses: each used the target logit only where it holds the "
+        "target (0 elsewhere). Every rank needs every token's target logit: all-reduce (SUM) "
+        "the masked target logits."
+    ),
+    "no_padding_mask": (
+        "the vocabulary padding took part: columns >= vocab_size (here the last {pad} of "
+        "{padded}, on the last rank) are not words, but their exp entered the sum and their "
+        "value the maximum. Mask them to -inf before the maximum "
+        "(logits.masked_fill(column >= vocab_size, float('-inf')), column = start + "
+        "arange(columns))."
+    ),
+}
+
+
+def _diagnose_ce(case: str, results: list[dict]) -> str | None:
+    world, vocab, scale, offset = CE_CASES[case]
+    variants = _ce_variants(world, vocab, scale, offset)
+    padded = -(-vocab // world) * world
+    where = f"{case} ({CE_TOKENS} tokens, vocabulary {vocab} on {world} ranks)"
+    values = []
+    for rank, res in enumerate(results):
+        v = res["value"]
+        if not isinstance(v, torch.Tensor):
+            return f"{where}: rank {rank} returned a {v}; return the loss as a tensor."
+        if v.numel() != 1:
+            return (
+                f"{where}: rank {rank} returned shape {tuple(v.shape)}; return the mean over "
+                "tokens, one number (a 0-dim tensor), as F.cross_entropy does."
+            )
+        values.append(v.reshape(()))
+
+    def same(name):
+        return all(
+            bool(torch.isclose(got, want.float(), rtol=CE_RTOL, atol=CE_ATOL))
+            for got, want in zip(values, variants[name])
+        )
+
+    if same("right"):
+        return None
+    for name, message in CE_MESSAGES.items():
+        if same(name):
+            text = message.format(tokens=CE_TOKENS, pad=padded - vocab, padded=padded,
+                                  offset=offset, value=float(values[0]))  # fmt: skip
+            return f"{where}: {text}"
+    if not all(math.isfinite(float(v)) for v in values) and offset:
+        return f"{where}: the loss is {float(values[0])}: " + CE_OVERFLOW.format(offset=offset)
+    want = float(variants["right"][0])
+    got = ", ".join(f"{float(v):.6g}" for v in values)
+    return (
+        f"{where}: the ranks returned {got}; F.cross_entropy on the full logits gives "
+        f"{want:.6g}. Per token: log Σ_v exp(logit_v - M) - (logit_target - M), with M the "
+        "global maximum (all-reduce MAX), the sum of exp over every rank (all-reduce SUM) and "
+        "the target logit from the rank that holds it (masked, all-reduce SUM); padding "
+        "columns (>= vocab_size) masked to -inf."
+    )
+
+
+def _diagnose_ce_ledger(case: str, results: list[dict]) -> str | None:
+    world = CE_CASES[case][0]
+    for rank, res in enumerate(results):
+        ops = [op for op, _ in res["records"]]
+        sizes = {n for _, n in res["records"]}
+        where = f"{case}, rank {rank}"
+        if not ops:
+            return (
+                f"{where}: the values are right, but the ledger saw no collective: use "
+                "minidist's comm.all_reduce (torch.distributed directly is invisible to it)."
+            )
+        if any(op != "all_reduce" for op in ops):
+            return (
+                f"{where}: the values are right, but the ledger shows {ops}: gathering the "
+                "logits forms the [tokens, vocabulary] tensor on every rank, which is what the "
+                f"vocab-parallel loss avoids; three all-reduces of {CE_TOKENS} numbers (one "
+                "per token) are all it needs, whatever the vocabulary."
+            )
+        if len(ops) != 3 or sizes != {4 * CE_TOKENS}:
+            return (
+                f"{where}: the values are right, but the ledger shows {len(ops)} all-reduces of "
+                f"{sorted(sizes)} bytes on {world} ranks; the loss needs exactly three of one "
+                f"float32 per token ({4 * CE_TOKENS} bytes): MAX of the row maxima, SUM of the "
+                "sums of exp, SUM of the masked target logits."
+            )
+    return None
+
+
+def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
+    """`fn(logits, targets, group, start, vocab_size)` on ordinary, padded and large logits."""
+    by_world: dict[int, list[str]] = {}
+    for case, (world, *_) in CE_CASES.items():
+        by_world.setdefault(world, []).append(case)
+    results = {}
+    for world, cases in by_world.items():
+        for case in cases:
+            results[case] = run_on_world(_ce_rank, world, fn, case, hang_hint=CE_HANG_HINT)
+    for diagnose in (_diagnose_ce, _diagnose_ce_ledger):  # values first, in every case
+        for case in CE_CASES:
+            problem = diagnose(case, results[case])
+            if problem:
+                fail(problem)
+    passed(
+        "the vocab-parallel cross entropy equals F.cross_entropy on the full logits (ordinary, "
+        "padded vocabulary, logits around 1000) with three all-reduces of one number per "
+        "token: the full logits are never formed"
+    )
