@@ -8,10 +8,12 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 - `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow), torch
   back end; `kernels.py`: its Triton kernels and the embedding-bag scatter kernel
 - `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean), sparse SGD and Adagrad
+- `backward.py`: the sort/dedup backward (occurrence bags, runs of equal rows, per-row sums)
 - `distributed.py`: the distributed and localized slot placements over `minidist.comm`
 - `theory.py`: the bytes each placement sends, as functions
 """
 
+from .backward import occurrence_bags, segment_sum_gradients, sort_and_dedup
 from .distributed import (
     DistributedSlotSparseEmbeddingHash,
     LocalizedSlotSparseEmbeddingHash,
@@ -32,4 +34,7 @@ __all__ = [
     "DistributedSlotSparseEmbeddingHash",
     "LocalizedSlotSparseEmbeddingHash",
     "key_owner",
+    "occurrence_bags",
+    "sort_and_dedup",
+    "segment_sum_gradients",
 ]

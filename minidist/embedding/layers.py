@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .backward import gather_scale_scatter_add, occurrence_bags, segment_sum_gradients
 from .hash_table import HashTable, check_keys, fmix64
 
 MODES = ("sum", "mean")
@@ -69,51 +70,27 @@ def check_csr(values: torch.Tensor, row_offsets: torch.Tensor, who: str) -> None
         )
 
 
-def _launch_bag_kernel(src, src_idx, scale, dst, dst_idx) -> None:
-    from .kernels import gather_scale_scatter_add_kernel
-
-    n, d = src_idx.numel(), src.shape[1]
-    if n == 0:
-        return
-    block_n = min(256, max(16, 1 << (n - 1).bit_length()))
-    block_d = min(128, max(16, 1 << (d - 1).bit_length()))
-    gather_scale_scatter_add_kernel[(-(-n // block_n),)](
-        src.contiguous(), src_idx.contiguous(), scale.contiguous(), dst, dst_idx.contiguous(),
-        n, d, BLOCK_N=block_n, BLOCK_D=block_d,
-    )  # fmt: skip
-
-
-def _gather_scale_scatter_add(backend, src, src_idx, scale, dst, dst_idx) -> None:
-    if backend == "triton":
-        _launch_bag_kernel(src, src_idx, scale, dst, dst_idx)
-    else:
-        dst.index_add_(0, dst_idx, src[src_idx] * scale[:, None])
-
-
 class _EmbeddingBagFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight, rows, row_offsets, mode, backend):
+    def forward(ctx, weight, rows, row_offsets, mode, backend, loss_scale):
+        bag = occurrence_bags(row_offsets)
         counts = row_offsets[1:] - row_offsets[:-1]
-        bag = torch.repeat_interleave(torch.arange(counts.numel(), device=rows.device), counts)
         scale = torch.ones(rows.numel(), dtype=weight.dtype, device=weight.device)
         if mode == "mean":
             scale = scale / counts[bag].to(weight.dtype)
         scale = torch.where(rows >= 0, scale, torch.zeros_like(scale))  # missing keys: zero
         out = torch.zeros(counts.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
-        _gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bag)
+        gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bag)
         ctx.save_for_backward(rows, bag, scale)
-        ctx.backend, ctx.weight_shape = backend, weight.shape
+        ctx.backend, ctx.weight_shape, ctx.loss_scale = backend, weight.shape, loss_scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         rows, bag, scale = ctx.saved_tensors
-        valid = rows >= 0
-        # HugeCTR's backward: sort the occurrences by row, runs of equal rows, one sum per run.
-        unique_rows, run = torch.unique(rows[valid], return_inverse=True)
-        grad_rows = grad_out.new_zeros(unique_rows.numel(), grad_out.shape[1])
-        _gather_scale_scatter_add(
-            ctx.backend, grad_out.contiguous(), bag[valid], scale[valid], grad_rows, run
+        # HugeCTR's backward (backward.py): sort by row, runs of equal rows, one sum per run.
+        unique_rows, grad_rows = segment_sum_gradients(
+            rows, bag, grad_out, scale, ctx.loss_scale, backend=ctx.backend
         )
         grad = torch.sparse_coo_tensor(
             unique_rows[None],
@@ -122,14 +99,19 @@ class _EmbeddingBagFunction(torch.autograd.Function):
             is_coalesced=True,
             check_invariants=False,
         )
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
-def embedding_bag(weight, rows, row_offsets, mode: str = "sum", backend: str = "torch"):
-    """Pool `weight[rows]` per bag of the CSR `row_offsets`; rows of -1 contribute zero."""
+def embedding_bag(
+    weight, rows, row_offsets, mode: str = "sum", backend: str = "torch", loss_scale: float = 1.0
+):
+    """Pool `weight[rows]` per bag of the CSR `row_offsets`; rows of -1 contribute zero. The
+    gradient of `weight` (sparse COO, unique rows) is divided by `loss_scale`."""
     if mode not in MODES:
         raise ValueError(f"embedding_bag: mode={mode!r} must be one of {MODES}")
-    return _EmbeddingBagFunction.apply(weight, rows, row_offsets, mode, backend)
+    if not loss_scale > 0:
+        raise ValueError(f"embedding_bag: loss_scale={loss_scale!r} must be > 0")
+    return _EmbeddingBagFunction.apply(weight, rows, row_offsets, mode, backend, loss_scale)
 
 
 class HashEmbeddingBag(nn.Module):
@@ -137,18 +119,22 @@ class HashEmbeddingBag(nn.Module):
 
     `forward(values, row_offsets)` takes HugeCTR's CSR batch (see `to_csr`) and returns
     [bags, dim]; in training new keys are inserted (their row set to `key_init(key)`, as
-    HugeCTR initialises a row on insert), in eval mode missing keys give zero.
+    HugeCTR initialises a row on insert), in eval mode missing keys give zero. The value
+    table's gradient is divided by `loss_scale` (the factor the loss was multiplied by).
     """
 
     def __init__(
         self, capacity: int, dim: int, mode: str = "sum", *, max_load: float = 0.75,
-        device=None, backend=None, init_scale: float = 0.05,
+        device=None, backend=None, init_scale: float = 0.05, loss_scale: float = 1.0,
     ):  # fmt: skip
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"HashEmbeddingBag: mode={mode!r} must be one of {MODES}")
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"HashEmbeddingBag: dim={dim!r} must be an int > 0")
+        if not loss_scale > 0:
+            raise ValueError(f"HashEmbeddingBag: loss_scale={loss_scale!r} must be > 0")
+        self.loss_scale = loss_scale
         self.table = HashTable(capacity, max_load=max_load, device=device, backend=backend)
         self.mode, self.dim, self.init_scale = mode, dim, init_scale
         self.weight = nn.Parameter(torch.zeros(capacity, dim, device=self.table.device))
@@ -171,7 +157,10 @@ class HashEmbeddingBag(nn.Module):
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         check_csr(values, row_offsets, "HashEmbeddingBag")
-        return embedding_bag(self.weight, self.rows(values), row_offsets, self.mode, self.backend)
+        rows = self.rows(values)
+        return embedding_bag(
+            self.weight, rows, row_offsets, self.mode, self.backend, self.loss_scale
+        )
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys, vectors) sorted by key: the layer as a key -> vector map."""
