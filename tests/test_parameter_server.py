@@ -150,7 +150,8 @@ def test_ledger_equals_theory():
         got = sum(r.payload_bytes for r in recs if r.op == "recv" and r.tag == "push")
         sent = sum(r.payload_bytes for r in recs if r.op == "send" and r.tag == "pull")
         assert got == steps * expect["received"]
-        assert sent == (steps + 1) * expect["sent"]
+        # each answer: the version (1 int64), then the values
+        assert sent == (steps + 1) * (expect["sent"] + workers * theory.VERSION_BYTES)
 
 
 def test_theory_ps_against_ring():
@@ -196,3 +197,57 @@ def test_server_state_bytes_is_measured():
     for s in served:
         assert s.state_bytes == theory.server_state_bytes(psi, 2, s.server)
     assert theory.server_state_bytes(10, 3, 2) == 3 * 2 * 4
+
+
+# -- Downpour (Dean et al. 2012, section 4.1): every push applied on arrival ------------------
+
+
+def test_downpour_one_worker_is_one_process_sgd_exactly():
+    # fetch and push every step, one worker: the server's step is the reference's, bitwise
+    results = minidist.launch(train_on_rank, 2, 1, 1, "downpour")
+    served, trained = _split(results)
+    ref = reference()
+    assert trained[0].losses == ref.losses
+    assert all(torch.equal(trained[0].params[k], v) for k, v in ref.params.items())
+    assert [a.staleness for a in served[0].applied] == [0] * len(ref.losses)
+
+
+@pytest.mark.parametrize("n_fetch, n_push", [(3, 1), (3, 2), (2, 3)])
+def test_downpour_one_worker_staleness_is_the_schedule(n_fetch, n_push):
+    steps = 12
+    results = minidist.launch(
+        train_on_rank, 3, 2, 1, "downpour", steps=steps, n_fetch=n_fetch, n_push=n_push
+    )
+    served, trained = _split(results)
+    expect = theory.downpour_own_staleness(steps, n_fetch, n_push)
+    for s in served:  # each server counts its own versions: the same schedule
+        assert [a.staleness for a in s.applied] == expect
+        assert [a.applied_version for a in s.applied] == list(range(len(expect)))
+    assert len(trained[0].read_versions) == -(-steps // n_fetch)
+
+
+def test_downpour_three_workers_loss_falls_and_staleness_is_recorded():
+    steps, n_fetch, n_push = 30, 2, 1
+    results = minidist.launch(
+        train_on_rank, 4, 1, 3, "downpour", steps=steps, global_batch=12,
+        n_fetch=n_fetch, n_push=n_push, timeout_s=60,
+    )  # fmt: skip
+    served, trained = _split(results)
+    applied = served[0].applied
+    assert len(applied) == 3 * steps  # every push applied, one optimizer step each
+    assert sorted(a.applied_version for a in applied) == list(range(3 * steps))
+    own = theory.downpour_own_staleness(steps, n_fetch, n_push)
+    for w in range(3):
+        mine = [a for a in applied if a.worker == w]
+        assert [a.clock for a in mine] == list(range(steps))  # a worker's pushes in order
+        # at least its own pushes since the fetch, at most every push applied since
+        assert all(own[i] <= a.staleness <= a.applied_version for i, a in enumerate(mine))
+    for w in trained:
+        assert sum(w.losses[-5:]) < 0.6 * sum(w.losses[:5])  # the loss falls (~1/3 here)
+
+
+def test_downpour_bad_schedule_is_named():
+    with pytest.raises(ValueError, match="n_fetch must be an int >= 1 .*got 0"):
+        theory.downpour_own_staleness(4, 0, 1)
+    with pytest.raises(minidist.RankFailedError, match="n_push must be an int >= 1"):
+        minidist.launch(train_on_rank, 2, 1, 1, "downpour", n_push=0, timeout_s=30)

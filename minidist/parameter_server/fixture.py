@@ -21,15 +21,16 @@ from ..data_parallel.fixture import STEPS, build
 from ..memory import optimizer_state_tensors, tensor_bytes
 from ..parallel import named_parameters
 from ..training import TrainTrace, make_optimizer, train
-from . import keys
+from . import downpour, keys
 from .server import AppliedGradient, ShardServer
 from .worker import Worker
 
-CONSISTENCY = ("bsp", "ssp", "async")
+CONSISTENCY = ("bsp", "ssp", "async", "downpour")
 
 
 def staleness_bound(consistency: str, staleness: int | None = None) -> int | None:
-    """s of the consistency model: 0 for BSP, `staleness` for SSP, None (∞) for async."""
+    """s of the consistency model: 0 for BSP, `staleness` for SSP, None (∞) for async and
+    Downpour."""
     if consistency not in CONSISTENCY:
         raise ValueError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
     if consistency == "ssp":
@@ -74,11 +75,15 @@ def train_on_rank(
     fail_worker_at: tuple[int, int] | None = None,
     lr: float = 0.05,
     momentum: float = 0.9,
+    n_fetch: int = 1,
+    n_push: int = 1,
 ) -> ServerResult | WorkerResult:
     """On a rank: serve or train. `delay_s` {worker: seconds} slows workers down each step;
-    `fail_worker_at` (worker, clock) makes that worker raise there (a test of failure)."""
+    `fail_worker_at` (worker, clock) makes that worker raise there (a test of failure);
+    `n_fetch`, `n_push`: Downpour's schedule (`downpour.py`), for consistency="downpour"."""
     keys.check_roles(dist.get_world_size(), servers, workers)
     bound = staleness_bound(consistency, staleness)
+    downpour.check_schedule(n_fetch, n_push)
     rank = dist.get_rank()
     model, batches, loss_fn = build(name, steps=steps, global_batch=global_batch)
     psi = sum(p.numel() for p in keys.trainable(model))
@@ -87,8 +92,9 @@ def train_on_rank(
     if rank < servers:
         start, stop = ranges[rank]
         shard = ShardServer(
-            keys.flat_values(model)[start:stop], worker_ranks, bound, lr=lr, momentum=momentum
-        )
+            keys.flat_values(model)[start:stop], worker_ranks, bound, lr=lr, momentum=momentum,
+            apply_on_arrival=consistency == "downpour",
+        )  # fmt: skip
         with comm.record() as ledger:
             shard.serve()
         state = [shard.param, *optimizer_state_tensors(shard.optimizer)]
@@ -101,6 +107,14 @@ def train_on_rank(
     w = rank - servers
     client = Worker(model, list(range(servers)), ranges)
     losses, versions, times = [], [], []
+    if consistency == "downpour":
+        with comm.record() as ledger:
+            losses, versions, times = downpour.run_worker(
+                client, model, batches, loss_fn, w, workers, n_fetch, n_push, lr,
+                (delay_s or {}).get(w, 0.0),
+            )  # fmt: skip
+            client.done()
+        return WorkerResult(w, losses, versions, named_parameters(model), ledger, times)
     with comm.record() as ledger:
         for clock, batch in enumerate(batches):
             t0 = time.perf_counter()

@@ -13,14 +13,18 @@ arrived it averages them (summed in worker order) and takes one optimizer step, 
 becoming c + 1. A pull from a worker at clock c is answered once the version is at least
 c - s (at once when asynchronous); waiting pulls are answered after each update. Each
 applied gradient is recorded with the version it was computed on and the version it updated:
-its staleness, never more than s. Downpour's apply-on-arrival, one optimizer step per pushed
-gradient, is not done here.
+its staleness, never more than s. With `apply_on_arrival` (Downpour SGD, Dean et al. 2012,
+section 4.1) there are no clocks to complete: each pushed gradient is one optimizer step as
+soon as it arrives, the version counting the pushes applied, and pulls are answered at once.
 
 Protocol, all through `minidist.comm` p2p: every message from a worker starts with a header
-of 3 int64 (op, clock, the version the worker read) received from any source; a push is
+of 3 int64 (op, clock, the version the worker read), received from any source; a push is
 followed by the gradient slice; a pull is answered with the version (1 int64) and the
-parameter slice. Workers post the receives of a pull before sending its header, so a server
-never blocks on a send.
+parameter slice. Each stream has its own p2p message tag (`HEADER_TAG` for headers, the only
+messages a receive from any source can match; `PUSH_TAG`, `VERSION_TAG`, `VALUES_TAG` for
+the bodies), so a body can never be taken for a header nor a version for values, whatever
+the order in which the backend delivers them. Workers post the receives of a pull before
+sending its header, so a server never blocks on a send.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .. import comm
 
 PUSH, PULL, PULL_ALL, DONE = 0, 1, 2, 3
 HEADER = 3  # int64 values in a header
+HEADER_TAG, PUSH_TAG, VERSION_TAG, VALUES_TAG = 0, 1, 2, 3  # p2p message tags, one per stream
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class ShardServer:
     version: int = 0
     applied: list[AppliedGradient] = field(default_factory=list)
     last_update: torch.Tensor | None = None  # the averaged gradient of the last step
+    apply_on_arrival: bool = False  # Downpour: one optimizer step per push, no clocks
 
     def __post_init__(self):
         self.param = torch.nn.Parameter(self.values.detach().clone())
@@ -82,9 +88,13 @@ class ShardServer:
             op, clock, read_version = header.tolist()
             if op == PUSH:
                 grad = torch.empty_like(self.param.data)
-                comm.recv(grad, src, tag="push")
-                self._pending.setdefault(clock, {})[src] = (grad, read_version)
-                self._apply_complete_clocks()
+                for work in comm.batch_isend_irecv([("recv", grad, src, PUSH_TAG)], tag="push"):
+                    work.wait()
+                if self.apply_on_arrival:
+                    self._apply_one(src, clock, grad, read_version)
+                else:
+                    self._pending.setdefault(clock, {})[src] = (grad, read_version)
+                    self._apply_complete_clocks()
             elif op in (PULL, PULL_ALL):
                 need = clock if op == PULL_ALL else pull_bound(clock, self.staleness)
                 self._waiting.append((src, need))
@@ -107,12 +117,23 @@ class ShardServer:
                 self.applied.append(AppliedGradient(w, self.version, pushed[rank][1], self.version))
             self.version += 1
 
+    def _apply_one(self, rank: int, clock: int, grad: torch.Tensor, read_version: int) -> None:
+        """Downpour: this push alone is one optimizer step (no averaging, no waiting)."""
+        self.param.grad = grad
+        self.optimizer.step()
+        self.last_update = grad
+        worker = self.worker_ranks.index(rank)
+        self.applied.append(AppliedGradient(worker, clock, read_version, self.version))
+        self.version += 1
+
     def _answer_pulls(self) -> None:
         still = []
         for rank, need in self._waiting:
             if self.version >= need:
-                comm.send(torch.tensor([self.version]), rank, tag="ps-header")
-                comm.send(self.param.data, rank, tag="pull")
+                answer = [("send", torch.tensor([self.version]), rank, VERSION_TAG),
+                          ("send", self.param.data, rank, VALUES_TAG)]  # fmt: skip
+                for work in comm.batch_isend_irecv(answer, tag="pull"):
+                    work.wait()
             else:
                 still.append((rank, need))
         self._waiting = still

@@ -60,3 +60,14 @@ def ring_step_time(psi: int, world_size: int, link: Link, element_size: int = 4)
         2 * (world_size - 1) * link.alpha_s
         + ring_bytes_per_step(psi, world_size, element_size) / link.bandwidth_bytes_per_s
     )
+
+
+def downpour_own_staleness(steps: int, n_fetch: int, n_push: int) -> list[int]:
+    """Per push of one Downpour worker, its own pushes applied since its last fetch: the
+    staleness the server records when the worker is alone (others' pushes only add to it).
+    Fetches before steps 0, n_fetch, 2·n_fetch, ...; pushes after `downpour.push_steps`."""
+    from .downpour import check_schedule, push_steps
+
+    check_schedule(n_fetch, n_push)
+    pushes = push_steps(steps, n_push)
+    return [sum(1 for q in pushes if p - p % n_fetch <= q < p) for p in pushes]

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .. import comm
 from . import keys
-from .server import DONE, PULL, PULL_ALL, PUSH
+from .server import DONE, PULL, PULL_ALL, PUSH, PUSH_TAG, VALUES_TAG, VERSION_TAG
 
 
 class Worker:
@@ -37,8 +37,8 @@ class Worker:
         every update of clocks < `clock`). Returns each server's version."""
         versions = [torch.empty(1, dtype=torch.int64) for _ in self.server_ranks]
         slices = [torch.empty(stop - start) for start, stop in self.ranges]
-        recvs = [("recv", t, s) for v, x, s in zip(versions, slices, self.server_ranks)
-                 for t in (v, x)]  # fmt: skip
+        recvs = [op for v, x, s in zip(versions, slices, self.server_ranks)
+                 for op in (("recv", v, s, VERSION_TAG), ("recv", x, s, VALUES_TAG))]  # fmt: skip
         works = comm.batch_isend_irecv(recvs, tag="pull")
         op = PULL_ALL if everything else PULL
         for server in self.server_ranks:
@@ -49,14 +49,17 @@ class Worker:
         self.read_versions = [int(v) for v in versions]
         return self.read_versions
 
-    def push(self, clock: int) -> None:
-        """Send each server the gradient of its key range, computed at `clock`."""
-        grads = keys.flat_grads(self.model)
+    def push(self, clock: int, grads: torch.Tensor | None = None) -> None:
+        """Send each server its key range of `grads` (the model's gradients by default),
+        computed at `clock` on the versions of the last pull."""
+        grads = keys.flat_grads(self.model) if grads is None else grads
         for server, (start, stop), version in zip(
             self.server_ranks, self.ranges, self.read_versions
         ):
             comm.send(self._header(PUSH, clock, version), server, tag="ps-header")
-            comm.send(grads[start:stop].contiguous(), server, tag="push")
+            body = [("send", grads[start:stop].contiguous(), server, PUSH_TAG)]
+            for work in comm.batch_isend_irecv(body, tag="push"):
+                work.wait()
 
     def done(self) -> None:
         for server in self.server_ranks:
