@@ -7,7 +7,8 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 
 - `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow), torch
   back end; `kernels.py`: its Triton kernels and the embedding-bag scatter kernel
-- `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean), sparse SGD and Adagrad
+- `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean, loss scale)
+- `optim.py`: sparse SGD (momentum local/global), Adagrad, Adam (local/global)
 - `backward.py`: the sort/dedup backward (occurrence bags, runs of equal rows, per-row sums)
 - `distributed.py`: the distributed and localized slot placements over `minidist.comm`
 - `theory.py`: the bytes each placement sends, as functions
@@ -20,7 +21,8 @@ from .distributed import (
     key_owner,
 )
 from .hash_table import HashTable, HashTableFullError
-from .layers import HashEmbeddingBag, SparseAdagrad, SparseSGD, embedding_bag, key_init, to_csr
+from .layers import HashEmbeddingBag, embedding_bag, key_init, to_csr
+from .optim import SparseAdagrad, SparseAdam, SparseSGD
 
 __all__ = [
     "HashTable",
@@ -28,6 +30,7 @@ __all__ = [
     "HashEmbeddingBag",
     "SparseSGD",
     "SparseAdagrad",
+    "SparseAdam",
     "embedding_bag",
     "key_init",
     "to_csr",

@@ -1,4 +1,4 @@
-"""Hash embeddings: keys -> rows through `HashTable`, pooled per bag; sparse optimizers.
+"""Hash embeddings: keys -> rows through `HashTable`, pooled per bag.
 
 HugeCTR's sparse embeddings (NVIDIA Merlin HugeCTR docs, "Embedding Training Cache" and
 "Sparse Embedding" layers; Wang et al. 2022, "Merlin HugeCTR") take each batch in CSR form:
@@ -12,14 +12,12 @@ several slots: bag b = sample b // slots, slot b % slots), and pool each bag wit
 The pooling is one fused gather-scale-scatter (`kernels.gather_scale_scatter_add_kernel`,
 or `index_add_` in the torch back end): out[bag(i)] += scale(i) * weight[row(i)]. Its
 backward is the same kernel the other way round after HugeCTR's dedup: the rows of the
-occurrences are sorted and split into runs of equal rows (`torch.unique`), and each unique
+occurrences are sorted and split into runs of equal rows (`backward.py`), and each unique
 row receives the sum of its occurrences' scaled top gradients. The gradient of the value
 table is a sparse COO tensor of those rows, like `nn.EmbeddingBag(sparse=True)`.
 
-`SparseSGD` and `SparseAdagrad` update only the touched rows (HugeCTR's "local" update);
-they equal `torch.optim.SGD` / `torch.optim.Adagrad` on the same sparse gradients (Adagrad:
-std = sqrt(sum of squares) + eps, eps added after the root, torch's convention). Not done
-here: momentum, Adam, loss scaling, slot-aware inputs beyond the CSR layout. The
+The sparse optimizers that read this gradient (`SparseSGD`, `SparseAdagrad`, `SparseAdam`)
+live in `optim.py`; `loss_scale` divides the gradient (mixed precision's scaled loss). The
 torch-native equivalent is `nn.EmbeddingBag(mode=..., sparse=True, include_last_offset=True)`
 over keys mapped to rows beforehand.
 """
@@ -31,6 +29,7 @@ from torch import nn
 
 from .backward import gather_scale_scatter_add, occurrence_bags, segment_sum_gradients
 from .hash_table import HashTable, check_keys, fmix64
+from .optim import SparseAdagrad, SparseSGD  # noqa: F401  (their home before optim.py)
 
 MODES = ("sum", "mean")
 
@@ -166,53 +165,3 @@ class HashEmbeddingBag(nn.Module):
         """(keys, vectors) sorted by key: the layer as a key -> vector map."""
         keys, rows = self.table.items()
         return keys, self.weight.detach()[rows]
-
-
-class SparseSGD(torch.optim.Optimizer):
-    """p[rows] -= lr * grad[rows], touching only the rows of a sparse gradient."""
-
-    def __init__(self, params, lr: float):
-        if lr <= 0:
-            raise ValueError(f"SparseSGD: lr={lr!r} must be > 0")
-        super().__init__(params, dict(lr=lr))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    rows, values = _rows_and_values(p.grad)
-                    p.index_add_(0, rows, values, alpha=-group["lr"])
-
-
-class SparseAdagrad(torch.optim.Optimizer):
-    """Adagrad on the touched rows only: s[rows] += g², p[rows] -= lr·g / (sqrt(s[rows]) + eps)."""
-
-    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value=0.0):
-        if lr <= 0:
-            raise ValueError(f"SparseAdagrad: lr={lr!r} must be > 0")
-        super().__init__(
-            params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value)
-        )
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["sum"] = torch.full_like(p, group["initial_accumulator_value"])
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                rows, g = _rows_and_values(p.grad)
-                acc = self.state[p]["sum"]
-                acc.index_add_(0, rows, g * g)
-                p.index_add_(0, rows, g / (acc[rows].sqrt() + group["eps"]), alpha=-group["lr"])
-
-
-def _rows_and_values(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The touched rows and their gradient, from a sparse (or dense: all rows) gradient."""
-    if grad.is_sparse:
-        grad = grad.coalesce()
-        return grad.indices()[0], grad.values()
-    return torch.arange(grad.shape[0], device=grad.device), grad

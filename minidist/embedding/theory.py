@@ -50,13 +50,16 @@ def distributed_slot_step_bytes(
     )
 
 
-OPTIMIZER_STATES = {"sgd": 0, "adagrad": 1}  # tensors shaped like the value table
+# tensors shaped like the value table (optim.py): momentum's buffer, Adagrad's accumulator,
+# Adam's two moments
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 
 
 def embedding_state_bytes_per_rank(capacity_per_rank: int, dim: int, optimizer: str) -> int:
     """What one rank holds for its share of the embedding: the float32 value table
-    [capacity_per_rank, D] and the optimizer's state (Adagrad: one accumulator of the same
-    shape; SGD: none). The hash table's slot arrays are not counted."""
+    [capacity_per_rank, D] and the optimizer's state (`OPTIMIZER_STATES` tensors of the same
+    shape: SGD none, momentum and Adagrad one, Adam two). The hash table's slot arrays are
+    not counted."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer={optimizer!r} must be one of {tuple(OPTIMIZER_STATES)}")
     return 4 * capacity_per_rank * dim * (1 + OPTIMIZER_STATES[optimizer])
