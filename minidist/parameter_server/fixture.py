@@ -10,6 +10,7 @@ batches, so BSP can be compared with one process and with all-reduce data parall
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,7 @@ from ..memory import optimizer_state_tensors, tensor_bytes
 from ..parallel import named_parameters
 from ..training import TrainTrace, make_optimizer, train
 from . import downpour, keys
+from .cache import CacheEvent, ParameterCache
 from .server import AppliedGradient, ShardServer
 from .worker import Worker
 
@@ -61,6 +63,8 @@ class WorkerResult:
     params: dict[str, torch.Tensor]  # after the final pull (every update in)
     ledger: comm.Ledger
     step_times: list[float] = field(default_factory=list)
+    cache_events: list[CacheEvent] = field(default_factory=list)  # GeePS's cache, if used
+    cache_moved_out: int = 0  # gradient bytes the cache moved device -> host
 
 
 def train_on_rank(
@@ -77,13 +81,20 @@ def train_on_rank(
     momentum: float = 0.9,
     n_fetch: int = 1,
     n_push: int = 1,
+    cache_prefetch: int | None = None,
 ) -> ServerResult | WorkerResult:
     """On a rank: serve or train. `delay_s` {worker: seconds} slows workers down each step;
     `fail_worker_at` (worker, clock) makes that worker raise there (a test of failure);
-    `n_fetch`, `n_push`: Downpour's schedule (`downpour.py`), for consistency="downpour"."""
+    `n_fetch`, `n_push`: Downpour's schedule (`downpour.py`), for consistency="downpour";
+    `cache_prefetch` p: a worker computes through GeePS's cache (`cache.py`) of its model's
+    layers, p layers prefetched (BSP, SSP, async)."""
     keys.check_roles(dist.get_world_size(), servers, workers)
     bound = staleness_bound(consistency, staleness)
     downpour.check_schedule(n_fetch, n_push)
+    if cache_prefetch is not None and consistency == "downpour":
+        raise ValueError(
+            "cache_prefetch is for consistency 'bsp', 'ssp' or 'async', not 'downpour'"
+        )
     rank = dist.get_rank()
     model, batches, loss_fn = build(name, steps=steps, global_batch=global_batch)
     psi = sum(p.numel() for p in keys.trainable(model))
@@ -106,6 +117,7 @@ def train_on_rank(
         )  # fmt: skip
     w = rank - servers
     client = Worker(model, list(range(servers)), ranges)
+    cache = None if cache_prefetch is None else ParameterCache(model.layers, cache_prefetch)
     losses, versions, times = [], [], []
     if consistency == "downpour":
         with comm.record() as ledger:
@@ -121,8 +133,9 @@ def train_on_rank(
             versions.append(client.pull(clock))
             x, y = shard_batch(batch, w, workers)
             model.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
+            with cache.step() if cache else nullcontext():
+                loss = loss_fn(model(x), y)
+                loss.backward()
             if fail_worker_at == (w, clock):
                 raise RuntimeError(f"worker {w} failed at clock {clock} (as asked)")
             if delay_s and w in delay_s:
@@ -132,7 +145,10 @@ def train_on_rank(
             times.append(time.perf_counter() - t0)
         client.pull(len(batches), everything=True)
         client.done()
-    return WorkerResult(w, losses, versions, named_parameters(model), ledger, times)
+    result = WorkerResult(w, losses, versions, named_parameters(model), ledger, times)
+    if cache:
+        result.cache_events, result.cache_moved_out = cache.events, cache.moved_out
+    return result
 
 
 def reference(

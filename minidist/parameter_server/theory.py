@@ -71,3 +71,43 @@ def downpour_own_staleness(steps: int, n_fetch: int, n_push: int) -> list[int]:
     check_schedule(n_fetch, n_push)
     pushes = push_steps(steps, n_push)
     return [sum(1 for q in pushes if p - p % n_fetch <= q < p) for p in pushes]
+
+
+# -- GeePS's parameter cache (Cui et al. 2016, sections 3-4; `cache.py`) ----------------------
+
+
+def cache_window(layer: int, layers: int, prefetch: int, phase: str) -> list[int]:
+    """Resident before `phase` of `layer`: it and the next `prefetch` layers in that pass's
+    order (up in the forward, down in the backward), those that exist."""
+    step = 1 if phase == "forward" else -1
+    return sorted(j for j in range(layer, layer + step * (prefetch + 1), step) if 0 <= j < layers)
+
+
+def cache_resident_trace(layer_bytes: list[int], prefetch: int) -> list[dict]:
+    """Per (phase, layer) of one step, in order: the resident layers, their bytes and the
+    bytes copied in (layers already resident stay; the step starts and ends empty)."""
+    n, resident, out = len(layer_bytes), set(), []
+    passes = [("forward", range(n)), ("backward", range(n - 1, -1, -1))]
+    for phase, order in passes:
+        for layer in order:
+            want = set(cache_window(layer, n, prefetch, phase))
+            moved = sum(layer_bytes[j] for j in want - resident)
+            resident = want
+            out.append(
+                dict(phase=phase, layer=layer, resident_layers=tuple(sorted(want)),
+                     resident_bytes=sum(layer_bytes[j] for j in want), moved_in=moved)
+            )  # fmt: skip
+    return out
+
+
+def cache_peak_resident_bytes(layer_bytes: list[int], prefetch: int) -> int:
+    """max over layers l of the bytes of layers l..l+p: the device tier's peak."""
+    n = len(layer_bytes)
+    return max(sum(layer_bytes[l : min(l + prefetch + 1, n)]) for l in range(n))  # noqa: E741
+
+
+def cache_bytes_moved_per_step(layer_bytes: list[int], grad_bytes: int) -> dict[str, int]:
+    """{"host_to_device": every layer in the forward and again in the backward, but the last
+    (still resident when the backward starts): 2·Σ b_l - b_(L-1), whatever the prefetch;
+    "device_to_host": the gradients, `grad_bytes`}."""
+    return {"host_to_device": 2 * sum(layer_bytes) - layer_bytes[-1], "device_to_host": grad_bytes}
