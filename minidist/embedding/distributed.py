@@ -7,22 +7,30 @@ form, bags sample-major (bag b = sample b // S, slot b % S), and gets its own ba
 
 - `DistributedSlotSparseEmbeddingHash`: every key lives on one owner rank (`key mod N`, or
   `fmix64(key) mod N` with `placement="hashed"`, which spreads structured keys evenly).
-  Forward: an all-to-all sends each key occurrence to its owner, the owner looks it up
-  (inserting it in training) and a second all-to-all returns the vectors, which the
-  requester pools per bag. Backward: the reverse all-to-all of the vectors' gradients.
+  Two schemes:
+  * `scheme="reduce_scatter"` (HugeCTR's): every owner receives the keys of the
+    *whole global batch* that it owns (one all-to-all of (key, global bag) pairs; HugeCTR's
+    data reader does this distribution), sums them into partial pooled vectors for every
+    bag of the global batch [N·bags, D], and a reduce-scatter leaves each rank the pooled
+    vectors of its own bags. Mean divides each occurrence by its bag's global count, from
+    an all-gather of the bags' lengths (the gathered row offsets). Backward: an all-gather
+    of the top gradients, so that every owner has the gradient of every bag it summed
+    into. Every rank must bring the same number of bags (the reduce-scatter splits evenly).
+  * `scheme="all_to_all"` (TorchRec's row-wise sharding; the default for now, as notebook 11
+    and the tour row count its bytes): an all-to-all sends each key
+    occurrence to its owner, the owner looks it up and a second all-to-all returns the
+    vectors, which the requester pools per bag. Backward: the reverse all-to-all of the
+    vectors' gradients. It sends D floats per occurrence instead of per bag of the global
+    batch: cheaper when bags hold few keys and N is large, dearer for long bags.
 - `LocalizedSlotSparseEmbeddingHash`: every slot lives whole on rank `s mod N`. The keys of
   each bag travel to the owner of its slot, the owner pools them (`HashEmbeddingBag`), an
   all-to-all returns the pooled vectors and the requester reorders them to slot order.
   Backward: the reverse all-to-all of the pooled gradients.
 
 Both equal one `HashEmbeddingBag` over the global batch (as a key -> vector map; keys
-of different slots must differ, HugeCTR's convention). Before each data all-to-all the
-ranks exchange their counts (one all-to-all of N int64). `theory.py` gives the bytes.
-
-Not done here: HugeCTR's distributed mode pools partial sums on the owners and
-reduce-scatters them (with an all-reduce of the counts for mean); this module returns
-per-occurrence vectors instead, the row-wise scheme of TorchRec. Hybrid placement, the
-dense part, and load balancing beyond the hash are not done either.
+of different slots must differ, HugeCTR's convention). Before the data moves the ranks
+exchange their counts (one all-to-all of N or 2N int64). `theory.py` gives the bytes of each
+scheme. Not done here: hybrid placement, the dense part, load balancing beyond the hash.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ import torch
 from torch import nn
 
 from .. import comm
+from .backward import occurrence_bags
 from .hash_table import fmix64
-from .layers import HashEmbeddingBag, check_csr, embedding_bag
+from .layers import HashEmbeddingBag, check_csr, embedding_bag, pool
 
 PLACEMENTS = ("modulo", "hashed")
+SCHEMES = ("reduce_scatter", "all_to_all")
 
 
 def key_owner(keys: torch.Tensor, world_size: int, placement: str = "modulo") -> torch.Tensor:
@@ -56,6 +66,25 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _all_to_all(grad.contiguous(), ctx.send, ctx.recv, ctx.group), None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """[N·b, D] partial sums -> this rank's [b, D] sums; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, partial, group):
+        n, _ = _world(group)
+        ctx.group = group
+        out = partial.new_empty(partial.shape[0] // n, *partial.shape[1:])
+        comm.reduce_scatter(out, partial.contiguous(), group=group, tag="embedding pooled")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        n, _ = _world(ctx.group)
+        full = grad.new_empty(grad.shape[0] * n, *grad.shape[1:])
+        comm.all_gather(full, grad.contiguous(), group=ctx.group, tag="embedding pooled grad")
+        return full, None
 
 
 def _all_to_all(x, recv: list[int], send: list[int], group, tag="embedding"):
@@ -88,14 +117,17 @@ def _check_slots(row_offsets: torch.Tensor, slots: int, who: str) -> int:
 
 
 class _SlotEmbedding(nn.Module):
-    def __init__(self, capacity_per_rank, dim, slots, mode, group, backend, local_mode):
+    def __init__(self, capacity_per_rank, dim, slots, mode, group, backend, local_mode,
+                 loss_scale):  # fmt: skip
         super().__init__()
         if not isinstance(slots, int) or slots <= 0:
             raise ValueError(f"{type(self).__name__}: slots={slots!r} must be an int > 0")
-        self.slots, self.mode, self.dim, self.group = slots, mode, dim, group
-        self.local = HashEmbeddingBag(capacity_per_rank, dim, local_mode, backend=backend)
         if mode not in ("sum", "mean"):
             raise ValueError(f"{type(self).__name__}: mode={mode!r} must be 'sum' or 'mean'")
+        self.slots, self.mode, self.dim, self.group = slots, mode, dim, group
+        self.local = HashEmbeddingBag(
+            capacity_per_rank, dim, local_mode, backend=backend, loss_scale=loss_scale
+        )
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (keys, vectors), key-sorted; the union over ranks is the embedding."""
@@ -103,19 +135,20 @@ class _SlotEmbedding(nn.Module):
 
 
 class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
-    """Keys placed on owner ranks; see the module docstring."""
+    """Keys placed on owner ranks, pooled by one of two `scheme`s; see the module docstring."""
 
     def __init__(
         self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        placement: str = "modulo", group=None, backend=None,
+        placement: str = "modulo", scheme: str = "all_to_all", group=None, backend=None,
+        loss_scale: float = 1.0,
     ):  # fmt: skip
+        who = "DistributedSlotSparseEmbeddingHash"
         if placement not in PLACEMENTS:
-            raise ValueError(
-                f"DistributedSlotSparseEmbeddingHash: placement={placement!r} must be one of "
-                f"{PLACEMENTS}"
-            )
-        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, "sum")
-        self.placement = placement
+            raise ValueError(f"{who}: placement={placement!r} must be one of {PLACEMENTS}")
+        if scheme not in SCHEMES:
+            raise ValueError(f"{who}: scheme={scheme!r} must be one of {SCHEMES}")
+        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, "sum", loss_scale)
+        self.placement, self.scheme = placement, scheme
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         who = "DistributedSlotSparseEmbeddingHash"
@@ -125,17 +158,47 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
         owner = key_owner(values, n, self.placement)
         order = torch.argsort(owner, stable=True)
         send = torch.bincount(owner, minlength=n)
+        if self.scheme == "reduce_scatter":
+            return self._reduce_scatter(values, row_offsets, bags, order, send)
+        return self._all_to_all(values, row_offsets, bags, order, send)
+
+    def _reduce_scatter(self, values, row_offsets, bags, order, send):
+        n, rank = _world(self.group)
+        # Counts and batch sizes in one exchange: every rank learns every rank's bags.
+        info = _exchange_counts(torch.stack([send, torch.full_like(send, bags)], 1), self.group)
+        if (info[:, 1] != bags).any():
+            raise ValueError(
+                f"DistributedSlotSparseEmbeddingHash(scheme='reduce_scatter'): every rank must "
+                f"bring the same number of bags, got {info[:, 1].tolist()} (rank by rank)"
+            )
+        global_bag = occurrence_bags(row_offsets) + rank * bags
+        pairs = torch.stack([values, global_bag], 1)[order]
+        got = _all_to_all(pairs, info[:, 0].tolist(), send.tolist(), self.group)
+        keys, gbag = got[:, 0].contiguous(), got[:, 1].contiguous()
+        layer = self.local
+        scale = torch.ones(keys.numel(), device=keys.device)
+        if self.mode == "mean":  # the global counts: every rank's bag lengths, gathered
+            counts = (row_offsets[1:] - row_offsets[:-1]).contiguous()
+            every = counts.new_empty(n * bags)
+            comm.all_gather(every, counts, group=self.group, tag="embedding bag lengths")
+            scale = scale / every[gbag].to(scale.dtype)
+        partial = pool(layer.weight, layer.rows(keys), gbag, scale, n * bags, layer.backend,
+                       layer.loss_scale)  # fmt: skip
+        return _ReduceScatter.apply(partial, self.group)
+
+    def _all_to_all(self, values, row_offsets, bags, order, send):
         recv = _exchange_counts(send[:, None], self.group)[:, 0]
         send_l, recv_l = send.tolist(), recv.tolist()
         keys = _all_to_all(values[order], recv_l, send_l, self.group)
         # The owner looks the keys up: bags of one key each, through the layer's kernel.
         ones = torch.arange(keys.numel() + 1, device=keys.device)
         layer = self.local
-        found = embedding_bag(layer.weight, layer.rows(keys), ones, "sum", layer.backend)
+        found = embedding_bag(layer.weight, layer.rows(keys), ones, "sum", layer.backend,
+                              layer.loss_scale)  # fmt: skip
         vectors = _AllToAll.apply(found, send_l, recv_l, self.group)
         per_key = vectors[torch.argsort(order)]
         counts = row_offsets[1:] - row_offsets[:-1]
-        bag = torch.repeat_interleave(torch.arange(bags, device=values.device), counts)
+        bag = occurrence_bags(row_offsets)
         if self.mode == "mean":
             per_key = per_key / counts[bag].to(per_key.dtype)[:, None]
         return per_key.new_zeros(bags, self.dim).index_add(0, bag, per_key)
@@ -146,9 +209,9 @@ class LocalizedSlotSparseEmbeddingHash(_SlotEmbedding):
 
     def __init__(
         self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        group=None, backend=None,
+        group=None, backend=None, loss_scale: float = 1.0,
     ):  # fmt: skip
-        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, mode)
+        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, mode, loss_scale)
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         who = "LocalizedSlotSparseEmbeddingHash"

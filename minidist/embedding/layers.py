@@ -69,36 +69,34 @@ def check_csr(values: torch.Tensor, row_offsets: torch.Tensor, who: str) -> None
         )
 
 
-class _EmbeddingBagFunction(torch.autograd.Function):
+class _PoolFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight, rows, row_offsets, mode, backend, loss_scale):
-        bag = occurrence_bags(row_offsets)
-        counts = row_offsets[1:] - row_offsets[:-1]
-        scale = torch.ones(rows.numel(), dtype=weight.dtype, device=weight.device)
-        if mode == "mean":
-            scale = scale / counts[bag].to(weight.dtype)
-        scale = torch.where(rows >= 0, scale, torch.zeros_like(scale))  # missing keys: zero
-        out = torch.zeros(counts.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
-        gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bag)
-        ctx.save_for_backward(rows, bag, scale)
+    def forward(ctx, weight, rows, bags, scale, num_bags, backend, loss_scale):
+        scale = torch.where(rows >= 0, scale.to(weight.dtype), 0.0)  # missing keys: zero
+        out = weight.new_zeros(num_bags, weight.shape[1])
+        gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bags)
+        ctx.save_for_backward(rows, bags, scale)
         ctx.backend, ctx.weight_shape, ctx.loss_scale = backend, weight.shape, loss_scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        rows, bag, scale = ctx.saved_tensors
+        rows, bags, scale = ctx.saved_tensors
         # HugeCTR's backward (backward.py): sort by row, runs of equal rows, one sum per run.
         unique_rows, grad_rows = segment_sum_gradients(
-            rows, bag, grad_out, scale, ctx.loss_scale, backend=ctx.backend
+            rows, bags, grad_out, scale, ctx.loss_scale, backend=ctx.backend
         )
         grad = torch.sparse_coo_tensor(
-            unique_rows[None],
-            grad_rows,
-            ctx.weight_shape,
-            is_coalesced=True,
+            unique_rows[None], grad_rows, ctx.weight_shape, is_coalesced=True,
             check_invariants=False,
-        )
-        return grad, None, None, None, None, None
+        )  # fmt: skip
+        return grad, None, None, None, None, None, None
+
+
+def pool(weight, rows, bags, scale, num_bags: int, backend="torch", loss_scale: float = 1.0):
+    """out[bags[i]] += scale[i] · weight[rows[i]] into [num_bags, D] (rows of -1 add zero); the
+    gradient of `weight` is sparse COO over the unique rows, divided by `loss_scale`."""
+    return _PoolFunction.apply(weight, rows, bags, scale, num_bags, backend, loss_scale)
 
 
 def embedding_bag(
@@ -110,7 +108,12 @@ def embedding_bag(
         raise ValueError(f"embedding_bag: mode={mode!r} must be one of {MODES}")
     if not loss_scale > 0:
         raise ValueError(f"embedding_bag: loss_scale={loss_scale!r} must be > 0")
-    return _EmbeddingBagFunction.apply(weight, rows, row_offsets, mode, backend, loss_scale)
+    bags = occurrence_bags(row_offsets)
+    counts = row_offsets[1:] - row_offsets[:-1]
+    scale = torch.ones(rows.numel(), dtype=weight.dtype, device=weight.device)
+    if mode == "mean":
+        scale = scale / counts[bags].to(weight.dtype)
+    return pool(weight, rows, bags, scale, counts.numel(), backend, loss_scale)
 
 
 class HashEmbeddingBag(nn.Module):

@@ -1,14 +1,17 @@
-"""The bytes HugeCTR's two placements send, as functions (lesson 11, in progress).
+"""The bytes HugeCTR's placements send, and what a rank holds, as functions (lesson 11).
 
-Counted as `minidist.comm` records an all-to-all: what this rank sends to the other ranks
-(its own chunk stays). Keys are int64 (8 bytes), vectors float32 (4 bytes per element).
-Forward only; the backward all-to-all of the vectors' gradients sends what the forward
-received back, the same bytes as the forward's vector all-to-all in the other direction.
+Counted as `minidist.comm` records them: an all-to-all sends what leaves this rank (its own
+chunk stays), a reduce-scatter or all-gather of a full tensor of S bytes sends (N-1)/N·S
+(`comm.ring_bytes`). Keys and bag ids are int64 (8 bytes), vectors float32 (4 bytes per
+element). `distributed_slot_*` are `DistributedSlotSparseEmbeddingHash`'s all-to-all
+scheme, `distributed_slot_reduce_scatter_*` its default (HugeCTR's) scheme.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from ..comm import ring_bytes
 
 
 def _others(counts: Sequence[int], rank: int) -> int:
@@ -39,6 +42,15 @@ def localized_slot_forward_bytes(
     )
 
 
+def localized_slot_step_bytes(
+    bags_to: Sequence[int], keys_to: Sequence[int], bags_from: Sequence[int], rank: int, dim: int
+) -> int:
+    """Localized slots, one training step: the forward's bytes plus the backward's reverse
+    all-to-all of the pooled gradients, back to the slots' owners: 4·D·Σ bags_to[r≠rank]."""
+    forward = localized_slot_forward_bytes(bags_to, keys_to, bags_from, rank, dim)
+    return forward + 4 * dim * _others(bags_to, rank)
+
+
 def distributed_slot_step_bytes(
     keys_to: Sequence[int], keys_from: Sequence[int], rank: int, dim: int
 ) -> int:
@@ -48,6 +60,30 @@ def distributed_slot_step_bytes(
     return distributed_slot_forward_bytes(keys_to, keys_from, rank, dim) + 4 * dim * _others(
         keys_to, rank
     )
+
+
+def distributed_slot_reduce_scatter_forward_bytes(
+    keys_to: Sequence[int], rank: int, dim: int, bags: int, mode: str = "sum"
+) -> float:
+    """Distributed slots, reduce-scatter scheme (every rank brings `bags` bags): counts and
+    batch sizes 16·(N-1), (key, global bag) pairs to their owners 16·Σ keys_to[r≠rank], for
+    mean the bags' lengths all-gathered (N-1)/N·8·N·bags, and the partial sums [N·bags, D]
+    reduce-scattered (N-1)/N·4·D·N·bags. Independent of how many keys the others send here."""
+    world = len(keys_to)
+    total = 16 * (world - 1) + 16 * _others(keys_to, rank)
+    if mode == "mean":
+        total += ring_bytes("all_gather", 8 * world * bags, world)
+    return total + ring_bytes("reduce_scatter", 4 * dim * world * bags, world)
+
+
+def distributed_slot_reduce_scatter_step_bytes(
+    keys_to: Sequence[int], rank: int, dim: int, bags: int, mode: str = "sum"
+) -> float:
+    """The forward's bytes plus the backward's all-gather of the top gradients [N·bags, D]:
+    (N-1)/N·4·D·N·bags."""
+    world = len(keys_to)
+    forward = distributed_slot_reduce_scatter_forward_bytes(keys_to, rank, dim, bags, mode)
+    return forward + ring_bytes("all_gather", 4 * dim * world * bags, world)
 
 
 # tensors shaped like the value table (optim.py): momentum's buffer, Adagrad's accumulator,
