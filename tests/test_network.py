@@ -129,3 +129,63 @@ def _bad_mesh():
 def test_bad_mesh_on_a_world_is_named():
     with pytest.raises(minidist.RankFailedError, match="rows=3 × cols=2"):
         minidist.launch(_bad_mesh, 4, timeout_s=30)
+
+
+# -- worked examples with published link figures (minidist.network.published) ---------------
+
+SIZES = [10.0**k for k in range(3, 11)]  # 1 kB .. 10 GB
+ALPHAS = (0.5e-6, 1e-6, 5e-6, 10e-6)  # α is assumed, not published: the choices must hold
+
+
+def test_published_figures():
+    from minidist.network import published as pub
+
+    tpu, a100, h100 = pub.tpu_v3_slice(), pub.dgx_cluster("A100"), pub.dgx_cluster("H100")
+    assert tpu.rows * tpu.cols == 512 and tpu.row == tpu.column
+    assert tpu.row.bandwidth_bytes_per_s == 82e9  # 656 Gbit/s
+    assert (a100.row.bandwidth_bytes_per_s, a100.column.bandwidth_bytes_per_s) == (300e9, 25e9)
+    assert (h100.row.bandwidth_bytes_per_s, h100.column.bandwidth_bytes_per_s) == (450e9, 50e9)
+    # the pod's published all-reduce bandwidth, 340 TB/s, is 1024 chips × 4 links × ~83 GB/s
+    assert 1024 * 4 * tpu.row.bandwidth_bytes_per_s == pytest.approx(340e12, rel=0.02)
+    with pytest.raises(ValueError, match="generation must be one of"):
+        pub.dgx_cluster("V100")
+
+
+@pytest.mark.parametrize("generation", ["A100", "H100"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_dgx_hierarchical_wins_and_tensor_parallel_goes_inside_the_node(generation, alpha):
+    from minidist.network import published as pub
+
+    for nodes in (2, 4, 16):
+        system = pub.dgx_cluster(generation, nodes, nvlink_alpha_s=alpha, ib_alpha_s=alpha)
+        for size in SIZES:
+            times = pub.shape_times(system, size)
+            assert theory.fastest(times) == "row-inner", (nodes, size, times)  # hierarchical
+        # tensor parallelism (8 ranks, a layer's activations) on NVLink, not InfiniBand
+        assert pub.tensor_parallel_direction(system, 8, 16e6) == "row"
+        # large messages: the flat ring moves its 2(N-1)/N·S over InfiniBand, the hierarchical
+        # one 1/8 of it: at least 4x slower on either generation
+        times = pub.shape_times(system, 1e10)
+        assert times["flat"] > 4 * times["row-inner"]
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_tpu_two_dimensions_win_on_latency_and_tie_on_bandwidth(alpha):
+    from minidist.network import published as pub
+
+    tpu = pub.tpu_v3_slice(alpha_s=alpha)
+    n, steps_2d = tpu.rows * tpu.cols, 2 * (tpu.rows - 1) + 2 * (tpu.cols - 1)
+    crossover = pub.latency_bandwidth_crossover(tpu)
+    assert crossover == n * alpha * 82e9
+    for size in SIZES:
+        times = pub.shape_times(tpu, size)
+        assert theory.fastest(times) != "flat"
+        # equal links: the two orders move the same bytes at the same speed (to the padding)
+        assert times["row-inner"] == pytest.approx(times["column-inner"], rel=1e-3)
+        if size <= crossover / 100:  # latency-bound: the ratio of the step counts
+            assert times["flat"] / times["row-inner"] == pytest.approx(
+                2 * (n - 1) / steps_2d, rel=0.05
+            )
+        if size >= crossover * 100:  # bandwidth-bound: the same bytes per rank
+            assert times["flat"] / times["row-inner"] == pytest.approx(1.0, rel=0.05)
+    assert pub.tensor_parallel_direction(tpu, 16, 16e6) == "either"

@@ -14,6 +14,8 @@ nodes, where the hierarchical all-reduce reduces inside the node first (Jia et a
   inter-node groups), and the ledger's bytes per link class
 - `all_reduce.py`: `two_level_all_reduce`, `torus_all_reduce`, `hierarchical_all_reduce`
 - `theory.py`: bytes per rank per link class and α-β times with a bandwidth per link class
+- `published.py`: worked examples with published link figures (a TPU v3 slice, DGX A100 and
+  H100 clusters): which shape is fastest, where tensor parallelism goes
 """
 
 from .all_reduce import hierarchical_all_reduce, torus_all_reduce, two_level_all_reduce
