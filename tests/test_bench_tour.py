@@ -44,8 +44,8 @@ def test_unknown_bench_is_named():
 
 
 @pytest.mark.parametrize("name", list(ROWS))
-def test_tour_row_matches_reference_and_theory(name, tmp_path):
-    row = ROWS[name](4, tmp_path)
+def test_tour_row_matches_reference_and_theory(name, run_tour_row):
+    row = run_tour_row(name)
     assert row.matches, row
     if row.bytes_theory is not None:
         assert row.bytes_per_rank == pytest.approx(row.bytes_theory)
@@ -60,7 +60,7 @@ def test_every_lesson_registers_a_row_in_lesson_order():
         "FSDP hybrid", "FSDP + bf16", "ZeRO-2 + bf16", "FSDP + CPU offload",
         "FSDP + disk offload", "recompute", "FSDP + recompute", "tensor parallel",
         "parallel layout", "pipeline 1F1B", "3D (TP x PP x DP)", "hash embedding (HugeCTR)",
-        "parameter server (BSP)", "2D torus all-reduce",
+        "parameter server (BSP)", "2D torus all-reduce", "hierarchical all-reduce", "GeePS cache",
     ]  # fmt: skip
 
 

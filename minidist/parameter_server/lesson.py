@@ -11,6 +11,15 @@
   row links inner, against `comm.all_reduce` of the same tensors. Bytes: rank 0's ring bytes
   on row plus column links, each class checked against `network.theory.two_level_bytes`.
   Memory: none. The bytes per link class go to `torus_bytes_per_link_class.png`.
+- "hierarchical all-reduce": nodes of 2 ranks (`mesh_shape`'s columns), reduce-scatter inside
+  the node, all-reduce across nodes, all-gather inside, against `comm.all_reduce`. Bytes:
+  rank 0's intra- plus inter-node ring bytes, each class checked against `two_level_bytes`.
+- "GeePS cache": the BSP row's workers compute through GeePS's parameter cache (`cache.py`,
+  one layer prefetched), against one process. Memory: the device tier's peak resident bytes
+  (measured from its buffers) against `theory.cache_peak_resident_bytes`, with every
+  (phase, layer) of the walk checked against `theory.cache_resident_trace`. Bytes: host to
+  device bytes per step against `theory.cache_bytes_moved_per_step`. The resident bytes per
+  layer of one step go to `geeps_cache_resident_bytes.png`.
 """
 
 from __future__ import annotations
@@ -170,3 +179,76 @@ def all_reduce_shapes_on_rank(rows: int, cols: int, numel: int) -> dict[str, tup
         hierarchical_all_reduce(x, nodes)
     out["hierarchical"] = (float((x - expected).abs().max()), bytes_by_link_class(ledger, nodes))
     return out
+
+
+def hierarchical_on_rank(node_size: int) -> tuple[float, dict[str, float]]:
+    """(max |hierarchical - flat all-reduce|, this rank's ring bytes per link class)."""
+    from ..network import Nodes, hierarchical_all_reduce
+
+    nodes = Nodes(node_size)
+    expected = _torus_input(dist.get_rank())
+    comm.all_reduce(expected)
+    x = _torus_input(dist.get_rank())
+    with comm.record() as ledger:
+        hierarchical_all_reduce(x, nodes)
+    return float((x - expected).abs().max()), bytes_by_link_class(ledger, nodes)
+
+
+@tour_row("hierarchical all-reduce", lesson=12)
+def hierarchical_row(world_size: int, out_dir: Path) -> TourRow:
+    nodes, per_node = mesh_shape(world_size)
+    results = launch(hierarchical_on_rank, world_size, per_node)
+    diff = max(d for d, _ in results)
+    expect = net_theory.two_level_bytes(TORUS_NUMEL, per_node, nodes)
+    by_class = {"intra": expect["inner"], "inter": expect["outer"]}
+    per_class_ok = all(
+        {k: sent[k] for k in by_class} == by_class and sent.get("world", 0) == 0
+        for _, sent in results
+    )
+    sent = results[0][1]
+    return TourRow(
+        f"hierarchical {nodes} nodes x {per_node}",
+        diff < TORUS_TOL and per_class_ok,
+        diff,
+        memory_per_rank=None,
+        memory_theory=None,
+        bytes_per_rank=sent["intra"] + sent["inter"],
+        bytes_theory=expect["inner"] + expect["outer"],
+    )
+
+
+CACHE_PREFETCH = 1  # layers prefetched by the tour's GeePS cache
+
+
+@tour_row("GeePS cache", lesson=12)
+def geeps_cache_row(world_size: int, out_dir: Path) -> TourRow:
+    from .cache import layer_bytes
+    from .plots import plot_cache_resident_bytes
+
+    servers, workers = 1, max(1, world_size - 1)
+    batch = 4 * workers
+    results = launch(train_on_rank, servers + workers, servers, workers, "bsp",
+                     global_batch=batch, cache_prefetch=CACHE_PREFETCH)  # fmt: skip
+    ref = reference(global_batch=batch)
+    trained = [r for r in results if isinstance(r, WorkerResult)]
+    diff = max(max_abs_diff(w.params, ref.params) for w in trained)
+    model = _model()
+    per_layer = [layer_bytes(m) for m in model.layers]
+    steps = len(ref.losses)
+    trace = theory.cache_resident_trace(per_layer, CACHE_PREFETCH)
+    walk_ok = all([e.__dict__ for e in w.cache_events] == trace * steps for w in trained)
+    events = trained[0].cache_events
+    psi_bytes = 4 * sum(p.numel() for p in keys.trainable(model))
+    moved = theory.cache_bytes_moved_per_step(per_layer, psi_bytes)
+    grads_ok = all(w.cache_moved_out == steps * moved["device_to_host"] for w in trained)
+    _save(plot_cache_resident_bytes(events[: len(trace)], per_layer, CACHE_PREFETCH),
+          out_dir / "geeps_cache_resident_bytes.png")  # fmt: skip
+    return TourRow(
+        f"GeePS cache p={CACHE_PREFETCH} W={workers}",
+        diff < PARAM_TOL and walk_ok and grads_ok,
+        diff,
+        memory_per_rank=max(e.resident_bytes for e in events),
+        memory_theory=theory.cache_peak_resident_bytes(per_layer, CACHE_PREFETCH),
+        bytes_per_rank=sum(e.moved_in for e in events) / steps,
+        bytes_theory=float(moved["host_to_device"]),
+    )

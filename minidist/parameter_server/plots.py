@@ -9,6 +9,11 @@
   direction (`minidist.network.theory.predict_times`).
 - `plot_ps_vs_all_reduce`: bytes per step on the busiest link of a parameter server as S
   grows, next to a worker's and a ring all-reduce's (`theory`).
+- `plot_loss_curves`: loss per step of several runs (BSP, SSP s = 1, 3, async, Downpour).
+- `plot_cache_resident_bytes`: GeePS's cache during one step, the device tier's bytes per
+  layer at each (phase, layer), with the theory's peak.
+- `plot_published_times`: α-β time against message size on systems with published link
+  figures (`minidist.network.published`), the flat ring's latency/bandwidth crossover marked.
 
 Every function returns a matplotlib Figure and shows nothing itself.
 """
@@ -24,6 +29,7 @@ from ..network import theory as net_theory
 from . import theory
 
 SHAPE_COLORS = {"flat": "#8c8c8c", "row-inner": "#4c72b0", "column-inner": "#dd8452"}
+PHASE = {"forward": "fwd", "backward": "bwd"}
 CLASS_COLORS = {"row": "#4c72b0", "column": "#dd8452", "world": "#8c8c8c"}
 
 
@@ -128,5 +134,74 @@ def plot_ps_vs_all_reduce(
     ax.set_xticks(servers)
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_curves(losses: Mapping[str, Sequence[float]], title: str = "") -> Figure:
+    """One line per run: its loss per step (e.g. the mean over workers)."""
+    fig, ax = plt.subplots(figsize=(5.8, 3.2))
+    for label, values in losses.items():
+        ax.plot(range(len(values)), values, marker="o", markersize=2.5, label=label)
+    ax.set_xlabel("step (clock)")
+    ax.set_ylabel("training loss")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cache_resident_bytes(events, layer_bytes: Sequence[int], prefetch: int) -> Figure:
+    """Stacked bars, one per (phase, layer) of a step: each resident layer's bytes in the
+    device tier; the dashed line is `theory.cache_peak_resident_bytes`."""
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(1.0 * len(events) + 2.0, 3.2))
+    for x, e in enumerate(events):
+        bottom = 0
+        for j in e.resident_layers:
+            ax.bar(x, layer_bytes[j], bottom=bottom, color=colors(j % 10), width=0.7,
+                   label=f"layer {j}", edgecolor="white")  # fmt: skip
+            bottom += layer_bytes[j]
+        if e.moved_in:
+            ax.text(x, bottom, f"+{e.moved_in}", ha="center", va="bottom", fontsize=7)
+    peak = theory.cache_peak_resident_bytes(list(layer_bytes), prefetch)
+    ax.axhline(peak, color="black", linestyle="--", linewidth=1, label="theory: peak")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, frameon=False, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))  # fmt: skip
+    ax.set_xticks(range(len(events)))
+    ax.set_xticklabels([f"{PHASE[e.phase]} {e.layer}" for e in events], fontsize=8)
+    ax.set_ylabel("device-tier bytes")
+    ax.set_title(f"GeePS cache, prefetch {prefetch}: resident layers (+bytes copied in)",
+                 fontsize=10)  # fmt: skip
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_published_times(systems, sizes: Sequence[float], labels=None) -> Figure:
+    """One panel per `minidist.network.published.System`: α-β seconds of each shape against
+    message bytes (bf16), the flat ring's latency/bandwidth crossover S* dotted."""
+    from ..network import published
+
+    labels = labels or {}
+    fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.3), sharey=True)
+    axes = [axes] if len(systems) == 1 else list(axes)
+    for ax, system in zip(axes, systems):
+        times = [published.shape_times(system, b) for b in sizes]
+        for shape, color in SHAPE_COLORS.items():
+            ax.plot(sizes, [t[shape] for t in times], color=color, marker="o", markersize=2.5,
+                    label=labels.get(shape, shape))  # fmt: skip
+        ax.axvline(published.latency_bandwidth_crossover(system), color="black", linestyle=":",
+                   linewidth=1, label="flat ring: S*")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("message (bytes)")
+        ax.set_title(system.name, fontsize=10)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.legend(fontsize=7, frameon=False)
+    axes[0].set_ylabel("α-β time (s)")
     fig.tight_layout()
     return fig
