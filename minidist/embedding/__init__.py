@@ -7,6 +7,7 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 
 - `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow), torch
   back end; `kernels.py`: its Triton kernels and the embedding-bag scatter kernel
+- `csr.py`: HugeCTR's CSR input, converters from per-slot lists and (key, sample, slot) ids
 - `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean, loss scale)
 - `optim.py`: sparse SGD (momentum local/global), Adagrad, Adam (local/global)
 - `backward.py`: the sort/dedup backward (occurrence bags, runs of equal rows, per-row sums)
@@ -15,13 +16,14 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 """
 
 from .backward import occurrence_bags, segment_sum_gradients, sort_and_dedup
+from .csr import csr_from_ids, csr_from_slots, to_csr
 from .distributed import (
     DistributedSlotSparseEmbeddingHash,
     LocalizedSlotSparseEmbeddingHash,
     key_owner,
 )
 from .hash_table import HashTable, HashTableFullError
-from .layers import HashEmbeddingBag, embedding_bag, key_init, to_csr
+from .layers import HashEmbeddingBag, embedding_bag, key_init
 from .optim import SparseAdagrad, SparseAdam, SparseSGD
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "embedding_bag",
     "key_init",
     "to_csr",
+    "csr_from_slots",
+    "csr_from_ids",
     "DistributedSlotSparseEmbeddingHash",
     "LocalizedSlotSparseEmbeddingHash",
     "key_owner",

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from .backward import gather_scale_scatter_add, occurrence_bags, segment_sum_gradients
-from .hash_table import HashTable, check_keys, fmix64
+from .csr import check_csr, to_csr  # noqa: F401  (to_csr: its home before csr.py)
+from .hash_table import HashTable, fmix64
 from .optim import SparseAdagrad, SparseSGD  # noqa: F401  (their home before optim.py)
 
 MODES = ("sum", "mean")
@@ -40,33 +41,6 @@ def key_init(keys: torch.Tensor, dim: int, scale: float = 0.05) -> torch.Tensor:
     bits = fmix64(fmix64(keys)[:, None] + torch.arange(1, dim + 1, device=keys.device))
     unit = ((bits >> 11) & ((1 << 52) - 1)).to(torch.float64) / float(1 << 52)
     return ((2 * unit - 1) * scale).to(torch.float32)
-
-
-def to_csr(bags: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-bag key lists -> (values, row_offsets), HugeCTR's CSR input."""
-    lengths = torch.tensor([len(b) for b in bags], dtype=torch.int64)
-    offsets = torch.zeros(len(bags) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
-    values = torch.tensor([k for b in bags for k in b], dtype=torch.int64)
-    return values, offsets
-
-
-def check_csr(values: torch.Tensor, row_offsets: torch.Tensor, who: str) -> None:
-    """Clear errors for a malformed CSR batch (raised before any state changes)."""
-    check_keys(values, who, "values")
-    check_keys(row_offsets, who, "row_offsets")
-    if values.dim() != 1 or row_offsets.dim() != 1 or row_offsets.numel() < 1:
-        raise ValueError(
-            f"{who}: values and row_offsets must be 1-D (row_offsets of length bags + 1), got "
-            f"shapes {tuple(values.shape)} and {tuple(row_offsets.shape)}"
-        )
-    if row_offsets[0] != 0 or (row_offsets[1:] < row_offsets[:-1]).any():
-        raise ValueError(f"{who}: row_offsets must start at 0 and never decrease")
-    if row_offsets[-1] != values.numel():
-        raise ValueError(
-            f"{who}: row_offsets must end at len(values)={values.numel()}, "
-            f"got {int(row_offsets[-1])}"
-        )
 
 
 class _PoolFunction(torch.autograd.Function):
