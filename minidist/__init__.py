@@ -1,7 +1,8 @@
 """minidist: distributed training techniques on real torch.distributed, one short module each.
 
 Start here: `minidist.launch(fn, world_size)` runs `fn` on a world of real processes;
-`minidist.comm.record()` shows what they communicated; `minidist.memory` what they keep.
+`minidist.comm.record()` shows what they communicated; `minidist.memory` what they keep;
+`minidist.plan(model, layout, cluster)` predicts all of it for a layout (lesson 13).
 """
 
 from . import comm, memory
@@ -15,5 +16,16 @@ __all__ = [
     "default_backend",
     "comm",
     "memory",
+    "plan",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`minidist.plan` and `minidist.planner`, imported on first use (the planner imports
+    every lesson's theory)."""
+    if name in ("plan", "planner"):
+        from . import planner
+
+        return planner.plan if name == "plan" else planner
+    raise AttributeError(f"module 'minidist' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`python -m minidist tour | bench NAME | exercises [--check]`."""
+"""`python -m minidist tour | bench NAME | plan ... | exercises [--check]`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--rounds", type=int, default=15)
     bench.add_argument("--steps", type=int, default=5, help="steps per timed round")
 
+    plan = sub.add_parser("plan", help="predict memory, bytes and step time of a layout")
+    from .planner.cli import add_arguments
+
+    add_arguments(plan)
+
     ex = sub.add_parser("exercises", help="generate exercises/ from solutions/")
     ex.add_argument("--solutions", default="solutions")
     ex.add_argument("--exercises", default="exercises")
@@ -36,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run_bench
 
         return run_bench(args.name, args.world_size, args.rounds, args.steps)
+    if args.command == "plan":
+        from .planner.cli import run_plan
+
+        return run_plan(args)
     from .course.exercises import generate, stale
 
     if args.check:

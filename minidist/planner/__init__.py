@@ -1,0 +1,35 @@
+"""Lesson 13, planning a layout (notebook `notebooks/13_planner.ipynb`): predict what a layout
+costs, check the prediction against a run, then extrapolate with published figures.
+
+Memory per rank = model states (ZeRO, Rajbhandari et al. 2020, sections 3 and 5, per stage
+and precision) + activations (Korthikanti et al. 2022, section 4) + nothing else the course
+allocates between steps; bytes per step by collective and group (lessons 00-10); the
+pipeline bubble (Narayanan et al. 2021); a step time from a roofline per device (Williams
+et al. 2009) and an α-β model per link (Hockney 1994).
+
+- `spec.py`: `ModelSpec` (a GPT configuration, or only a parameter count) and `Layout`
+- `predict.py`: memory, bytes, bubble and FLOPs of rank 0, by calling each lesson's theory
+- `hardware.py`: `Device`, `Cluster`, published figures, and the measurements of this machine
+- `plan.py`: `plan`, `step_time`, `sweep`, `best`, `frontier`
+- `published.py`: the published tables the planner reproduces
+"""
+
+from .hardware import CLUSTERS, Cluster, Device
+from .plan import Plan, StepTime, best, frontier, layouts, plan, step_time, sweep
+from .spec import Layout, ModelSpec
+
+__all__ = [
+    "ModelSpec",
+    "Layout",
+    "Plan",
+    "StepTime",
+    "Device",
+    "Cluster",
+    "CLUSTERS",
+    "plan",
+    "step_time",
+    "layouts",
+    "sweep",
+    "best",
+    "frontier",
+]

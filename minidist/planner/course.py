@@ -1,0 +1,128 @@
+"""The course's own layouts as the planner describes them: for each tour row of lessons
+01-10 the model, the layout, and which of the plan's numbers the row measures.
+
+`course_plan("ZeRO-1", 4)` is the plan of what `minidist tour` runs under that name on 4
+ranks; `tests/test_planner.py` asserts each prediction equals the row's measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .plan import Plan, plan
+from .spec import Layout, ModelSpec
+
+
+@dataclass(frozen=True)
+class CoursePlan:
+    plan: Plan
+    memory: float  # what the row's memory_per_rank measures, as predicted
+    bytes: float  # what the row's bytes_per_rank measures, as predicted
+
+
+def _gpt(**sizes) -> ModelSpec:
+    from ..data_parallel.fixture import build
+
+    return ModelSpec.of(build("gpt", **sizes).model)
+
+
+def _states(model: ModelSpec, layout: Layout) -> CoursePlan:
+    p = plan(model, layout)
+    return CoursePlan(p, p.model_state_bytes, p.bytes_sent)
+
+
+def _bus(model: ModelSpec, layout: Layout) -> CoursePlan:
+    """Offload rows: device-tier states, and bytes over the bus (device <-> host)."""
+    p = plan(model, layout)
+    return CoursePlan(p, p.model_state_bytes, p.bus["device_to_host"] + p.bus["host_to_device"])
+
+
+def _ddp(n: int) -> CoursePlan:
+    from ..data_parallel.lesson import TOUR_MODEL
+
+    sizes = {k: v for k, v in TOUR_MODEL.items() if k not in ("steps", "global_batch")}
+    layout = Layout(dp=n, optimizer="sgd", global_batch=TOUR_MODEL["global_batch"])
+    return _states(_gpt(**sizes), layout)
+
+
+def _zero(stage: int, precision: str = "fp32") -> Callable[[int], CoursePlan]:
+    from ..zero.lesson import TOUR_BUCKET_MB
+
+    def course(n: int) -> CoursePlan:
+        layout = Layout(dp=n, zero=stage, bucket_cap_mb=TOUR_BUCKET_MB, precision=precision)
+        return _states(_gpt(), layout)
+
+    return course
+
+
+def _fsdp(hybrid: bool = False, precision: str = "fp32", offload: str = "device"):
+    def course(n: int) -> CoursePlan:
+        from ..fsdp.lesson import hybrid_shard_size
+
+        shard = hybrid_shard_size(n) if hybrid else None
+        layout = Layout(dp=n, zero=3, shard_size=shard, precision=precision, offload=offload)
+        return (_bus if offload != "device" else _states)(_gpt(), layout)
+
+    return course
+
+
+def _tensor_parallel(n: int) -> CoursePlan:
+    from ..megatron.fixture import TP_GPT
+    from ..megatron.lesson import tour_tp
+
+    return _states(_gpt(**TP_GPT), Layout(tp=tour_tp(n), optimizer="sgd"))
+
+
+def _parallel_layout(n: int) -> CoursePlan:
+    from ..megatron.fixture import TP_GPT
+    from ..megatron.lesson import layout_shape
+
+    tp, dp = layout_shape(n)
+    return _states(_gpt(**TP_GPT), Layout(tp=tp, dp=dp, optimizer="sgd"))
+
+
+def _pipeline(n: int) -> CoursePlan:
+    """The 1F1B row measures activations (stage 0's peak) and p2p bytes."""
+    from ..pipeline.fixture import PP_GPT
+    from ..pipeline.lesson import TOUR_M
+
+    model = _gpt(**PP_GPT)
+    p = plan(model, Layout(pp=min(n, model.layers), microbatches=TOUR_M, optimizer="sgd"))
+    return CoursePlan(p, p.memory["activations"], p.bytes_sent)
+
+
+def _three_d(n: int) -> CoursePlan:
+    from ..three_d.fixture import GPT_3D
+    from ..three_d.lesson import tour_shape
+
+    tp, pp, dp = tour_shape(n)
+    sizes = {k: v for k, v in GPT_3D.items() if k not in ("steps", "global_batch")}
+    layout = Layout(
+        dp=dp, tp=tp, pp=pp, zero=1, optimizer="sgd", global_batch=GPT_3D["global_batch"]
+    )
+    return _states(_gpt(**sizes), layout)
+
+
+COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
+    "bucketed DDP": _ddp,
+    "ZeRO-1": _zero(1),
+    "ZeRO-2": _zero(2),
+    "FSDP (ZeRO-3)": _fsdp(),
+    "FSDP hybrid": _fsdp(hybrid=True),
+    "FSDP + bf16": _fsdp(precision="mixed"),
+    "ZeRO-2 + bf16": _zero(2, "mixed"),
+    "FSDP + CPU offload": _fsdp(offload="cpu"),
+    "FSDP + disk offload": _fsdp(offload="disk"),
+    "tensor parallel": _tensor_parallel,
+    "parallel layout": _parallel_layout,
+    "pipeline 1F1B": _pipeline,
+    "3D (TP x PP x DP)": _three_d,
+}
+
+
+def course_plan(row: str, world_size: int) -> CoursePlan:
+    """The planner's prediction for tour row `row` on `world_size` ranks."""
+    if row not in COURSE_LAYOUTS:
+        raise ValueError(f"course_plan: row={row!r} is not one of {sorted(COURSE_LAYOUTS)}")
+    return COURSE_LAYOUTS[row](world_size)

@@ -1,0 +1,204 @@
+"""`plan(model, layout, cluster)`: memory, bytes, bubble and step time of one layout, and
+`sweep` / `best` over every layout of a world.
+
+Step time (Williams et al. 2009's roofline per device, Hockney's α-β per link):
+
+    compute   = max(FLOPs / FLOP rate, HBM bytes / memory bandwidth)   (which one: the bound)
+    exposed   = tp all-reduces + pp sends (on the critical path)
+              + max(0, dp-group collectives - the compute they overlap)
+                (backward for ZeRO 0-2's gradient reductions, all of it for FSDP's
+                 prefetched gathers)
+    step      = (compute + tp + pp) / (1 - bubble) + exposed dp
+
+HBM bytes per step are a lower bound: parameters read in forward and backward, gradients
+written, the optimizer reading and writing its states once, activations written once and
+read once. Collectives are counted per call (α each) with lesson 00's ring bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..collectives.cost_model import CostModel
+from . import predict
+from .hardware import Cluster
+from .spec import Layout, ModelSpec
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    memory_s: float
+    tp_s: float
+    pp_s: float
+    dp_s: float
+    bubble: float
+    total_s: float
+    bound: str  # "communication" when it outlasts the compute it should hide behind, else
+    # "bubble" when idle time exceeds compute, else the larger roofline term: "compute"/"memory"
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    layout: Layout
+    memory: dict[str, float]  # bytes per rank on the device, by kind (`predict.KINDS`)
+    traffic: dict[tuple[str, str], float]  # (collective, group) -> bytes sent per step
+    bubble: float
+    flops: float  # per rank per step
+    time: StepTime | None = None
+    bus: dict[str, float] = field(default_factory=dict)  # device <-> host (<-> disk) bytes
+
+    @property
+    def memory_per_rank(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def model_state_bytes(self) -> float:
+        return sum(v for k, v in self.memory.items() if k != "activations")
+
+    @property
+    def bytes_sent(self) -> float:
+        return sum(self.traffic.values())
+
+    def fits(self, memory_bytes: float) -> bool:
+        return self.memory_per_rank <= memory_bytes
+
+    def lines(self) -> list[str]:
+        """`name=value` lines, as the benches print them."""
+        out = [f"model_state_bytes_per_rank={int(round(self.model_state_bytes))}"]
+        for kind, value in self.memory.items():
+            out.append(f"{kind}_bytes_per_rank={int(round(value))}")
+        out.append(f"bytes_sent_per_rank_per_step={int(round(self.bytes_sent))}")
+        for (op, group), value in self.traffic.items():
+            out.append(f"bytes_sent[{op}@{group}]={int(round(value))}")
+        for direction, value in self.bus.items():
+            out.append(f"bus_bytes[{direction}]={int(round(value))}")
+        if self.model.has_config:
+            out.append(f"bubble={self.bubble:.4f}")
+        if self.time is not None:
+            out.append(f"step_time_s={self.time.total_s:.6g}")
+            out.append(f"bound={self.time.bound}")
+        return out
+
+
+def plan(
+    model: ModelSpec, layout: Layout, cluster: Cluster | None = None, world: int | None = None
+) -> Plan:
+    """What rank 0 of `layout` holds, sends and (with a `cluster`) how long a step takes."""
+    layout.check(model, world)
+    memory = predict.model_states(model, layout)
+    memory["activations"] = predict.activations(model, layout)
+    result = Plan(
+        model, layout, memory, predict.traffic(model, layout), predict.bubble(layout),
+        predict.flops_per_step(model, layout), bus=predict.bus_traffic(model, layout),
+    )  # fmt: skip
+    if cluster is not None:
+        result.time = step_time(result, cluster)
+    return result
+
+
+def _calls(model: ModelSpec, layout: Layout) -> dict[str, int]:
+    """Collective calls per step on each group kind (each pays α once)."""
+    m = layout.microbatches
+    tp = 0
+    if layout.tp > 1:
+        layers = predict.stage_layers(model, layout)
+        tp = (4 * layers + 2) * m
+    pp = 2 * m if layout.pp > 1 else 0
+    if layout.zero == 3:
+        units = len(model.fsdp_units()) if model.has_config else 1
+        dp = 3 * units
+    else:
+        dp = len(predict.zero_buckets(model, layout)) * (1 if layout.zero == 0 else 2)
+    return {"tp": tp, "pp": pp, "dp": dp if layout.dp > 1 else 0}
+
+
+def _group_link(cluster: Cluster, layout: Layout, group: str) -> CostModel:
+    t, d = layout.tp, layout.dp
+    f = predict.shard_group(layout)
+    span = {
+        "tp": (1, t), "dp": (t, d), "shard": (t, f), "replicate": (t * f, d // f),
+        "pp": (t * d, layout.pp),
+    }[group]  # fmt: skip
+    return cluster.link(*span)
+
+
+def step_time(p: Plan, cluster: Cluster) -> StepTime:
+    """The module docstring's model, for plan `p` on `cluster`."""
+    dev = cluster.device
+    compute = p.flops / dev.flops
+    mem = p.memory
+    hbm = 4 * mem["params"] + 2 * mem["grads"] + 2 * mem["optimizer"] + 2 * mem["activations"]
+    memory_s = hbm / dev.memory_bandwidth
+    calls = _calls(p.model, p.layout)
+    by_kind = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    for (_, group), sent in p.traffic.items():
+        kind = group if group in ("tp", "pp") else "dp"
+        link = _group_link(cluster, p.layout, group)
+        by_kind[kind] += sent / link.bandwidth_bytes_per_s
+    for kind, n in calls.items():
+        if n and by_kind[kind] > 0:
+            group = {"tp": "tp", "pp": "pp", "dp": "dp"}[kind]
+            by_kind[kind] += n * _group_link(cluster, p.layout, group).alpha_s
+    busy = max(compute, memory_s)
+    pipelined = (busy + by_kind["tp"] + by_kind["pp"]) / (1 - p.bubble)
+    # ZeRO 0-2 reduce gradients while backward (2/3 of the FLOPs) runs; FSDP also gathers
+    # each unit's parameters while the previous one computes, forward included.
+    hidden_by = busy if p.layout.zero == 3 else busy * 2 / 3
+    exposed_dp = max(0.0, by_kind["dp"] - hidden_by)
+    total = pipelined + exposed_dp
+    if by_kind["dp"] > hidden_by or by_kind["tp"] + by_kind["pp"] > busy:
+        bound = "communication"  # "How to Scale Your Model"'s test: T_comm > T_math
+    elif pipelined * p.bubble > busy:
+        bound = "bubble"
+    else:
+        bound = "compute" if compute >= memory_s else "memory"
+    return StepTime(
+        compute, memory_s, by_kind["tp"], by_kind["pp"], by_kind["dp"], p.bubble, total, bound
+    )
+
+
+def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
+    """Every dp × tp × pp of `world` with ZeRO 0-3 (0-1 with tp or pp) the model allows;
+    `fixed` sets the other fields (global_batch, microbatches, precision, ...)."""
+    out = []
+    for tp, pp in itertools.product(_divisors(world), repeat=2):
+        if world % (tp * pp):
+            continue
+        dp = world // (tp * pp)
+        for zero in (0, 1) if tp > 1 or pp > 1 else (0, 1, 2, 3):
+            try:
+                layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, **fixed)
+                layout.check(model, world)
+            except ValueError:
+                continue
+            out.append(layout)
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def sweep(model: ModelSpec, world: int, cluster: Cluster, **fixed) -> list[Plan]:
+    """`plan` of every layout of `layouts(model, world, **fixed)` on `cluster`."""
+    return [plan(model, layout, cluster) for layout in layouts(model, world, **fixed)]
+
+
+def best(plans: list[Plan], memory_bytes: float) -> list[Plan]:
+    """The plans that fit in `memory_bytes` per rank, fastest first."""
+    fitting = [p for p in plans if p.fits(memory_bytes)]
+    return sorted(fitting, key=lambda p: p.time.total_s if p.time else 0.0)
+
+
+def frontier(plans: list[Plan]) -> list[Plan]:
+    """Pareto-optimal plans: none other is both smaller per rank and faster."""
+    ranked = sorted(plans, key=lambda p: (p.memory_per_rank, p.time.total_s))
+    out, fastest = [], float("inf")
+    for p in ranked:
+        if p.time.total_s < fastest:
+            out.append(p)
+            fastest = p.time.total_s
+    return out

@@ -1,0 +1,219 @@
+"""The planner: its predictions equal the course's measurements exactly, it reproduces the
+published tables, and it refuses impossible layouts by name."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minidist.data_parallel.fixture import build
+from minidist.planner import CLUSTERS, Layout, ModelSpec, best, frontier, layouts, plan, sweep
+from minidist.planner import published as pub
+from minidist.planner.course import COURSE_LAYOUTS, course_plan
+
+# -- predicted = measured, for every layout the course runs -----------------------------------
+
+
+@pytest.mark.parametrize("row", list(COURSE_LAYOUTS))
+def test_plan_equals_the_tour_rows_measurement(row, run_tour_row):
+    """Exact: the tour row's memory (model states, or stage 0's activations for the
+    pipeline) and bytes per step (the ledger; the bus for offload) on 4 ranks."""
+    measured = run_tour_row(row)
+    predicted = course_plan(row, 4)
+    assert predicted.memory == measured.memory_per_rank
+    assert predicted.bytes == pytest.approx(measured.bytes_per_rank, rel=1e-12)
+
+
+def test_meta_model_is_the_course_gpt():
+    model = build("gpt").model
+    spec = ModelSpec.of(model)
+    real = [(n, p.shape, p.requires_grad) for n, p in model.named_parameters()]
+    meta = [(n, p.shape, p.requires_grad) for n, p in spec.meta_model().named_parameters()]
+    assert meta == real
+    assert spec.num_params == sum(p.numel() for p in model.parameters())
+    assert spec.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert all(p.device == torch.device("meta") for p in spec.tensors())
+
+
+def test_params_only_spec_plans_model_states_and_dp_traffic():
+    p = plan(ModelSpec(params=1000), Layout(dp=4, zero=0, optimizer="sgd", global_batch=4))
+    assert p.memory == {"params": 4000, "grads": 4000, "optimizer": 4000, "activations": 0.0}
+    assert p.traffic == {("all_reduce", "dp"): 2 * 3 / 4 * 4000}
+
+
+def test_recompute_keeps_block_inputs_only():
+    spec = ModelSpec(layers=8, hidden=64, heads=4, vocab=50, seq=32)
+    plain = plan(spec, Layout(global_batch=4)).memory["activations"]
+    recomputed = plan(spec, Layout(global_batch=4, recompute=True)).memory["activations"]
+    assert recomputed < plain / 3
+
+
+def test_interleaving_shrinks_the_bubble():
+    spec = ModelSpec(layers=8, hidden=64, heads=4, vocab=50, seq=32)
+    one = plan(spec, Layout(pp=4, microbatches=8, global_batch=8))
+    inter = plan(
+        spec, Layout(pp=4, microbatches=8, global_batch=8, schedule="interleaved", virtual=2)
+    )
+    assert one.bubble == pytest.approx(3 / 11)
+    assert inter.bubble < one.bubble
+
+
+# -- published tables ---------------------------------------------------------------------------
+
+
+def test_zero_table1_reproduced():
+    """ZeRO Table 1 (GB, 7.5B, K = 12): the paper prints 3 significant digits (2 decimals
+    below 1 GB), hence 0.5% or 0.005 GB."""
+    ours = pub.zero_table1()
+    for stage, row in pub.ZERO_TABLE1.items():
+        assert ours[stage] == pytest.approx(row, rel=0.005, abs=0.005)
+
+
+def test_zero_table2_reproduced():
+    """ZeRO Table 2, theory half: the paper truncates (7.64B is printed 7.6B)."""
+    ours = pub.zero_table2()
+    for stage, row in pub.ZERO_TABLE2.items():
+        assert ours[stage] == pytest.approx(row, rel=0.03)
+
+
+def test_megatron_table1_parameter_counts_fit_and_bubble():
+    for row in pub.NARAYANAN_TABLE1:
+        p = pub.megatron_plan(row)
+        assert round(p.model.num_params / 1e9, 1) == row.params_b  # printed to 0.1 B
+        assert p.fits(80e9), (row, p.memory_per_rank)
+        m = row.batch // row.dp
+        assert p.bubble == pytest.approx((row.pp - 1) / (m + row.pp - 1))
+        # at peak FLOP/s the roofline is an upper bound on the achieved rate
+        assert (
+            pub.model_flops_per_step(row) / row.gpus / p.time.total_s > row.achieved_tflops * 1e12
+        )
+
+
+def test_scaling_book_thresholds():
+    v5p = CLUSTERS["tpu-v5p"]
+    assert pub.critical_tokens_per_device(v5p) == pytest.approx(
+        pub.SCALING_BOOK_V5P["dp"], rel=0.01
+    )
+    assert pub.critical_tokens_per_device(v5p, axes=3) == pytest.approx(
+        pub.SCALING_BOOK_V5P["fsdp_3_axes"], rel=0.01
+    )
+
+
+def test_step_model_turns_communication_bound_at_the_threshold():
+    """Pure DP of a large model on one v5p axis: the planner's own step model flips from
+    compute- to communication-bound at C / W tokens per chip (bf16 gradients)."""
+    spec = ModelSpec(layers=4, hidden=4096, heads=32, vocab=32000, seq=1024)
+    v5p = CLUSTERS["tpu-v5p"]
+    threshold = pub.critical_tokens_per_device(v5p)
+    bounds = {}
+    for tokens in (threshold / 4, threshold * 4):
+        seqs = max(1, round(tokens / spec.seq))
+        layout = Layout(dp=8, global_batch=8 * seqs, precision="mixed", reduce_in_fp32=False)
+        bounds[tokens] = plan(spec, layout, v5p).time.bound
+    assert list(bounds.values()) == ["communication", "compute"]
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+
+def test_sweep_best_and_frontier():
+    spec = ModelSpec(layers=8, hidden=256, heads=8, vocab=1000, seq=128)
+    plans = sweep(spec, 8, CLUSTERS["dgx-a100"], global_batch=32, microbatches=4)
+    assert {(p.layout.dp, p.layout.tp, p.layout.pp) for p in plans} >= {
+        (8, 1, 1),
+        (1, 8, 1),
+        (2, 2, 2),
+    }
+    assert all(p.layout.world == 8 for p in plans)
+    budget = sorted(p.memory_per_rank for p in plans)[len(plans) // 2]
+    ranked = best(plans, budget)
+    assert ranked and all(p.fits(budget) for p in ranked)
+    assert [p.time.total_s for p in ranked] == sorted(p.time.total_s for p in ranked)
+    front = frontier(plans)
+    for p in plans:  # nothing beats a frontier point on both axes
+        for f in front:
+            assert not (p.memory_per_rank < f.memory_per_rank and p.time.total_s < f.time.total_s)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, world, words",
+    [
+        (dict(dp=2, tp=2), 8, ["dp=2", "tp=2", "8"]),
+        (dict(tp=3), 3, ["tp=3", "heads=4"]),
+        (dict(pp=9), 9, ["pp=9", "layers=2"]),
+        (dict(tp=2, zero=2), 2, ["zero=2", "tp=2"]),
+    ],
+)
+def test_bad_layout_is_named(kwargs, world, words):
+    spec = ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=16)
+    with pytest.raises(ValueError) as err:
+        plan(spec, Layout(global_batch=8, **kwargs), world=world)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(schedule="1f2b"), ["schedule='1f2b'"]),
+        (dict(zero=4), ["zero=4"]),
+        (dict(dp=4, zero=3, shard_size=3, global_batch=4), ["shard_size=3", "dp=4"]),
+        (dict(offload="cpu"), ["offload='cpu'", "zero=0"]),
+        (dict(dp=3, global_batch=8), ["global_batch=8", "dp=3"]),
+    ],
+)
+def test_bad_layout_fields_are_named(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        Layout(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_params_only_spec_refuses_tensor_parallelism():
+    with pytest.raises(ValueError, match="tp=2"):
+        plan(ModelSpec(params=10**6), Layout(tp=2))
+
+
+def test_layouts_skip_what_cannot_run():
+    spec = ModelSpec(layers=2, hidden=32, heads=2, vocab=30, seq=16)
+    assert all(lay.tp in (1, 2) and lay.pp <= 2 for lay in layouts(spec, 8, global_batch=8))
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minidist", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_params_only_prints_model_states():
+    out = _plan_cli("--params", "7.5e9", "--world", "64", "--zero", "1")
+    assert out.returncode == 0, out.stderr
+    values = dict(line.split("=", 1) for line in out.stdout.split())
+    assert int(values["model_state_bytes_per_rank"]) == pytest.approx(31.4e9, rel=0.002)
+
+
+def test_cli_with_a_config_prints_every_number_and_the_best_layouts():
+    out = _plan_cli(
+        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
+        "--world", "8", "--tp", "2", "--pp", "2", "--microbatches", "4",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for name in ("activations_bytes_per_rank=", "bytes_sent_per_rank_per_step=", "bubble=",
+                 "step_time_s=", "# best layouts", "layout=dp"):  # fmt: skip
+        assert name in out.stdout
+
+
+def test_cli_bad_degrees_are_named():
+    out = _plan_cli("--params", "1e9", "--world", "6", "--tp", "4")
+    assert out.returncode != 0
+    assert "--world 6" in out.stderr and "--tp 4" in out.stderr
