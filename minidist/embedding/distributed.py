@@ -27,6 +27,7 @@ form, bags sample-major (bag b = sample b // S, slot b % S), and gets its own ba
   all-to-all returns the pooled vectors and the requester reorders them to slot order.
   Backward: the reverse all-to-all of the pooled gradients.
 
+Each rank's shard is a `HashEmbeddingBag` (`layer.local`; `auto_grow=True` lets it grow).
 Both equal one `HashEmbeddingBag` over the global batch (as a key -> vector map; keys
 of different slots must differ, HugeCTR's convention). Before the data moves the ranks
 exchange their counts (one all-to-all of N or 2N int64). `theory.py` gives the bytes of each
@@ -118,7 +119,7 @@ def _check_slots(row_offsets: torch.Tensor, slots: int, who: str) -> int:
 
 class _SlotEmbedding(nn.Module):
     def __init__(self, capacity_per_rank, dim, slots, mode, group, backend, local_mode,
-                 loss_scale):  # fmt: skip
+                 loss_scale, auto_grow):  # fmt: skip
         super().__init__()
         if not isinstance(slots, int) or slots <= 0:
             raise ValueError(f"{type(self).__name__}: slots={slots!r} must be an int > 0")
@@ -126,8 +127,9 @@ class _SlotEmbedding(nn.Module):
             raise ValueError(f"{type(self).__name__}: mode={mode!r} must be 'sum' or 'mean'")
         self.slots, self.mode, self.dim, self.group = slots, mode, dim, group
         self.local = HashEmbeddingBag(
-            capacity_per_rank, dim, local_mode, backend=backend, loss_scale=loss_scale
-        )
+            capacity_per_rank, dim, local_mode, backend=backend, loss_scale=loss_scale,
+            auto_grow=auto_grow,
+        )  # fmt: skip
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (keys, vectors), key-sorted; the union over ranks is the embedding."""
@@ -140,14 +142,16 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
     def __init__(
         self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
         placement: str = "modulo", scheme: str = "all_to_all", group=None, backend=None,
-        loss_scale: float = 1.0,
+        loss_scale: float = 1.0, auto_grow: bool = False,
     ):  # fmt: skip
         who = "DistributedSlotSparseEmbeddingHash"
         if placement not in PLACEMENTS:
             raise ValueError(f"{who}: placement={placement!r} must be one of {PLACEMENTS}")
         if scheme not in SCHEMES:
             raise ValueError(f"{who}: scheme={scheme!r} must be one of {SCHEMES}")
-        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, "sum", loss_scale)
+        super().__init__(
+            capacity_per_rank, dim, slots, mode, group, backend, "sum", loss_scale, auto_grow
+        )
         self.placement, self.scheme = placement, scheme
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
@@ -209,9 +213,11 @@ class LocalizedSlotSparseEmbeddingHash(_SlotEmbedding):
 
     def __init__(
         self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        group=None, backend=None, loss_scale: float = 1.0,
+        group=None, backend=None, loss_scale: float = 1.0, auto_grow: bool = False,
     ):  # fmt: skip
-        super().__init__(capacity_per_rank, dim, slots, mode, group, backend, mode, loss_scale)
+        super().__init__(
+            capacity_per_rank, dim, slots, mode, group, backend, mode, loss_scale, auto_grow
+        )
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         who = "LocalizedSlotSparseEmbeddingHash"

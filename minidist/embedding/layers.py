@@ -97,11 +97,16 @@ class HashEmbeddingBag(nn.Module):
     [bags, dim]; in training new keys are inserted (their row set to `key_init(key)`, as
     HugeCTR initialises a row on insert), in eval mode missing keys give zero. The value
     table's gradient is divided by `loss_scale` (the factor the loss was multiplied by).
+    A batch with more new keys than the table has room for raises `HashTableFullError`
+    before any change; with `auto_grow=True` the layer calls `grow()` instead, which grows
+    the hash table and the value table together (the optimizers in `optim.py` extend their
+    state on their next step).
     """
 
     def __init__(
         self, capacity: int, dim: int, mode: str = "sum", *, max_load: float = 0.75,
         device=None, backend=None, init_scale: float = 0.05, loss_scale: float = 1.0,
+        auto_grow: bool = False,
     ):  # fmt: skip
         super().__init__()
         if mode not in MODES:
@@ -112,7 +117,7 @@ class HashEmbeddingBag(nn.Module):
             raise ValueError(f"HashEmbeddingBag: loss_scale={loss_scale!r} must be > 0")
         self.loss_scale = loss_scale
         self.table = HashTable(capacity, max_load=max_load, device=device, backend=backend)
-        self.mode, self.dim, self.init_scale = mode, dim, init_scale
+        self.mode, self.dim, self.init_scale, self.auto_grow = mode, dim, init_scale, auto_grow
         self.weight = nn.Parameter(torch.zeros(capacity, dim, device=self.table.device))
 
     @property
@@ -124,12 +129,36 @@ class HashEmbeddingBag(nn.Module):
         if not self.training:
             return self.table.find(values)
         size = self.table.size
+        if self.auto_grow:
+            needed = size + int((self.table.find(torch.unique(values)) < 0).sum())
+            if needed > self.table.capacity:
+                self.grow(max(2 * self.table.capacity, needed))
         rows = self.table.insert(values)
         new = rows >= size
         if new.any():
             with torch.no_grad():
                 self.weight[rows[new]] = key_init(values[new], self.dim, self.init_scale)
         return rows
+
+    @torch.no_grad()
+    def grow(self, new_capacity: int | None = None) -> None:
+        """Grow the hash table (`HashTable.grow`, every key keeps its row) and the value table
+        to `new_capacity` rows (default twice as many); a pending gradient is extended too."""
+        old = self.table.capacity
+        self.table.grow(new_capacity)  # validates new_capacity before any change
+        weight = self.weight.new_zeros(self.table.capacity, self.dim)
+        weight[:old] = self.weight
+        grad, self.weight.grad = self.weight.grad, None
+        # The same Parameter object gets the new tensor (optimizers keep pointing at it) and
+        # fresh autograd metadata (`.data =` would keep the old shape in a live graph).
+        torch.utils.swap_tensors(self.weight, nn.Parameter(weight))
+        if grad is not None and grad.is_sparse:
+            grad = grad.coalesce()
+            self.weight.grad = torch.sparse_coo_tensor(
+                grad.indices(), grad.values(), weight.shape, check_invariants=False
+            )
+        elif grad is not None:
+            self.weight.grad = torch.cat([grad, grad.new_zeros(weight.shape[0] - old, self.dim)])
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         check_csr(values, row_offsets, "HashEmbeddingBag")

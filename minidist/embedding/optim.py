@@ -66,6 +66,17 @@ class _RowOptimizer(torch.optim.Optimizer):
     def _state(self, p, group) -> dict:
         return {name: torch.zeros_like(p) for name in self.STATE}
 
+    def _fit(self, p, group) -> dict:
+        """The state of `p`, extended with fresh rows if the table grew (`HashEmbeddingBag.
+        grow`): a new row starts as a row that was never touched."""
+        state = self.state[p]
+        if any(torch.is_tensor(v) and v.shape[0] < p.shape[0] for v in state.values()):
+            fresh = self._state(p, group)
+            for name, value in state.items():
+                if torch.is_tensor(value) and value.shape[0] < p.shape[0]:
+                    state[name] = torch.cat([value, fresh[name][value.shape[0] :]])
+        return state
+
     def _group(self, p):
         return next(g for g in self.param_groups if any(q is p for q in g["params"]))
 
@@ -73,7 +84,8 @@ class _RowOptimizer(torch.optim.Optimizer):
     def update_rows(self, p: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """One step of `p` with gradient `grads[i]` for row `rows[i]` (distinct rows, except
         for plain SGD) and zero for every other row."""
-        self._update(p, self.state[p], rows, grads, self._group(p))
+        group = self._group(p)
+        self._update(p, self._fit(p, group), rows, grads, group)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -82,7 +94,7 @@ class _RowOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is not None:
                     rows, grads = rows_and_values(p.grad, coalesce=self._needs_unique(group))
-                    self._update(p, self.state[p], rows, grads, group)
+                    self._update(p, self._fit(p, group), rows, grads, group)
         return loss
 
     def _needs_unique(self, group) -> bool:
