@@ -1,9 +1,11 @@
-"""The rank function the tests (and later notebook 12 and the tour) run, and its reference.
+"""The rank function the tests, notebook 12 and the tour run, and its reference.
 
 `train_on_rank(servers, workers, consistency, staleness, ...)` runs on every rank of a world
 of S + W: ranks below S serve their key range of `build(name)`'s trainable parameters,
 the others train on their slice of each global batch (the data-parallel fixture's model and
 batches, so BSP can be compared with one process and with all-reduce data parallelism).
+Consistency "bsp", "ssp" (with `staleness`), "async" or "downpour" (`downpour.py`, with
+`n_fetch` and `n_push`); `cache_prefetch` puts a worker's model behind GeePS's cache.
 `reference` is one process training the same model on the whole batches with the same SGD.
 """
 

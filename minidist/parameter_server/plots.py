@@ -30,7 +30,8 @@ from . import theory
 
 SHAPE_COLORS = {"flat": "#8c8c8c", "row-inner": "#4c72b0", "column-inner": "#dd8452"}
 PHASE = {"forward": "fwd", "backward": "bwd"}
-CLASS_COLORS = {"row": "#4c72b0", "column": "#dd8452", "world": "#8c8c8c"}
+CLASS_COLORS = {"row": "#4c72b0", "column": "#dd8452", "world": "#8c8c8c", "intra": "#55a868",
+                "inter": "#c44e52"}  # fmt: skip
 
 
 def plot_staleness_histograms(
