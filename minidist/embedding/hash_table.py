@@ -137,8 +137,7 @@ class HashTable:
             raise HashTableFullError(
                 f"HashTable.insert: {n_new} new keys would bring the size from {size} to "
                 f"{size + n_new}, over capacity={self.capacity} (max_load={self.max_load} of "
-                f"{self.num_slots} slots); call grow() (a HashEmbeddingBag: its grow() or "
-                "auto_grow=True) or build a larger table"
+                f"{self.num_slots} slots); call grow() or build a larger table"
             )
         new_keys = uniq[missing]
         new_rows = torch.empty_like(new_keys)
