@@ -19,7 +19,7 @@ GPU-Specialized Parameter Server" (EuroSys).
 - `theory.py`: bytes per step of a worker and a server, against ring all-reduce; α-β times;
   Downpour's staleness schedule; the cache's resident bytes, peak and bytes moved
 - `fixture.py`: `train_on_rank` (serve or train), `reference` (one process)
-- `lesson.py`, `plots.py`, `check.py`: lesson 12's tour rows, pictures and exercise checkers
+- `lesson.py`, `plots.py`, `check/`: lesson 12's tour rows, pictures and exercise checkers
 """
 
 from .cache import CacheEvent, ParameterCache, layer_bytes
