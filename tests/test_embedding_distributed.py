@@ -118,9 +118,8 @@ def expected_bytes(kind, mode, placement, scheme, world, step, rank, slots):
         (2, "distributed", "mean", "modulo", 3, "all_to_all"),
         (4, "distributed", "sum", "hashed", 3, "all_to_all"),
         (2, "localized", "mean", "modulo", 3, None),
-        # 5 slots on 4 ranks: rank 0 owns two. (With fewer slots than ranks a rank pools
-        # nothing, and comm.all_to_all's ledger fails on an empty input: see the report.)
-        (4, "localized", "sum", "modulo", 5, None),
+        (4, "localized", "sum", "modulo", 5, None),  # rank 0 owns two slots
+        (4, "localized", "mean", "modulo", 2, None),  # ranks 2 and 3 own no slot
     ],
 )
 def test_placements_equal_one_embedding(world, kind, mode, placement, slots, scheme):
