@@ -80,6 +80,10 @@ def test_cache_bad_input_is_named():
     shared = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="layer 1 shares a parameter"):
         ParameterCache([shared, shared], 1)
+    mixed = nn.Linear(2, 2)
+    mixed.bias.data = mixed.bias.data.double()
+    with pytest.raises(ValueError, match="share one dtype"):
+        ParameterCache([mixed], 0)
     # nothing was hooked by the failed constructions: the model runs as before
     assert not model.layers[0]._forward_pre_hooks
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from .theory import cache_window
+
 
 @dataclass(frozen=True)
 class CacheEvent:
@@ -82,6 +84,8 @@ class ParameterCache:
             raise ValueError(
                 "ParameterCache: a layer's parameters must be its own (not in submodules)"
             )
+        if any(len({p.dtype for p in m.parameters()}) > 1 for m in layers):
+            raise ValueError("ParameterCache: a layer's parameters must share one dtype")
         if self.device.type == "cuda":  # the host staging area in pinned memory
             for m in layers:
                 for p in m.parameters(recurse=False):
@@ -121,9 +125,7 @@ class ParameterCache:
         return sum(b.untyped_storage().nbytes() for b in self.buffers)
 
     def _make_resident(self, phase: str, layer: int) -> None:
-        step = 1 if phase == "forward" else -1
-        want = {j for j in range(layer, layer + step * (self.prefetch + 1), step)
-                if 0 <= j < len(self.layers)}  # fmt: skip
+        want = set(cache_window(layer, len(self.layers), self.prefetch, phase))
         for j in self.resident - want:
             self.buffers[j].untyped_storage().resize_(0)
         moved = 0
@@ -142,7 +144,7 @@ class ParameterCache:
 
     def _grad_to_host(self, host: nn.Parameter):
         def hook(view: nn.Parameter) -> None:
-            g = view.grad.to(host.device, non_blocking=True)
+            g = view.grad.to(host.device)  # blocking: the optimizer reads it next
             host.grad = g if host.grad is None else host.grad + g
             self.moved_out += g.numel() * g.element_size()
             view.grad = None
