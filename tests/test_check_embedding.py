@@ -5,7 +5,12 @@ import torch
 
 from minidist.course.check import CheckFailed
 from minidist.embedding import HashTableFullError
-from minidist.embedding.check import check_linear_probing, check_owner_and_splits
+from minidist.embedding.check import (
+    check_dedup_backward,
+    check_linear_probing,
+    check_localized_reorder,
+    check_owner_and_splits,
+)
 
 # -- exercise 1: linear probing ---------------------------------------------------------------
 
@@ -150,3 +155,143 @@ def test_owner_and_splits_stub_is_not_implemented():
 
     with pytest.raises(NotImplementedError):
         check_owner_and_splits(stub, stub)
+
+
+# -- exercise 3: the sort/dedup backward ------------------------------------------------------
+
+
+def dedup_right(rows):
+    order = torch.argsort(rows, stable=True)
+    unique, counts = torch.unique_consecutive(rows[order], return_counts=True)
+    return order, unique, torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
+def grads_right(rows, bags, grad_pooled, weights, loss_scale, *, assign=False, scale=True):
+    order, unique, offsets = dedup_right(rows)
+    run = torch.repeat_interleave(torch.arange(unique.numel()), offsets[1:] - offsets[:-1])
+    contrib = weights[order, None] * grad_pooled[bags[order]]
+    out = torch.zeros(unique.numel(), grad_pooled.shape[1])
+    if assign:
+        out[run] = contrib  # last write wins
+    else:
+        out.index_add_(0, run, contrib)
+    return unique, out / loss_scale if scale else out
+
+
+def test_dedup_backward_passes(capsys):
+    check_dedup_backward(dedup_right, grads_right)
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "run_offsets [0, 3, 5, 7, 8, 10], 5 unique rows" in out
+
+
+def test_run_lengths_instead_of_offsets_are_named():
+    def lengths(rows):
+        order, unique, offsets = dedup_right(rows)
+        return order, unique, offsets[1:] - offsets[:-1]
+
+    with pytest.raises(CheckFailed, match="are the run lengths"):
+        check_dedup_backward(lengths, grads_right)
+
+
+def test_unstable_order_is_named():
+    def unstable(rows):
+        n = rows.numel()
+        order = torch.argsort(rows * n + (n - 1 - torch.arange(n)))  # ties: last first
+        _, unique, offsets = dedup_right(rows)
+        return order, unique, offsets
+
+    with pytest.raises(CheckFailed, match="not stable"):
+        check_dedup_backward(unstable, grads_right)
+
+
+def test_duplicates_not_summed_are_named():
+    with pytest.raises(CheckFailed, match="only its last occurrence"):
+        check_dedup_backward(dedup_right, lambda *a: grads_right(*a, assign=True))
+
+
+def test_loss_scale_not_divided_is_named():
+    with pytest.raises(CheckFailed, match="loss_scale = 8.0 times too large"):
+        check_dedup_backward(dedup_right, lambda *a: grads_right(*a, scale=False))
+
+
+def test_weights_left_out_are_named():
+    def unweighted(rows, bags, grad_pooled, weights, loss_scale):
+        return grads_right(rows, bags, grad_pooled, torch.ones_like(weights), loss_scale)
+
+    with pytest.raises(CheckFailed, match="weights are missing"):
+        check_dedup_backward(dedup_right, unweighted)
+
+
+def test_dedup_backward_stub_is_not_implemented():
+    def stub(*args):
+        raise NotImplementedError("exercise: replace this line with your code")
+
+    with pytest.raises(NotImplementedError):
+        check_dedup_backward(stub, stub)
+
+
+# -- exercise 4: the localized reorder --------------------------------------------------------
+
+
+def reorder_right(received, batch, slots, world_size):
+    bag_owner = (torch.arange(batch * slots) % slots) % world_size
+    order = torch.argsort(bag_owner, stable=True)  # bag order[j] arrived j-th
+    out = torch.empty_like(received)
+    out[order] = received
+    return out
+
+
+def test_localized_reorder_passes(capsys):
+    check_localized_reorder(reorder_right)
+    assert "PASSED" in capsys.readouterr().out
+
+
+def test_order_as_received_is_named():
+    with pytest.raises(CheckFailed, match="in the order they arrived"):
+        check_localized_reorder(lambda r, b, s, n: r.clone())
+
+
+def test_slot_major_owner_chunks_are_named():
+    def slot_major(received, batch, slots, world_size):
+        bag = torch.arange(batch * slots)
+        key = (bag % slots % world_size) * batch * slots + (bag % slots) * batch + bag // slots
+        out = torch.empty_like(received)
+        out[torch.argsort(key)] = received
+        return out
+
+    with pytest.raises(CheckFailed, match="not slot-major"):
+        check_localized_reorder(slot_major)
+
+
+def test_block_placement_is_named():
+    def blocks(received, batch, slots, world_size):
+        per = -(-slots // world_size)
+        bag_owner = (torch.arange(batch * slots) % slots) // per
+        out = torch.empty_like(received)
+        out[torch.argsort(bag_owner, stable=True)] = received
+        return out
+
+    with pytest.raises(CheckFailed, match="not in blocks"):
+        check_localized_reorder(blocks)
+
+
+def test_equal_owner_chunks_are_named():
+    def equal_chunks(received, batch, slots, world_size):
+        per = slots // world_size  # wrong when N does not divide the slots
+        out = torch.empty_like(received)
+        for j in range(received.shape[0]):
+            q, within = divmod(j, max(1, batch * per))
+            i, k = divmod(within, max(1, per))
+            out[min(i * slots + q + k * world_size, out.shape[0] - 1)] = received[j]
+        return out
+
+    with pytest.raises(CheckFailed, match="hold different numbers"):
+        check_localized_reorder(equal_chunks)
+
+
+def test_localized_reorder_stub_is_not_implemented():
+    def stub(*args):
+        raise NotImplementedError("exercise: replace this line with your code")
+
+    with pytest.raises(NotImplementedError):
+        check_localized_reorder(stub)
