@@ -153,6 +153,24 @@ def test_reduce_scatter_needs_even_batches_and_says_so_on_every_rank():
         assert "same number of bags, got [1, 2]" in message and size == 0
 
 
+def malformed_batch_rank():
+    layer = DistributedSlotSparseEmbeddingHash(8, DIM, 1, scheme="reduce_scatter")
+    values, offsets = to_csr([[1], [2, 3]])
+    if dist.get_rank() == 1:
+        offsets = torch.tensor([0, 2, 1])  # decreasing
+    try:
+        layer(values, offsets)
+    except ValueError as error:
+        return str(error), layer.local.table.size
+    return None, layer.local.table.size
+
+
+def test_a_malformed_batch_on_one_rank_is_an_error_on_every_rank():
+    (first, size0), (second, size1) = minidist.launch(malformed_batch_rank, 2)
+    assert "rank(s) [1] brought a malformed batch" in first
+    assert "row_offsets must never decrease" in second and size0 == size1 == 0
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="placement='range'"):
         DistributedSlotSparseEmbeddingHash(8, 2, 2, placement="range")

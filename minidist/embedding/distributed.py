@@ -15,7 +15,8 @@ form, bags sample-major (bag b = sample b // S, slot b % S), and gets its own ba
     vectors of its own bags. Mean divides each occurrence by its bag's global count, from
     an all-gather of the bags' lengths (the gathered row offsets). Backward: an all-gather
     of the top gradients, so that every owner has the gradient of every bag it summed
-    into. Every rank must bring the same number of bags (the reduce-scatter splits evenly).
+    into. Every rank must bring the same number of bags (the reduce-scatter splits evenly);
+    a malformed batch on one rank is an error on every rank, before anything changes.
   * `scheme="all_to_all"` (TorchRec's row-wise sharding; the default for now, as notebook 11
     and the tour row count its bytes): an all-to-all sends each key
     occurrence to its owner, the owner looks it up and a second all-to-all returns the
@@ -156,24 +157,38 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
 
     def forward(self, values: torch.Tensor, row_offsets: torch.Tensor) -> torch.Tensor:
         who = "DistributedSlotSparseEmbeddingHash"
+        if self.scheme == "reduce_scatter":
+            return self._reduce_scatter(values, row_offsets)
         check_csr(values, row_offsets, who)
         bags = _check_slots(row_offsets, self.slots, who)
         n, _ = _world(self.group)
         owner = key_owner(values, n, self.placement)
         order = torch.argsort(owner, stable=True)
         send = torch.bincount(owner, minlength=n)
-        if self.scheme == "reduce_scatter":
-            return self._reduce_scatter(values, row_offsets, bags, order, send)
         return self._all_to_all(values, row_offsets, bags, order, send)
 
-    def _reduce_scatter(self, values, row_offsets, bags, order, send):
+    def _reduce_scatter(self, values, row_offsets):
+        who = "DistributedSlotSparseEmbeddingHash(scheme='reduce_scatter')"
         n, rank = _world(self.group)
+        try:  # a bad batch still joins the first exchange (bags = -1), so no rank hangs
+            check_csr(values, row_offsets, who)
+            bags, error = _check_slots(row_offsets, self.slots, who), None
+            owner = key_owner(values, n, self.placement)
+            order, send = torch.argsort(owner, stable=True), torch.bincount(owner, minlength=n)
+        except (TypeError, ValueError) as caught:
+            bags, error, send = -1, caught, torch.zeros(n, dtype=torch.int64)
         # Counts and batch sizes in one exchange: every rank learns every rank's bags.
         info = _exchange_counts(torch.stack([send, torch.full_like(send, bags)], 1), self.group)
+        if error is not None:
+            raise error
+        if (info[:, 1] < 0).any():
+            bad = (info[:, 1] < 0).nonzero()[:, 0].tolist()
+            raise ValueError(f"{who}: rank(s) {bad} brought a malformed batch (their error says "
+                             "why); no rank changed anything")  # fmt: skip
         if (info[:, 1] != bags).any():
             raise ValueError(
-                f"DistributedSlotSparseEmbeddingHash(scheme='reduce_scatter'): every rank must "
-                f"bring the same number of bags, got {info[:, 1].tolist()} (rank by rank)"
+                f"{who}: every rank must bring the same number of bags, got "
+                f"{info[:, 1].tolist()} (rank by rank)"
             )
         global_bag = occurrence_bags(row_offsets) + rank * bags
         pairs = torch.stack([values, global_bag], 1)[order]
