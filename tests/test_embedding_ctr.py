@@ -148,3 +148,19 @@ def test_bad_arguments(data):
     net = build_ctr("dlrm", slots=SLOTS, dense=DENSE)
     with pytest.raises(ValueError, match="global_batch=63 must divide by world=2"):
         train_steps(net, make_optimizers(net), data, 1, 63, world=2)
+
+
+def test_bench_runs_on_tiny_sizes():
+    """The bench's functions run and their outputs are consistent (no time is asserted)."""
+    from minidist.embedding import bench as measure
+    from minidist.registry import benches
+
+    assert "embedding" in benches()
+    out = measure.table_vs_dict(512, rounds=1, steps=1)
+    assert out["hash_bench_keys"] == 512 and out["hash_find_speedup_vs_dict"] > 0
+    bag = measure.bag_vs_dense(16, rounds=1, steps=1)
+    assert bag["embedding_bag_same_output"] and bag["embedding_bag_keys"] > 16 * SLOTS - 1
+    kernel = measure.kernel_throughput("cpu", "torch", 256, 64, rounds=1)
+    assert kernel["load_factor"] == 0.5 and kernel["find_keys_per_s"] > 0
+    keys = measure.distinct_keys(1000)
+    assert keys.unique().numel() == 1000 and (keys < 0).any()

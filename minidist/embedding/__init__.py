@@ -1,4 +1,4 @@
-"""Lesson 11, HugeCTR-style hash-table embeddings (notebook `notebooks/11_embeddings.ipynb`).
+"""Lesson 11, HugeCTR-style hash-table embeddings (notebook `notebooks/11_hash_embeddings.ipynb`).
 
 NVIDIA Merlin HugeCTR (docs: "Sparse Embedding", `DistributedSlotSparseEmbeddingHash`,
 `LocalizedSlotSparseEmbeddingHash`; Wang et al. 2022, "Merlin HugeCTR: GPU-accelerated

@@ -110,6 +110,22 @@ def split_counts(data: CTRData, step: int, world: int, global_batch: int, placem
     return [torch.bincount(o, minlength=world).tolist() for o in owners]
 
 
+def localized_counts(data: CTRData, step: int, world: int, global_batch: int):
+    """(bags_to, keys_to): bags_to[r][q] bags of rank r's batch at `step` whose slot lives
+    on rank q (slot s on s mod N), keys_to[r][q] the keys in them."""
+    bags_to, keys_to = [], []
+    for r in range(world):
+        lo, hi = rank_range(step, r, world, global_batch)
+        bags, keys = [0] * world, [0] * world
+        for b in range(lo * data.slots, hi * data.slots):
+            q = (b % data.slots) % world
+            bags[q] += 1
+            keys[q] += len(data.bags[b])
+        bags_to.append(bags)
+        keys_to.append(keys)
+    return bags_to, keys_to
+
+
 def slot_embedding_on_rank(
     data: CTRData, placements: tuple[str, ...], steps: int, global_batch: int,
     capacity_per_rank: int, dim: int = DIM,

@@ -9,13 +9,19 @@ Memory: rank 0's value table plus Adagrad's accumulator, measured, against
 counts, the keys to their owners, the vectors back, the gradients back to the owners) with
 the hashed placement, against `theory.distributed_slot_step_bytes` from the step's split
 counts. Figures: the load of keys per rank and the bytes per step of the two placements.
+
+The bench `python -m minidist bench embedding` (one process; `bench.py` says what it times):
+the torch back end's insert and find against a Python dict (`hash_find_speedup_vs_dict`, goal
+>= 10), the pooled lookup against `nn.EmbeddingBag` on pre-mapped rows
+(`embedding_bag_ratio_vs_dense`, goal <= 3), and on a GPU the Triton kernels' keys/s and
+fraction of the copy bandwidth beside HierarchicalKV's A100 figures.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..registry import TourRow, tour_row
+from ..registry import TourRow, bench, tour_row
 from ..runtime import launch
 from . import theory
 from .fixture import (
@@ -28,6 +34,7 @@ from .fixture import (
 )
 
 STEPS, GLOBAL_BATCH, CAPACITY_PER_RANK = 2, 16, 256
+BENCH_KEYS, BENCH_SAMPLES = 1 << 18, 2048  # keys at load 0.5; Criteo-like samples (x 26 slots)
 PLACEMENTS = ("modulo", "hashed")
 
 
@@ -70,3 +77,24 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
         bytes_per_rank=measured["hashed"][0],
         bytes_theory=predicted["hashed"][0],
     )  # fmt: skip
+
+
+@bench("embedding")
+def bench_embedding(world_size: int, rounds: int, steps: int) -> dict:
+    """Hash table vs dict, hashed vs pre-mapped embedding bag (CPU), Triton kernels (GPU).
+    One process: `world_size` is not used."""
+    import torch
+
+    from . import bench as measure
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per core: the dict has one, and a shared CPU stalls the rest
+    try:
+        out = measure.table_vs_dict(BENCH_KEYS, rounds, steps)
+        out |= measure.bag_vs_dense(BENCH_SAMPLES, rounds, steps)
+    finally:
+        torch.set_num_threads(threads)
+    out["cpu_threads"] = 1
+    if torch.cuda.is_available():
+        out |= measure.gpu_figures(rounds)
+    return out

@@ -8,6 +8,14 @@
   imbalance max / mean in the title (HugeCTR docs, "DistributedSlotSparseEmbeddingHash").
 - `plot_bytes_per_step`: bytes each rank sends in one step, measured, per placement, next to
   `theory.distributed_slot_step_bytes`.
+- `plot_sort_dedup`: the backward's worked example: the occurrences' rows, the stable sort
+  (an arrow from each occurrence to its sorted place), the runs of equal rows with their
+  offsets and one gradient sum per unique row (`backward.sort_and_dedup`).
+- `plot_placements`: who sends what to whom in one forward of each placement, for given
+  counts: key occurrences out and vectors back (distributed), bags out and pooled vectors
+  back (localized), with the bytes of each message.
+- `plot_ctr_losses`: loss curves of the CTR models (the hash model against its dense
+  baseline), AUC in the legend.
 
 Every function returns a matplotlib Figure and shows nothing itself.
 """
@@ -131,6 +139,100 @@ def plot_bytes_per_step(
     ax.set_xticks(range(len(got)), [f"rank {r}" for r in range(len(got))])
     ax.set_ylabel("bytes sent in one step")
     ax.set_title("Distributed slots: all-to-all bytes per step (forward + backward)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sort_dedup(rows, order, unique_rows, run_offsets) -> Figure:
+    rows, order = list(map(int, rows)), list(map(int, order))
+    unique_rows, run_offsets = list(map(int, unique_rows)), list(map(int, run_offsets))
+    n = len(rows)
+    colors = plt.get_cmap("tab10")
+    color = {r: colors(i % 10) for i, r in enumerate(unique_rows)}
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * n), 3.6))
+    top, mid = 2.6, 1.0
+    for i, r in enumerate(rows):  # the occurrences, in batch order
+        ax.add_patch(Rectangle((i, top), 0.9, 0.7, facecolor=color[r], alpha=0.55))
+        ax.text(i + 0.45, top + 0.35, str(r), ha="center", va="center")
+        ax.text(i + 0.45, top + 0.9, f"i={i}", ha="center", fontsize=7, color="gray")
+    for j, i in enumerate(order):  # stable sort: occurrence i goes to place j
+        ax.annotate("", (j + 0.45, mid + 0.72), (i + 0.45, top - 0.02),
+                    arrowprops=dict(arrowstyle="-|>", color=color[rows[i]], lw=1))  # fmt: skip
+        ax.add_patch(Rectangle((j, mid), 0.9, 0.7, facecolor=color[rows[i]], alpha=0.55))
+        ax.text(j + 0.45, mid + 0.35, str(rows[i]), ha="center", va="center")
+    for u, (a, b) in enumerate(zip(run_offsets, run_offsets[1:])):
+        ax.plot([a + 0.02, b - 0.12], [mid - 0.15] * 2, color=color[unique_rows[u]], lw=3)
+        ax.text((a + b - 0.1) / 2, mid - 0.6, f"row {unique_rows[u]}\nΣ of {b - a}",
+                ha="center", va="center", fontsize=7)  # fmt: skip
+    for a in run_offsets:
+        ax.text(a - 0.05, mid - 1.15, str(a), ha="center", fontsize=8, color="black")
+    ax.text(-0.3, top + 0.35, "rows", ha="right", va="center")
+    ax.text(-0.3, mid + 0.35, "sorted", ha="right", va="center")
+    ax.text(-0.3, mid - 1.15, "run_offsets", ha="right", fontsize=8)
+    ax.set_xlim(-1.6, n + 0.2)
+    ax.set_ylim(-0.4, top + 1.2)
+    ax.axis("off")
+    ax.set_title(f"Backward: stable sort by row, {len(unique_rows)} runs of equal rows, one "
+                 "gradient sum per unique row")  # fmt: skip
+    return fig
+
+
+def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequence[int]],
+                    keys: Sequence[Sequence[int]], dim: int) -> Figure:  # fmt: skip
+    """`distributed[r][q]`: key occurrences rank r sends to owner q (distributed slots);
+    `bags[r][q]`, `keys[r][q]`: bags and their keys rank r sends to slot owner q (localized).
+    Each arrow r -> q is labelled with what goes out (int64 keys) and what comes back
+    (float32 vectors of `dim`); a rank's own share stays (grey)."""
+    world = len(distributed)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 1.5 * world))
+    panels = (
+        ("Distributed slots: each key to its owner", lambda r, q: (
+            f"{distributed[r][q]} keys ({8 * distributed[r][q]} B) →",
+            f"← {distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)")),
+        ("Localized slots: each bag to its slot's owner", lambda r, q: (
+            f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B) →",
+            f"← {bags[r][q]} pooled ({4 * dim * bags[r][q]} B)")),
+    )  # fmt: skip
+    for ax, (title, label) in zip(axes, panels):
+        for r in range(world):
+            y = world - 1 - r
+            ax.add_patch(Rectangle((0, y + 0.15), 1.2, 0.7, facecolor="#dde8f3", edgecolor="k"))
+            ax.text(0.6, y + 0.5, f"rank {r}\nbatch", ha="center", va="center", fontsize=8)
+            ax.add_patch(Rectangle((4.8, y + 0.15), 1.2, 0.7, facecolor="#f3e3d3", edgecolor="k"))
+            ax.text(5.4, y + 0.5, f"rank {r}\ntable", ha="center", va="center", fontsize=8)
+        for r in range(world):
+            for q in range(world):
+                y0, y1 = world - 1 - r + 0.5, world - 1 - q + 0.5
+                own = r == q
+                ax.annotate("", (4.8, y1), (1.2, y0), arrowprops=dict(
+                    arrowstyle="<|-|>", color="#999999" if own else "#333333", lw=1.0))  # fmt: skip
+                out, back = label(r, q)
+                t = 0.5 if own else 0.3  # crossing arrows: labels near their senders
+                x, y = 1.2 + 3.6 * t, y0 + (y1 - y0) * t
+                text = "stays on the rank" if own else f"{out}\n{back}"
+                box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1)
+                ax.text(x, y, text, ha="center", va="center", fontsize=7,
+                        color="#777777" if own else "black", bbox=box)  # fmt: skip
+        ax.set_xlim(-0.1, 6.1)
+        ax.set_ylim(-0.1, world + 0.1)
+        ax.axis("off")
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"One forward on N = {world}: what goes out (keys, int64) and comes back "
+                 f"(vectors, float32, D = {dim}); the backward sends the gradients of what came "
+                 "back", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_ctr_losses(curves: Mapping[str, Sequence[float]], title: str = "") -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    styles = ["-", "--", ":", "-."]
+    for i, (name, losses) in enumerate(curves.items()):
+        ax.plot(range(1, len(losses) + 1), losses, styles[i % 4], label=name, lw=1.6)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (log loss)")
+    ax.set_title(title or "CTR training")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
