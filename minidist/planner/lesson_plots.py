@@ -48,3 +48,24 @@ def _cell(value: object) -> str:
     if isinstance(value, float | int):
         return f"{round(value):,}"
     return str(value)
+
+
+def plot_compute_vs_communication(
+    points: Sequence[tuple[float, float, float, str]], threshold: float, title: str
+) -> Figure:
+    """Backward compute and data-parallel communication per step against tokens per device,
+    `points` as (tokens, backward seconds, communication seconds, bound); the threshold C / W
+    as a vertical line."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    tokens = [p[0] for p in points]
+    ax.plot(tokens, [p[1] for p in points], "o-", label="backward compute")
+    ax.plot(tokens, [p[2] for p in points], "s-", label="gradient all-reduce")
+    ax.axvline(threshold, color="k", ls="--", lw=1, label=f"C / W = {threshold:,.0f} tokens")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per device per step")
+    ax.set_ylabel("seconds per step")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
