@@ -217,3 +217,22 @@ def test_cli_bad_degrees_are_named():
     out = _plan_cli("--params", "1e9", "--world", "6", "--tp", "4")
     assert out.returncode != 0
     assert "--world 6" in out.stderr and "--tp 4" in out.stderr
+
+
+def test_bench_plan_prints_name_value_lines():
+    """Runs the fit and both timed layouts; prints ratios (never asserted: timing)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "minidist", "bench", "plan", "--rounds", "1", "--steps", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    values = dict(line.split("=") for line in out.stdout.split())
+    for kind in ("dp", "tp"):
+        assert float(values[f"{kind}_measured_over_predicted"]) > 0
+
+
+def test_params_only_fsdp_sends_three_halves_of_ddp():
+    spec = ModelSpec(params=4000)
+    ddp = plan(spec, Layout(dp=4, global_batch=4)).bytes_sent
+    fsdp = plan(spec, Layout(dp=4, zero=3, global_batch=4)).bytes_sent
+    assert fsdp == pytest.approx(1.5 * ddp)

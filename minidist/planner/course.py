@@ -93,14 +93,15 @@ def _pipeline(n: int) -> CoursePlan:
 
 
 def _three_d(n: int) -> CoursePlan:
-    from ..three_d.fixture import GPT_3D
     from ..three_d.lesson import tour_shape
+    from ..three_d.run import GPT_3D, MICROBATCHES
 
     tp, pp, dp = tour_shape(n)
     sizes = {k: v for k, v in GPT_3D.items() if k not in ("steps", "global_batch")}
     layout = Layout(
-        dp=dp, tp=tp, pp=pp, zero=1, optimizer="sgd", global_batch=GPT_3D["global_batch"]
-    )
+        dp=dp, tp=tp, pp=pp, zero=1, optimizer="sgd", microbatches=MICROBATCHES,
+        global_batch=GPT_3D["global_batch"],
+    )  # fmt: skip
     return _states(_gpt(**sizes), layout)
 
 

@@ -12,7 +12,7 @@ Published figures (peak, dense, 16-bit, from the vendors' datasheets):
 
 Latencies (α) are not on datasheets: 5 µs inside a node and 20 µs across nodes are the
 orders of magnitude NCCL's small-message all-reduces show; they matter only for small
-messages. `fit_here` measures all three numbers on this machine instead.
+messages. `measure.fit_here` measures all three numbers on this machine instead.
 """
 
 from __future__ import annotations

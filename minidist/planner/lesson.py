@@ -9,6 +9,9 @@ bytes of rank 0 (`Plan.model_state_bytes` against `memory.model_state_bytes`) an
 0 sent per training step (`Plan.bytes_sent` against the ledger; the comparison contract's
 gathers, tag "full-grads", are a check, not training traffic). Both are equal to the byte.
 The plan's bars beside the run's, by kind, go to `planner_zero2.png`.
+
+`python -m minidist bench plan` (in `measure.py`) times data and tensor parallelism here
+against the step time predicted with this machine's fitted FLOP rate and links.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from ..training import max_abs_diff
+from . import measure  # noqa: F401  (registers `python -m minidist bench plan`)
 from .course import course_plan
 
 ROW_LAYOUT = "ZeRO-2"

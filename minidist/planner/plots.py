@@ -20,13 +20,13 @@ def plot_sweep(plans: list[Plan], memory_bytes: float | None = None) -> Figure:
         ax.scatter(
             [p.time.total_s for p in group], [p.memory_per_rank / GIB for p in group], **style
         )
-    for p in plans:
+    front = frontier(fits) if fits else []
+    for p in front:  # label the frontier only: a sweep has dozens of points
         lay = p.layout
         ax.annotate(
             f"d{lay.dp} t{lay.tp} p{lay.pp} z{lay.zero}", (p.time.total_s, p.memory_per_rank / GIB),
             fontsize=7, xytext=(3, 3), textcoords="offset points",
         )  # fmt: skip
-    front = frontier(fits) if fits else []
     if front:
         ax.plot(
             [p.time.total_s for p in front], [p.memory_per_rank / GIB for p in front],

@@ -201,8 +201,10 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
         }
     units = model.fsdp_units() if model.has_config else [model.trainable]
     f = shard_group(layout)
-    gathers = fsdp_theory.bytes_sent_per_step(units, n, True, shard_size=f, element_size=e)
-    reduces = fsdp_theory.bytes_sent_per_step(units, n, True, shard_size=f, element_size=r)
+    # a spec without configuration is one unit that is not a root: gathered again in backward
+    root = model.has_config
+    gathers = fsdp_theory.bytes_sent_per_step(units, n, True, f, e, has_root=root)
+    reduces = fsdp_theory.bytes_sent_per_step(units, n, True, f, r, has_root=root)
     out = {
         ("all_gather", "shard"): gathers["all_gather"],
         ("reduce_scatter", "shard"): reduces["reduce_scatter"],
