@@ -111,13 +111,16 @@ def test_hash_model_equals_dense_embedding_bag_baseline(data, model):
     assert float(diff.abs().max()) <= TOL
 
 
-@pytest.mark.parametrize(("model", "embedding"), [("wide_deep", "distributed"),
-                                                  ("dlrm", "localized")])  # fmt: skip
-def test_world_of_2_equals_one_process(data, model, embedding):
+WORLD_CASES = [("wide_deep", "distributed", "all_to_all"), ("wide_deep", "distributed",
+               "reduce_scatter"), ("dlrm", "localized", "all_to_all")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "embedding", "scheme"), WORLD_CASES)
+def test_world_of_2_equals_one_process(data, model, embedding, scheme):
     ref, ref_losses = _train(model, "hash", data, capacity=4096)
     held_out = STEPS * GB, (STEPS + 1) * GB
     runs = minidist.launch(ctr_on_rank, 2, model, embedding, data, STEPS, GB, held_out,
-                           capacity=2048)  # fmt: skip
+                           capacity=2048, scheme=scheme)  # fmt: skip
     losses = [sum(r["losses"][i] for r in runs) / 2 for i in range(STEPS)]
     assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= TOL
     for name, dump in ref.dumps().items():

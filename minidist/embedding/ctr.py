@@ -135,7 +135,7 @@ class CTRModel(nn.Module):
         return {name: layer.dump() for name, layer in self.embeddings.items()}
 
 
-def _embedding(kind, dim, slots, capacity, keys, placement):
+def _embedding(kind, dim, slots, capacity, keys, placement, scheme):
     from .distributed import DistributedSlotSparseEmbeddingHash, LocalizedSlotSparseEmbeddingHash
 
     if kind == "hash":
@@ -145,17 +145,20 @@ def _embedding(kind, dim, slots, capacity, keys, placement):
             raise ValueError("build_ctr: embedding='dense' needs keys= (the training keys)")
         return DenseEmbeddingBag(keys, dim)
     if kind == "distributed":
-        return DistributedSlotSparseEmbeddingHash(capacity, dim, slots, placement=placement)
+        return DistributedSlotSparseEmbeddingHash(
+            capacity, dim, slots, placement=placement, scheme=scheme
+        )
     return LocalizedSlotSparseEmbeddingHash(capacity, dim, slots)
 
 
 def build_ctr(
     model: str, embedding: str = "hash", *, slots: int, dense: int, dim: int = 8,
     hidden: tuple[int, ...] = (32, 16), capacity: int = 1 << 14, keys=None,
-    placement: str = "hashed", seed: int = 0,
+    placement: str = "hashed", scheme: str = "all_to_all", seed: int = 0,
 ) -> CTRModel:  # fmt: skip
-    """Wide&Deep or DLRM; `capacity` is per rank for the model-parallel embeddings. The dense
-    part is initialised from `seed`, the same for every embedding kind and world."""
+    """Wide&Deep or DLRM; `capacity` is per rank for the model-parallel embeddings
+    (`placement` and `scheme` of the distributed slots). The dense part is initialised from
+    `seed`, the same for every embedding kind and world."""
     if model not in MODELS:
         raise ValueError(f"build_ctr: model={model!r} must be one of {MODELS}")
     if embedding not in EMBEDDINGS:
@@ -165,7 +168,8 @@ def build_ctr(
     dense_part = dense_cls(dense, slots, dim, hidden)
     dims = {"deep": dim, "wide": 1} if model == "wide_deep" else {"deep": dim}
     layers = {
-        n: _embedding(embedding, d, slots, capacity, keys, placement) for n, d in dims.items()
+        n: _embedding(embedding, d, slots, capacity, keys, placement, scheme)
+        for n, d in dims.items()
     }
     return CTRModel(layers, dims, dense_part, slots)
 
@@ -244,22 +248,30 @@ def ctr_on_rank(model: str, embedding: str, data, steps: int, global_batch: int,
                 eval_range: tuple[int, int], **sizes) -> dict:  # fmt: skip
     """What each rank of a world runs: `model` with model-parallel embeddings (`embedding`
     'distributed' or 'localized') and its dense part in `BucketedDataParallel`, trained
-    `steps` steps; returns its losses, key-sorted dumps, the dense parameters and the logits
-    of its share of `eval_range`."""
+    `steps` steps; returns its losses, key-sorted dumps, the dense parameters, the logits of
+    its share of `eval_range`, the bytes it sent in the last step (`sent`, ring model) and
+    the bytes of its embedding tables and their optimizer state (`memory`)."""
     import torch.distributed as dist
 
+    from .. import comm
     from ..data_parallel.bucketed import BucketedDataParallel
+    from ..memory import optimizer_state_tensors, tensor_bytes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     net = build_ctr(model, embedding, slots=data.slots, dense=data.dense.shape[1], **sizes)
     net.dense = BucketedDataParallel(net.dense)
     net.grad_divisor = float(world)
-    losses = train_steps(net, make_optimizers(net), data, steps, global_batch, rank, world)
+    opts = make_optimizers(net)
+    losses = train_steps(net, opts, data, steps - 1, global_batch, rank, world)
+    with comm.record() as ledger:
+        losses += train_steps(net, opts, data, 1, global_batch, rank, world, steps - 1)
+    memory = tensor_bytes(net.sparse_weights()) + tensor_bytes(optimizer_state_tensors(opts[0]))
     lo, hi = eval_range
     share = (hi - lo) // world
     logits = predict(net, data, lo + rank * share, lo + (rank + 1) * share)
     dense_params = {n: p.detach().clone() for n, p in net.dense.module.named_parameters()}
-    return dict(losses=losses, dumps=net.dumps(), dense=dense_params, logits=logits)
+    return dict(losses=losses, dumps=net.dumps(), dense=dense_params, logits=logits,
+                sent=ledger.total_ring_bytes(), memory=memory)  # fmt: skip
 
 
 def merge_dumps(dumps: list[tuple[torch.Tensor, torch.Tensor]]):

@@ -10,6 +10,14 @@ counts, the keys to their owners, the vectors back, the gradients back to the ow
 the hashed placement, against `theory.distributed_slot_step_bytes` from the step's split
 counts. Figures: the load of keys per rank and the bytes per step of the two placements.
 
+The "Wide&Deep (hash emb. + DDP)" row (Cheng et al. 2016) trains `ctr.build_ctr("wide_deep")`
+on `criteo.criteo_data` with its embeddings model-parallel (distributed slots, hashed) and
+its MLPs in `BucketedDataParallel`, against the same model in one process: losses, key-sorted
+tables, MLP parameters and held-out logits within `CTR_TOL`. Memory: rank 0's two tables
+(dimensions 8 and 1) and their Adagrad state against `theory.embedding_state_bytes_per_rank`;
+bytes: rank 0's last step against `theory.distributed_slot_step_bytes` for each table plus
+DDP's all-reduce of the MLP gradients (`data_parallel.theory.bytes_sent_per_step`).
+
 The bench `python -m minidist bench embedding` (one process; `bench.py` says what it times):
 the torch back end's insert and find against a Python dict (`hash_find_speedup_vs_dict`, goal
 >= 10), the pooled lookup against `nn.EmbeddingBag` on pre-mapped rows
@@ -34,6 +42,10 @@ from .fixture import (
 )
 
 STEPS, GLOBAL_BATCH, CAPACITY_PER_RANK = 2, 16, 256
+CTR_STEPS, CTR_BATCH, CTR_CAPACITY = 2, 64, 2048
+# float32, other summation orders (DDP's mean, the owners' sums); Adagrad starts its
+# accumulators at 0.1, so rounding is not amplified (tests/test_embedding_ctr.py)
+CTR_TOL = 1e-5
 BENCH_KEYS, BENCH_SAMPLES = 1 << 18, 2048  # keys at load 0.5; Criteo-like samples (x 26 slots)
 PLACEMENTS = ("modulo", "hashed")
 
@@ -76,6 +88,72 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
         memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
         bytes_per_rank=measured["hashed"][0],
         bytes_theory=predicted["hashed"][0],
+    )  # fmt: skip
+
+
+def ctr_step_bytes_theory(data, step: int, world: int, dims, psi: int) -> list[float]:
+    """Bytes each rank sends in CTR training step `step`: every table's distributed-slot
+    step (hashed placement) and DDP's all-reduce of the Ψ = `psi` MLP gradients."""
+    import torch
+
+    from ..data_parallel import theory as dp_theory
+    from .distributed import key_owner
+
+    local = CTR_BATCH // world
+    to = []
+    for r in range(world):
+        lo = step * CTR_BATCH + r * local
+        values = data.batch(lo, lo + local)[1]
+        to.append(torch.bincount(key_owner(values, world, "hashed"), minlength=world).tolist())
+    return [
+        sum(theory.distributed_slot_step_bytes(to[r], [t[r] for t in to], r, d) for d in dims)
+        + dp_theory.bytes_sent_per_step(psi, world)
+        for r in range(world)
+    ]
+
+
+@tour_row("Wide&Deep (hash emb. + DDP)", lesson=11)
+def wide_deep_row(world_size: int, out_dir: Path) -> TourRow:
+    import torch
+
+    from .criteo import criteo_data
+    from .ctr import (
+        build_ctr,
+        ctr_on_rank,
+        dump_diff,
+        make_optimizers,
+        merge_dumps,
+        predict,
+        train_steps,
+    )
+    from .plots import plot_ctr_losses
+
+    data = criteo_data(seed=0, samples=(CTR_STEPS + 1) * CTR_BATCH)
+    n = world_size if CTR_BATCH % world_size == 0 else 1
+    held_out = (CTR_STEPS * CTR_BATCH, data.samples)
+    runs = launch(ctr_on_rank, n, "wide_deep", "distributed", data, CTR_STEPS, CTR_BATCH,
+                  held_out, capacity=CTR_CAPACITY)  # fmt: skip
+    one = build_ctr("wide_deep", "hash", slots=data.slots, dense=data.dense.shape[1],
+                    capacity=n * CTR_CAPACITY)  # fmt: skip
+    losses = train_steps(one, make_optimizers(one), data, CTR_STEPS, CTR_BATCH)
+    world_losses = [sum(r["losses"][i] for r in runs) / n for i in range(CTR_STEPS)]
+    diff = max(abs(a - b) for a, b in zip(world_losses, losses))
+    for name, dump in one.dumps().items():
+        diff = max(diff, dump_diff(merge_dumps([r["dumps"][name] for r in runs]), dump))
+    for name, p in one.dense.named_parameters():
+        diff = max(diff, float((runs[0]["dense"][name] - p.detach()).abs().max()))
+    logits = torch.cat([r["logits"] for r in runs])
+    diff = max(diff, float((logits - predict(one, data, *held_out)).abs().max()))
+    psi = sum(p.numel() for p in one.dense.parameters())
+    predicted = ctr_step_bytes_theory(data, CTR_STEPS - 1, n, one.dims.values(), psi)
+    curves = {f"{n} ranks": world_losses, "one process": losses}
+    _save(plot_ctr_losses(curves, "Wide&Deep, hash embeddings + DDP"), out_dir / "ctr_losses.png")
+    memory = sum(theory.embedding_state_bytes_per_rank(CTR_CAPACITY, d, "adagrad")
+                 for d in one.dims.values())  # fmt: skip
+    return TourRow(
+        f"Wide&Deep (hash emb. + DDP, N={n})", diff <= CTR_TOL, diff,
+        memory_per_rank=runs[0]["memory"], memory_theory=memory,
+        bytes_per_rank=runs[0]["sent"], bytes_theory=predicted[0],
     )  # fmt: skip
 
 
