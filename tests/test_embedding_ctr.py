@@ -1,8 +1,6 @@
 """Wide&Deep and DLRM on hash embeddings: the synthetic Criteo data, the exact AUC, equality
 with the torch baseline (`nn.EmbeddingBag` over pre-mapped rows) and with a world of 2."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -19,7 +17,8 @@ from minidist.embedding.ctr import (
     train_steps,
 )
 
-warnings.filterwarnings("ignore", message="Sparse invariant checks")  # torch's sparse Adagrad
+# torch's Adagrad on the baseline's sparse gradient warns once about its invariant checks
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 
 GB, STEPS = 64, 3
 # float32, the same sums in another order (nn.EmbeddingBag's kernel vs index_add_, DDP's mean
