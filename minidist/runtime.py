@@ -1,8 +1,8 @@
 """A world of real processes: start N ranks, run a function on each, collect the results.
 
 `launch(fn, world_size, *args)` starts `world_size` processes on this machine, initialises
-the default `torch.distributed` process group in each (gloo on CPU, NCCL when every rank can
-own a GPU), runs `fn(*args)` on every rank and returns the per-rank return values in rank
+the default `torch.distributed` process group in each (gloo; NCCL on request, for tensors
+on the ranks' GPUs), runs `fn(*args)` on every rank and returns the per-rank return values in rank
 order. Under `torchrun` the same call joins the world torchrun started instead.
 
 How the pieces fit:
@@ -83,10 +83,22 @@ def under_torchrun() -> bool:
 
 
 def default_backend(world_size: int) -> str:
-    """NCCL when every rank can own a GPU, gloo otherwise."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
-        return "nccl"
-    return "gloo"
+    """gloo, unless the environment variable MINIDIST_BACKEND says "nccl".
+
+    The course's techniques keep their tensors on the CPU, which only gloo can send, so NCCL
+    is opt-in (`launch(..., backend="nccl")` or MINIDIST_BACKEND=nccl) for code that puts its
+    tensors on the ranks' GPUs; picking it whenever GPUs exist would break every lesson on a
+    machine with several GPUs. `world_size` is checked against the GPUs when NCCL is chosen.
+    """
+    backend = os.environ.get("MINIDIST_BACKEND", "gloo")
+    if backend not in _BACKENDS:
+        raise ValueError(f"MINIDIST_BACKEND={backend!r} must be one of {_BACKENDS}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"MINIDIST_BACKEND='nccl' needs one GPU per rank: world_size={world_size}, "
+            f"GPUs={torch.cuda.device_count()}"
+        )
+    return backend
 
 
 def start_method_for(backend: str | None = None, world_size: int = 1) -> str:
@@ -204,7 +216,7 @@ def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s) -> li
             "pass world_size=None (or the same number) under torchrun"
         )
     if not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
@@ -230,7 +242,8 @@ def launch(
         fn: the function each rank runs; it sees an initialised default process group
             (`dist.get_rank()`, `dist.get_world_size()`).
         world_size: number of processes (ranks) to start.
-        backend: "gloo" or "nccl"; default NCCL when every rank can own a GPU, else gloo.
+        backend: "gloo" or "nccl"; default `default_backend(world_size)`: gloo unless the
+            environment variable MINIDIST_BACKEND says "nccl".
         timeout_s: the whole world is stopped after this many seconds (under torchrun, where
             nothing can be stopped, it is the timeout of every collective).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.

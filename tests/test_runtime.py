@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import minidist
+from minidist.runtime import default_backend
 
 
 def live_children() -> list[int]:
@@ -308,3 +309,23 @@ def test_forked_world_of_one_after_the_parent_computed_does_not_hang():
     assert minidist.launch(big_matmul, 1, timeout_s=30) == [1]
     with pytest.raises(ValueError, match="threads_per_rank=2 needs start_method='spawn'"):
         minidist.launch(big_matmul, 1, start_method="fork", threads_per_rank=2)
+
+
+def test_default_backend_is_gloo_even_with_gpus(monkeypatch):
+    """The course's tensors live on the CPU: NCCL only on request (several-GPU machines)."""
+    monkeypatch.delenv("MINIDIST_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert default_backend(4) == "gloo"
+    monkeypatch.setenv("MINIDIST_BACKEND", "nccl")
+    assert default_backend(4) == "nccl"
+
+
+def test_bad_minidist_backend_is_named(monkeypatch):
+    monkeypatch.setenv("MINIDIST_BACKEND", "mpi")
+    with pytest.raises(ValueError, match="MINIDIST_BACKEND='mpi'"):
+        default_backend(2)
+    monkeypatch.setenv("MINIDIST_BACKEND", "nccl")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="world_size=4, GPUs=1"):
+        default_backend(4)
