@@ -91,14 +91,19 @@ def default_backend(world_size: int) -> str:
     machine with several GPUs. `world_size` is checked against the GPUs when NCCL is chosen.
     """
     backend = os.environ.get("MINIDIST_BACKEND", "gloo")
+    _check_backend(backend, world_size, "MINIDIST_BACKEND")
+    return backend
+
+
+def _check_backend(backend: str, world_size: int, name: str) -> None:
+    """A known backend, and for NCCL one GPU per rank; `name` says where the value came from."""
     if backend not in _BACKENDS:
-        raise ValueError(f"MINIDIST_BACKEND={backend!r} must be one of {_BACKENDS}")
+        raise ValueError(f"{name} must be one of {_BACKENDS}, got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(
-            f"MINIDIST_BACKEND='nccl' needs one GPU per rank: world_size={world_size}, "
+            f"{name}='nccl' needs one GPU per rank: world_size={world_size}, "
             f"GPUs={torch.cuda.device_count()}"
         )
-    return backend
 
 
 def start_method_for(backend: str | None = None, world_size: int = 1) -> str:
@@ -257,13 +262,7 @@ def launch(
     if timeout_s <= 0:
         raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
     backend = backend or default_backend(world_size)
-    if backend not in _BACKENDS:
-        raise ValueError(f"launch: backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(
-            f"launch: backend='nccl' needs one GPU per rank: world_size={world_size}, "
-            f"GPUs={torch.cuda.device_count()}"
-        )
+    _check_backend(backend, world_size, "launch: backend")
     method = _pick_start_method(start_method, backend, threads_per_rank)
     if method == "fork":
         # Importing it is what makes a process's first torch optimizer slow (~1 s, and N
