@@ -110,16 +110,18 @@ def test_hash_model_equals_dense_embedding_bag_baseline(data, model):
     assert float(diff.abs().max()) <= TOL
 
 
-WORLD_CASES = [("wide_deep", "distributed", "all_to_all"), ("wide_deep", "distributed",
-               "reduce_scatter"), ("dlrm", "localized", "all_to_all")]  # fmt: skip
+# the distributed slots' default scheme (HugeCTR's reduce-scatter) and TorchRec's all-to-all
+WORLD_CASES = [("wide_deep", "distributed", None), ("wide_deep", "distributed", "all_to_all"),
+               ("dlrm", "localized", None)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("model", "embedding", "scheme"), WORLD_CASES)
 def test_world_of_2_equals_one_process(data, model, embedding, scheme):
     ref, ref_losses = _train(model, "hash", data, capacity=4096)
     held_out = STEPS * GB, (STEPS + 1) * GB
+    scheme = {} if scheme is None else {"scheme": scheme}
     runs = minidist.launch(ctr_on_rank, 2, model, embedding, data, STEPS, GB, held_out,
-                           capacity=2048, scheme=scheme)  # fmt: skip
+                           capacity=2048, **scheme)  # fmt: skip
     losses = [sum(r["losses"][i] for r in runs) / 2 for i in range(STEPS)]
     assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= TOL
     for name, dump in ref.dumps().items():
@@ -148,6 +150,8 @@ def test_bad_arguments(data):
     with pytest.raises(ValueError, match="needs keys="):
         build_ctr("dlrm", "dense", slots=SLOTS, dense=DENSE)
     net = build_ctr("dlrm", slots=SLOTS, dense=DENSE)
+    distributed = build_ctr("dlrm", "distributed", slots=SLOTS, dense=DENSE)
+    assert distributed.embeddings["deep"].scheme == "reduce_scatter"  # HugeCTR's, the default
     with pytest.raises(ValueError, match="global_batch=63 must divide by world=2"):
         train_steps(net, make_optimizers(net), data, 1, 63, world=2)
 

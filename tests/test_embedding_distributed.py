@@ -2,7 +2,7 @@
 HashEmbeddingBag over the global batch, compared per output bag and as key-sorted
 key -> vector dumps (never by row number); the bytes of the forward and of the whole step
 (forward + backward) measured against theory.py exactly, for both distributed schemes
-(reduce-scatter, HugeCTR's; all-to-all, TorchRec's row-wise).
+(reduce-scatter, HugeCTR's and the default; all-to-all, TorchRec's row-wise).
 
 Tolerance: float32, the same products summed in a different order, 1e-6.
 """
@@ -169,6 +169,10 @@ def test_a_malformed_batch_on_one_rank_is_an_error_on_every_rank():
     (first, size0), (second, size1) = minidist.launch(malformed_batch_rank, 2)
     assert "rank(s) [1] brought a malformed batch" in first
     assert "row_offsets must never decrease" in second and size0 == size1 == 0
+
+
+def test_the_default_scheme_is_hugectrs_reduce_scatter():
+    assert DistributedSlotSparseEmbeddingHash(8, DIM, 2).scheme == "reduce_scatter"
 
 
 def test_bad_arguments_are_named():

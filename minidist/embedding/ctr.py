@@ -154,10 +154,11 @@ def _embedding(kind, dim, slots, capacity, keys, placement, scheme):
 def build_ctr(
     model: str, embedding: str = "hash", *, slots: int, dense: int, dim: int = 8,
     hidden: tuple[int, ...] = (32, 16), capacity: int = 1 << 14, keys=None,
-    placement: str = "hashed", scheme: str = "all_to_all", seed: int = 0,
+    placement: str = "hashed", scheme: str = "reduce_scatter", seed: int = 0,
 ) -> CTRModel:  # fmt: skip
     """Wide&Deep or DLRM; `capacity` is per rank for the model-parallel embeddings
-    (`placement` and `scheme` of the distributed slots). The dense part is initialised from
+    (`placement` and `scheme` of the distributed slots, HugeCTR's reduce-scatter unless
+    `scheme="all_to_all"`). The dense part is initialised from
     `seed`, the same for every embedding kind and world."""
     if model not in MODELS:
         raise ValueError(f"build_ctr: model={model!r} must be one of {MODELS}")

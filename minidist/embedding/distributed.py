@@ -8,21 +8,24 @@ form, bags sample-major (bag b = sample b // S, slot b % S), and gets its own ba
 - `DistributedSlotSparseEmbeddingHash`: every key lives on one owner rank (`key mod N`, or
   `fmix64(key) mod N` with `placement="hashed"`, which spreads structured keys evenly).
   Two schemes:
-  * `scheme="reduce_scatter"` (HugeCTR's): every owner receives the keys of the
-    *whole global batch* that it owns (one all-to-all of (key, global bag) pairs; HugeCTR's
-    data reader does this distribution), sums them into partial pooled vectors for every
-    bag of the global batch [N·bags, D], and a reduce-scatter leaves each rank the pooled
-    vectors of its own bags. Mean divides each occurrence by its bag's global count, from
-    an all-gather of the bags' lengths (the gathered row offsets). Backward: an all-gather
-    of the top gradients, so that every owner has the gradient of every bag it summed
-    into. Every rank must bring the same number of bags (the reduce-scatter splits evenly);
-    a malformed batch on one rank is an error on every rank, before anything changes.
-  * `scheme="all_to_all"` (TorchRec's row-wise sharding; the default for now, as notebook 11
-    and the tour row count its bytes): an all-to-all sends each key
-    occurrence to its owner, the owner looks it up and a second all-to-all returns the
-    vectors, which the requester pools per bag. Backward: the reverse all-to-all of the
-    vectors' gradients. It sends D floats per occurrence instead of per bag of the global
-    batch: cheaper when bags hold few keys and N is large, dearer for long bags.
+  * `scheme="reduce_scatter"`, the default and HugeCTR's: every owner receives the keys of
+    the *whole global batch* that it owns (one all-to-all of (key, global bag) pairs;
+    HugeCTR's data reader does this distribution), sums them into partial pooled vectors for
+    every bag of the global batch [N·bags, D], and a reduce-scatter leaves each rank the
+    pooled vectors of its own bags. Mean divides each occurrence by its bag's global count,
+    from an all-gather of the bags' lengths (the gathered row offsets). Backward: an
+    all-gather of the top gradients, so that every owner has the gradient of every bag it
+    summed into. Every rank must bring the same number of bags (the reduce-scatter splits
+    evenly); a malformed batch on one rank is an error on every rank, before anything
+    changes.
+  * `scheme="all_to_all"` (TorchRec's row-wise sharding, the alternative): an all-to-all
+    sends each key occurrence to its owner, the owner looks it up and a second all-to-all
+    returns the vectors, which the requester pools per bag. Backward: the reverse all-to-all
+    of the vectors' gradients.
+  Per rank and step, the reduce-scatter and its all-gather move 2·(N-1)·bags·D floats
+  whatever the bags hold; the all-to-alls 2·D floats per key occurrence sent to or received
+  from another rank, about 2·(N-1)/N·keys·D: the all-to-all sends less when a bag holds fewer
+  than about N keys (`theory.py` counts both exactly), the reduce-scatter when bags are long.
 - `LocalizedSlotSparseEmbeddingHash`: every slot lives whole on rank `s mod N`. The keys of
   each bag travel to the owner of its slot, the owner pools them (`HashEmbeddingBag`), an
   all-to-all returns the pooled vectors and the requester reorders them to slot order.
@@ -142,7 +145,7 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
 
     def __init__(
         self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        placement: str = "modulo", scheme: str = "all_to_all", group=None, backend=None,
+        placement: str = "modulo", scheme: str = "reduce_scatter", group=None, backend=None,
         loss_scale: float = 1.0, auto_grow: bool = False,
     ):  # fmt: skip
         who = "DistributedSlotSparseEmbeddingHash"

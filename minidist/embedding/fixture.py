@@ -10,9 +10,10 @@ slot 3 negative and slots 1 and 2 in steps of 2 and 4, so `key mod N` piles them
 ranks while `fmix64(key) mod N` spreads them (notebook 11's load-imbalance plot).
 
 `slot_embedding_on_rank` is what each rank of the tour row and of notebook 11 runs: the
-distributed slot embedding for each placement, trained a few steps with `SparseAdagrad` on a
-logistic loss, its bytes recorded per step; `reference` trains one `HashEmbeddingBag` on the
-global batches the same way.
+distributed slot embedding for each placement (HugeCTR's reduce-scatter scheme unless
+`scheme="all_to_all"`), trained a few steps with `SparseAdagrad` on a logistic loss, its
+bytes recorded per step; `reference` trains one `HashEmbeddingBag` on the global batches the
+same way.
 """
 
 from __future__ import annotations
@@ -128,16 +129,17 @@ def localized_counts(data: CTRData, step: int, world: int, global_batch: int):
 
 def slot_embedding_on_rank(
     data: CTRData, placements: tuple[str, ...], steps: int, global_batch: int,
-    capacity_per_rank: int, dim: int = DIM,
+    capacity_per_rank: int, dim: int = DIM, scheme: str = "reduce_scatter", mode: str = "sum",
 ) -> dict:  # fmt: skip
-    """Each placement of `DistributedSlotSparseEmbeddingHash`, trained `steps` steps."""
+    """Each placement of `DistributedSlotSparseEmbeddingHash` (`scheme`, combiner `mode`),
+    trained `steps` steps."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for placement in placements:
         layer = DistributedSlotSparseEmbeddingHash(
-            capacity_per_rank, dim, data.slots, "sum", placement=placement
+            capacity_per_rank, dim, data.slots, mode, placement=placement, scheme=scheme
         )
         opt = SparseAdagrad([layer.local.weight], lr=LR)
         pooled_steps, sent = [], []
@@ -158,9 +160,10 @@ def slot_embedding_on_rank(
     return out
 
 
-def reference(data: CTRData, steps: int, global_batch: int, capacity: int, dim: int = DIM):
+def reference(data: CTRData, steps: int, global_batch: int, capacity: int, dim: int = DIM,
+              mode: str = "sum"):  # fmt: skip
     """One HashEmbeddingBag on the global batches: (pooled per step, key-sorted dump)."""
-    layer = HashEmbeddingBag(capacity, dim, "sum")
+    layer = HashEmbeddingBag(capacity, dim, mode)
     opt = SparseAdagrad([layer.weight], lr=LR)
     pooled_steps = []
     for step in range(steps):

@@ -5,18 +5,21 @@ HugeCTR's `DistributedSlotSparseEmbeddingHash` (NVIDIA Merlin HugeCTR docs; Wang
 `STEPS` steps with `SparseAdagrad` on `fixture.ctr_data`, against one `HashEmbeddingBag` over
 the global batches: pooled outputs and key-sorted key -> vector dumps within `fixture.TOL`.
 Memory: rank 0's value table plus Adagrad's accumulator, measured, against
-`theory.embedding_state_bytes_per_rank`. Bytes: what rank 0 sends in the last step (the
-counts, the keys to their owners, the vectors back, the gradients back to the owners) with
-the hashed placement, against `theory.distributed_slot_step_bytes` from the step's split
-counts. Figures: the load of keys per rank and the bytes per step of the two placements.
+`theory.embedding_state_bytes_per_rank`. Bytes: what rank 0 sends in the last step with the
+hashed placement and HugeCTR's reduce-scatter scheme, the layer's default (the counts, the
+(key, bag) pairs to their owners, the reduce-scatter of the partial sums, the all-gather of
+the top gradients), against `theory.distributed_slot_reduce_scatter_step_bytes` from the
+step's split counts. Figures: the load of keys per rank and the bytes per step of the two
+placements. (`step_bytes_theory` also counts the all-to-all scheme, for notebook 11.)
 
 The "Wide&Deep (hash emb. + DDP)" row (Cheng et al. 2016) trains `ctr.build_ctr("wide_deep")`
 on `criteo.criteo_data` with its embeddings model-parallel (distributed slots, hashed) and
 its MLPs in `BucketedDataParallel`, against the same model in one process: losses, key-sorted
 tables, MLP parameters and held-out logits within `CTR_TOL`. Memory: rank 0's two tables
 (dimensions 8 and 1) and their Adagrad state against `theory.embedding_state_bytes_per_rank`;
-bytes: rank 0's last step against `theory.distributed_slot_step_bytes` for each table plus
-DDP's all-reduce of the MLP gradients (`data_parallel.theory.bytes_sent_per_step`).
+bytes: rank 0's last step against `theory.distributed_slot_reduce_scatter_step_bytes` for
+each table plus DDP's all-reduce of the MLP gradients
+(`data_parallel.theory.bytes_sent_per_step`).
 
 The bench `python -m minidist bench embedding` (one process; `bench.py` says what it times):
 the torch back end's insert and find against a Python dict (`hash_find_speedup_vs_dict`, goal
@@ -57,13 +60,22 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def step_bytes_theory(data: CTRData, step: int, world: int, placement: str, dim: int) -> list:
-    """theory.distributed_slot_step_bytes for every rank at `step`."""
+def _slot_step_bytes(to: list, rank: int, dim: int, bags: int, scheme: str, mode: str):
+    """One rank's bytes in one distributed-slot step, from every rank's split counts
+    `to[r][q]` (key occurrences rank r sends to owner q) and its `bags` bags."""
+    if scheme == "reduce_scatter":
+        return theory.distributed_slot_reduce_scatter_step_bytes(to[rank], rank, dim, bags, mode)
+    return theory.distributed_slot_step_bytes(to[rank], [t[rank] for t in to], rank, dim)
+
+
+def step_bytes_theory(data: CTRData, step: int, world: int, placement: str, dim: int,
+                      scheme: str = "reduce_scatter", mode: str = "sum") -> list:  # fmt: skip
+    """Every rank's bytes at `step` of `slot_embedding_on_rank` (GLOBAL_BATCH samples):
+    `theory.distributed_slot_reduce_scatter_step_bytes` (the default scheme) or
+    `theory.distributed_slot_step_bytes` (`scheme="all_to_all"`, which has no mean term)."""
     to = split_counts(data, step, world, GLOBAL_BATCH, placement)
-    return [
-        theory.distributed_slot_step_bytes(to[r], [to[q][r] for q in range(world)], r, dim)
-        for r in range(world)
-    ]
+    bags = GLOBAL_BATCH // world * data.slots
+    return [_slot_step_bytes(to, r, dim, bags, scheme, mode) for r in range(world)]
 
 
 @tour_row("hash embedding (HugeCTR)", lesson=11)
@@ -91,9 +103,11 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
     )  # fmt: skip
 
 
-def ctr_step_bytes_theory(data, step: int, world: int, dims, psi: int) -> list[float]:
+def ctr_step_bytes_theory(data, step: int, world: int, dims, psi: int,
+                          scheme: str = "reduce_scatter") -> list[float]:  # fmt: skip
     """Bytes each rank sends in CTR training step `step`: every table's distributed-slot
-    step (hashed placement) and DDP's all-reduce of the Ψ = `psi` MLP gradients."""
+    step (hashed placement, `scheme`, sum combiner) and DDP's all-reduce of the Ψ = `psi`
+    MLP gradients."""
     import torch
 
     from ..data_parallel import theory as dp_theory
@@ -105,8 +119,9 @@ def ctr_step_bytes_theory(data, step: int, world: int, dims, psi: int) -> list[f
         lo = step * CTR_BATCH + r * local
         values = data.batch(lo, lo + local)[1]
         to.append(torch.bincount(key_owner(values, world, "hashed"), minlength=world).tolist())
+    bags = local * data.slots
     return [
-        sum(theory.distributed_slot_step_bytes(to[r], [t[r] for t in to], r, d) for d in dims)
+        sum(_slot_step_bytes(to, r, d, bags, scheme, "sum") for d in dims)
         + dp_theory.bytes_sent_per_step(psi, world)
         for r in range(world)
     ]

@@ -6,14 +6,17 @@
 - `plot_load_imbalance`: key occurrences (the all-to-all's and the owners' work) and distinct
   keys (the owners' table rows) per rank, under `key mod N` and `fmix64(key) mod N`, with the
   imbalance max / mean in the title (HugeCTR docs, "DistributedSlotSparseEmbeddingHash").
-- `plot_bytes_per_step`: bytes each rank sends in one step, measured, per placement, next to
-  `theory.distributed_slot_step_bytes`.
+- `plot_bytes_per_step`: bytes each rank sends in one step, measured, per placement (or per
+  scheme), next to the theory (`theory.distributed_slot_reduce_scatter_step_bytes` or
+  `theory.distributed_slot_step_bytes`).
 - `plot_sort_dedup`: the backward's worked example: the occurrences' rows, the stable sort
   (an arrow from each occurrence to its sorted place), the runs of equal rows with their
   offsets and one gradient sum per unique row (`backward.sort_and_dedup`).
 - `plot_placements`: who sends what to whom in one forward of each placement, for given
-  counts: key occurrences out and vectors back (distributed), bags out and pooled vectors
-  back (localized), with the bytes of each message.
+  counts: (key, bag) pairs out and partial sums of the receiver's bags back through the
+  reduce-scatter (distributed, HugeCTR's scheme) or key occurrences out and vectors back
+  (distributed, `scheme="all_to_all"`), bags out and pooled vectors back (localized), with
+  the bytes of each message.
 - `plot_ctr_losses`: loss curves of the CTR models (the hash model against its dense
   baseline), AUC in the legend.
 
@@ -124,8 +127,9 @@ def plot_load_imbalance(keys: torch.Tensor, world: int) -> Figure:
 
 
 def plot_bytes_per_step(
-    measured: Mapping[str, Sequence[float]], theory: Mapping[str, Sequence[float]]
-) -> Figure:
+    measured: Mapping[str, Sequence[float]], theory: Mapping[str, Sequence[float]],
+    title: str = "Distributed slots, reduce-scatter scheme: bytes per step (forward + backward)",
+) -> Figure:  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 3.2))
     width = 0.38
     for j, placement in enumerate(measured):
@@ -138,7 +142,7 @@ def plot_bytes_per_step(
     ax.plot([], [], "k_", ms=12, mew=2, label="theory")
     ax.set_xticks(range(len(got)), [f"rank {r}" for r in range(len(got))])
     ax.set_ylabel("bytes sent in one step")
-    ax.set_title("Distributed slots: all-to-all bytes per step (forward + backward)")
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -179,17 +183,27 @@ def plot_sort_dedup(rows, order, unique_rows, run_offsets) -> Figure:
 
 
 def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequence[int]],
-                    keys: Sequence[Sequence[int]], dim: int) -> Figure:  # fmt: skip
+                    keys: Sequence[Sequence[int]], dim: int,
+                    scheme: str = "reduce_scatter") -> Figure:  # fmt: skip
     """`distributed[r][q]`: key occurrences rank r sends to owner q (distributed slots);
-    `bags[r][q]`, `keys[r][q]`: bags and their keys rank r sends to slot owner q (localized).
-    Each arrow r -> q is labelled with what goes out (int64 keys) and what comes back
-    (float32 vectors of `dim`); a rank's own share stays (grey)."""
+    `bags[r][q]`, `keys[r][q]`: bags and their keys rank r sends to slot owner q (localized;
+    rank r's batch has Σ_q bags[r][q] bags). Each arrow r -> q is labelled with what goes out
+    (int64 keys, and for the reduce-scatter scheme each key's global bag) and what comes back
+    (float32 vectors of `dim`: for the reduce-scatter, owner q's partial sums of r's bags);
+    a rank's own share stays (grey)."""
     world = len(distributed)
+    own_bags = [sum(b) for b in bags]
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 1.5 * world))
-    panels = (
-        ("Distributed slots: each key to its owner", lambda r, q: (
+    if scheme == "reduce_scatter":
+        first = ("Distributed slots (reduce-scatter): (key, bag) pairs to the owner", lambda r, q: (
+            f"{distributed[r][q]} keys + bag ids ({16 * distributed[r][q]} B) →",
+            f"← partial sums of {own_bags[r]} bags ({4 * dim * own_bags[r]} B)"))  # fmt: skip
+    else:
+        first = ("Distributed slots (all-to-all): each key to its owner", lambda r, q: (
             f"{distributed[r][q]} keys ({8 * distributed[r][q]} B) →",
-            f"← {distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)")),
+            f"← {distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)"))  # fmt: skip
+    panels = (
+        first,
         ("Localized slots: each bag to its slot's owner", lambda r, q: (
             f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B) →",
             f"← {bags[r][q]} pooled ({4 * dim * bags[r][q]} B)")),
