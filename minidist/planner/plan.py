@@ -134,14 +134,15 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     memory_s = hbm / dev.memory_bandwidth
     calls = _calls(p.model, p.layout)
     by_kind = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    sends = set()
     for (_, group), sent in p.traffic.items():
         kind = group if group in ("tp", "pp") else "dp"
         link = _group_link(cluster, p.layout, group)
         by_kind[kind] += sent / link.bandwidth_bytes_per_s
-    for kind, n in calls.items():
-        if n and by_kind[kind] > 0:
-            group = {"tp": "tp", "pp": "pp", "dp": "dp"}[kind]
-            by_kind[kind] += n * _group_link(cluster, p.layout, group).alpha_s
+        if sent > 0:
+            sends.add(kind)
+    for kind in sends:  # α once per call
+        by_kind[kind] += calls[kind] * _group_link(cluster, p.layout, kind).alpha_s
     busy = max(compute, memory_s)
     pipelined = (busy + by_kind["tp"] + by_kind["pp"]) / (1 - p.bubble)
     # ZeRO 0-2 reduce gradients while backward (2/3 of the FLOPs) runs; FSDP also gathers
