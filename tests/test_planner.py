@@ -236,3 +236,14 @@ def test_params_only_fsdp_sends_three_halves_of_ddp():
     ddp = plan(spec, Layout(dp=4, global_batch=4)).bytes_sent
     fsdp = plan(spec, Layout(dp=4, zero=3, global_batch=4)).bytes_sent
     assert fsdp == pytest.approx(1.5 * ddp)
+
+
+def test_bytes_by_link_class_puts_tp_inside_the_node_and_dp_across():
+    """Megatron's order on 8-GPU nodes: t = 8 fills a node, so dp's groups span nodes."""
+    spec = ModelSpec(layers=4, hidden=256, heads=8, vocab=1000, seq=128)
+    p = plan(spec, Layout(dp=4, tp=8, global_batch=16), CLUSTERS["dgx-h100"])
+    assert p.by_link["intra-node"] == pytest.approx(p.traffic[("all_reduce", "tp")])
+    assert p.by_link["inter-node"] == pytest.approx(p.traffic[("all_reduce", "dp")])
+    small = plan(spec, Layout(dp=4, tp=2, global_batch=16), CLUSTERS["dgx-h100"])
+    assert small.by_link["inter-node"] == 0  # t·d = 8 ranks: one node
+    assert "bytes_sent[inter-node]=" in "\n".join(p.lines())

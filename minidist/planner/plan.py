@@ -49,6 +49,7 @@ class Plan:
     flops: float  # per rank per step
     time: StepTime | None = None
     bus: dict[str, float] = field(default_factory=dict)  # device <-> host (<-> disk) bytes
+    by_link: dict[str, float] = field(default_factory=dict)  # link class -> bytes (a cluster)
 
     @property
     def memory_per_rank(self) -> float:
@@ -73,6 +74,8 @@ class Plan:
         out.append(f"bytes_sent_per_rank_per_step={int(round(self.bytes_sent))}")
         for (op, group), value in self.traffic.items():
             out.append(f"bytes_sent[{op}@{group}]={int(round(value))}")
+        for link, value in self.by_link.items():
+            out.append(f"bytes_sent[{link}]={int(round(value))}")
         for direction, value in self.bus.items():
             out.append(f"bus_bytes[{direction}]={int(round(value))}")
         if self.model.has_config:
@@ -96,6 +99,7 @@ def plan(
     )  # fmt: skip
     if cluster is not None:
         result.time = step_time(result, cluster)
+        result.by_link = bytes_by_link_class(result, cluster)
     return result
 
 
@@ -123,6 +127,16 @@ def _group_link(cluster: Cluster, layout: Layout, group: str) -> CostModel:
         "pp": (t * d, layout.pp),
     }[group]  # fmt: skip
     return cluster.link(*span)
+
+
+def bytes_by_link_class(p: Plan, cluster: Cluster) -> dict[str, float]:
+    """{"intra-node": bytes, "inter-node": bytes} rank 0 sends per step: each group's traffic
+    on the links its ranks span (`Cluster.link`; a torus's one level counts as intra)."""
+    out = {"intra-node": 0.0, "inter-node": 0.0}
+    for (_, group), sent in p.traffic.items():
+        inside = _group_link(cluster, p.layout, group) is cluster.intra
+        out["intra-node" if inside else "inter-node"] += sent
+    return out
 
 
 def step_time(p: Plan, cluster: Cluster) -> StepTime:
