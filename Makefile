@@ -42,7 +42,7 @@ $(TRITON_LATEST)/.installed: $(STAMP)
 	touch $@
 
 test-triton-latest: $(TRITON_LATEST)/.installed
-	[ "$$(uname -s)" != "Linux" ] || PYTHONPATH=$(TRITON_LATEST) TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests/test_embedding_hash.py tests/test_embedding_layers.py
+	[ "$$(uname -s)" != "Linux" ] || PYTHONPATH=$(TRITON_LATEST) TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests/test_embedding_hash.py tests/test_embedding_layers.py tests/test_embedding_backward.py
 
 test-notebooks: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks solutions
