@@ -7,6 +7,8 @@ Notebook `notebooks/02_zero.ipynb`; exercises `exercises/02_zero.ipynb`. Rajbhan
 
 - `flat.py`: the flat, padded, sharded layout (`FlatShard`), shared with FSDP
 - `sharded.py`: `ZeroDataParallel` (stages 1 and 2, weight-update sharding options)
+- `sharded_optimizer.py`: its `ShardedOptimizer` (the step on this rank's chunks) and
+  `clip_sharded_grad_norm_` (the global norm over shards, shared with FSDP)
 - `theory.py`: memory per device (the paper's formulas) and bytes per step
 - `fixture.py`: the rank functions the notebook, tests and tour run
 - `plots.py`: memory per rank by state type and against N, the flat padded layout

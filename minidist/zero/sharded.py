@@ -21,7 +21,8 @@ Every rank holds the whole model, runs forward and backward on its slice of the 
 Per step a rank sends (N-1)/N·Ψ twice: what the all-reduce of plain DP sends. Elementwise
 optimizers need nothing more. A non-elementwise step (a global gradient norm, as in
 clipping or LAMB) sums partial results over the shards with one all-reduce, the padding
-masked out (`clip_grad_norm_`).
+masked out (`clip_grad_norm_`). The optimizer wrapper and the clipping live in
+`sharded_optimizer.py`.
 
 Not here: `no_sync`, parameters unused in forward, stage 3 (parameters sharded too: FSDP,
 notebook 03). Native equivalents: `torch.distributed.optim.ZeroRedundancyOptimizer` (stage
@@ -29,8 +30,6 @@ notebook 03). Native equivalents: `torch.distributed.optim.ZeroRedundancyOptimiz
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -45,8 +44,8 @@ from ..mixed_precision.policy import (
     divide_factors,
 )
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
-from ..training import OptimizerWrapper
 from .flat import FlatShard
+from .sharded_optimizer import ShardedOptimizer, _group_index, clip_sharded_grad_norm_
 
 GATHER_WHEN = ("after_step", "before_forward")
 
@@ -270,84 +269,3 @@ class ZeroDataParallel(ParallelModule):
         full = torch.empty(b.layout.padded, dtype=torch.float32)
         comm.all_gather(full, chunk.detach().float(), group=self.group, tag="full-grads")
         return [v.clone() for v in b.layout.views(full)]
-
-
-@torch.no_grad()
-def clip_sharded_grad_norm_(
-    chunks: list[tuple[FlatShard, torch.Tensor | None]], max_norm: float, group=None
-) -> float:
-    """Clip gradients held as chunks of flat buffers by their global L2 norm.
-
-    A non-elementwise step over sharded state (Xu et al. 2020, section 4.3): each rank sums
-    the squares of its chunks with the padding masked out, one all-reduce adds the partial
-    sums, and every rank scales its chunks by the same factor. Returns the norm.
-    """
-    if max_norm <= 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    partial = torch.zeros(())
-    for layout, grad in chunks:
-        if grad is not None:
-            partial += grad[layout.valid()].float().pow(2).sum()
-    comm.all_reduce(partial, group=group, tag="grad-norm")
-    norm = math.sqrt(float(partial))
-    if norm > max_norm:
-        for _, grad in chunks:
-            if grad is not None:
-                grad.mul_(max_norm / (norm + 1e-6))
-    return norm
-
-
-class ShardedOptimizer(OptimizerWrapper):
-    """What `ZeroDataParallel.optimizer` is: the inner optimizer on this rank's chunks, then
-    the gather of the updated chunks. Mirrors the torch optimizer API the loops use."""
-
-    def __init__(self, owner: ZeroDataParallel, inner: torch.optim.Optimizer):
-        self.owner, self.inner = owner, inner
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-        for p in self.owner.module.parameters():
-            p.grad = None
-        for b in self.owner.buckets:
-            b.grad_chunk = None
-
-    def gradients(self) -> list[torch.Tensor]:
-        """This rank's reduced gradient chunks, the ones the step will use (in the compute
-        dtype with mixed precision): what a loss scaler unscales and checks."""
-        return [b.grad_chunk for b in self.owner.buckets if b.grad_chunk is not None]
-
-    def step(self) -> None:
-        casts = [b for b in self.owner.buckets if b.grad_chunk is not None and b.shard.grad is None]
-        for b in casts:  # mixed precision: the fp32 gradient exists during the step only
-            b.shard.grad = b.grad_chunk.float()
-        self.inner.step()
-        for b in casts:
-            b.shard.grad = None
-        if self.owner.gather_weights == "after_step":
-            self.owner.gather_parameters()
-        else:
-            self.owner._gather_pending = True
-
-
-def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[int, int]:
-    """id(param) -> index of its param group; every trainable parameter in exactly one."""
-    if param_groups is None:
-        return {id(p): 0 for _, p in named}
-    name_of = {id(p): n for n, p in named}
-    index: dict[int, int] = {}
-    for g, group in enumerate(param_groups):
-        for p in group["params"]:
-            if id(p) not in name_of:
-                raise ValueError(
-                    f"param_groups[{g}] lists a tensor that is not a trainable parameter of "
-                    "the module"
-                )
-            if id(p) in index:
-                raise ValueError(
-                    f"param_groups: {name_of[id(p)]} is in groups {index[id(p)]} and {g}"
-                )
-            index[id(p)] = g
-    missing = [n for n, p in named if id(p) not in index]
-    if missing:
-        raise ValueError(f"param_groups must list every trainable parameter; missing {missing}")
-    return index

@@ -1,0 +1,114 @@
+"""The step of ZeRO stages 1-2 over sharded state: the optimizer on this rank's chunks, its
+param groups, and the global gradient norm summed over the shards.
+
+Rajbhandari et al. 2020, "ZeRO", section 5.1 (P_os: each rank updates only its partition of
+the optimizer states); Xu et al. 2020, "Automatic Cross-Replica Sharding of Weight Update in
+Data-Parallel Training" (arXiv:2004.13336), section 4.3: a non-elementwise step (a global
+gradient norm, as in clipping or LAMB) sums partial results over the shards with one
+all-reduce.
+
+- `ShardedOptimizer`: what `ZeroDataParallel.optimizer` is; any torch optimizer stepping the
+  chunks, then the all-gather of the updated parameters (after the step or before the next
+  forward);
+- `clip_sharded_grad_norm_`: clipping by the global L2 norm of gradients held as chunks of
+  flat buffers, padding masked out (also FSDP's);
+- `_group_index`: which torch-style param group each trainable parameter is in, checked.
+
+Not here: the buckets, hooks and collectives of the gradients (`sharded.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..training import OptimizerWrapper
+from .flat import FlatShard
+
+if TYPE_CHECKING:
+    from .sharded import ZeroDataParallel
+
+
+@torch.no_grad()
+def clip_sharded_grad_norm_(
+    chunks: list[tuple[FlatShard, torch.Tensor | None]], max_norm: float, group=None
+) -> float:
+    """Clip gradients held as chunks of flat buffers by their global L2 norm.
+
+    A non-elementwise step over sharded state (Xu et al. 2020, section 4.3): each rank sums
+    the squares of its chunks with the padding masked out, one all-reduce adds the partial
+    sums, and every rank scales its chunks by the same factor. Returns the norm.
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    partial = torch.zeros(())
+    for layout, grad in chunks:
+        if grad is not None:
+            partial += grad[layout.valid()].float().pow(2).sum()
+    comm.all_reduce(partial, group=group, tag="grad-norm")
+    norm = math.sqrt(float(partial))
+    if norm > max_norm:
+        for _, grad in chunks:
+            if grad is not None:
+                grad.mul_(max_norm / (norm + 1e-6))
+    return norm
+
+
+class ShardedOptimizer(OptimizerWrapper):
+    """What `ZeroDataParallel.optimizer` is: the inner optimizer on this rank's chunks, then
+    the gather of the updated chunks. Mirrors the torch optimizer API the loops use."""
+
+    def __init__(self, owner: ZeroDataParallel, inner: torch.optim.Optimizer):
+        self.owner, self.inner = owner, inner
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+        for p in self.owner.module.parameters():
+            p.grad = None
+        for b in self.owner.buckets:
+            b.grad_chunk = None
+
+    def gradients(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient chunks, the ones the step will use (in the compute
+        dtype with mixed precision): what a loss scaler unscales and checks."""
+        return [b.grad_chunk for b in self.owner.buckets if b.grad_chunk is not None]
+
+    def step(self) -> None:
+        casts = [b for b in self.owner.buckets if b.grad_chunk is not None and b.shard.grad is None]
+        for b in casts:  # mixed precision: the fp32 gradient exists during the step only
+            b.shard.grad = b.grad_chunk.float()
+        self.inner.step()
+        for b in casts:
+            b.shard.grad = None
+        if self.owner.gather_weights == "after_step":
+            self.owner.gather_parameters()
+        else:
+            self.owner._gather_pending = True
+
+
+def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[int, int]:
+    """id(param) -> index of its param group; every trainable parameter in exactly one."""
+    if param_groups is None:
+        return {id(p): 0 for _, p in named}
+    name_of = {id(p): n for n, p in named}
+    index: dict[int, int] = {}
+    for g, group in enumerate(param_groups):
+        for p in group["params"]:
+            if id(p) not in name_of:
+                raise ValueError(
+                    f"param_groups[{g}] lists a tensor that is not a trainable parameter of "
+                    "the module"
+                )
+            if id(p) in index:
+                raise ValueError(
+                    f"param_groups: {name_of[id(p)]} is in groups {index[id(p)]} and {g}"
+                )
+            index[id(p)] = g
+    missing = [n for n, p in named if id(p) not in index]
+    if missing:
+        raise ValueError(f"param_groups must list every trainable parameter; missing {missing}")
+    return index
