@@ -17,7 +17,8 @@ one package.
 - `theory.py`: all-reduces and bytes per step, parameters and memory per rank, the layout's
   bytes, the α-β time of TP and DP communication
 - `fixture.py`: the rank functions the notebooks, tests and tour run
-- `plots.py`: weights split, f and g in a block, the rank grid, memory against t
+- `plots.py`: weights split, f and g in a block, memory against t; `layout_plots.py`: the
+  rank grid and communication seconds (both re-exported by `plots.py`)
 - `check.py`: the exercise checkers of both lessons; `lesson.py`: the tour rows
   ("tensor parallel", "parallel layout") and the `tp` bench
 """
