@@ -247,3 +247,13 @@ def test_bytes_by_link_class_puts_tp_inside_the_node_and_dp_across():
     small = plan(spec, Layout(dp=4, tp=2, global_batch=16), CLUSTERS["dgx-h100"])
     assert small.by_link["inter-node"] == 0  # t·d = 8 ranks: one node
     assert "bytes_sent[inter-node]=" in "\n".join(p.lines())
+
+
+def test_cli_micro_batch_sets_the_micro_batches_of_every_layout():
+    out = _plan_cli(
+        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
+        "--world", "8", "--pp", "4", "--micro-batch", "1", "--global-batch", "32",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line[:40])
+    assert float(values["bubble"]) == pytest.approx(3 / (16 + 3), abs=1e-4)  # dp 2: m = 16

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .fixture import sweep_micro_batch
 from .hardware import CLUSTERS
 from .plan import best, plan, sweep
 from .spec import Layout, ModelSpec
@@ -25,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     layout.add_argument("--shard-size", type=int, help="FSDP hybrid shard group")
     layout.add_argument("--microbatches", type=int, default=1)
+    layout.add_argument(
+        "--micro-batch", type=int,
+        help="sequences per micro-batch: every layout then runs global batch / (dp · this) "
+        "micro-batches (overrides --microbatches; Megatron-LM's convention)",
+    )  # fmt: skip
     layout.add_argument("--schedule", default="1f1b")
     layout.add_argument("--virtual", type=int, default=1)
     layout.add_argument("--precision", default="mixed", choices=("fp32", "mixed"))
@@ -57,15 +63,23 @@ def run_plan(args) -> int:
             f"plan: --world {args.world} is not divisible by --tp {args.tp} × --pp {args.pp}"
         )
     dp = args.dp if args.dp is not None else args.world // (args.tp * args.pp)
+    microbatches = args.microbatches
+    global_batch = args.global_batch or args.world * (args.micro_batch or microbatches)
+    if args.micro_batch:
+        if global_batch % (dp * args.micro_batch):
+            raise SystemExit(
+                f"plan: --global-batch {global_batch} does not split into micro-batches of "
+                f"--micro-batch {args.micro_batch} over dp={dp}"
+            )
+        microbatches = global_batch // (dp * args.micro_batch)
     fixed = dict(
-        microbatches=args.microbatches, schedule=args.schedule, virtual=args.virtual,
-        precision=args.precision, optimizer=args.optimizer, recompute=args.recompute,
-        global_batch=args.global_batch or args.world * args.microbatches,
+        schedule=args.schedule, virtual=args.virtual, precision=args.precision,
+        optimizer=args.optimizer, recompute=args.recompute, global_batch=global_batch,
     )  # fmt: skip
     try:
         layout = Layout(
             dp=dp, tp=args.tp, pp=args.pp, zero=args.zero, shard_size=args.shard_size,
-            offload=args.offload, **fixed,
+            offload=args.offload, microbatches=microbatches, **fixed,
         )  # fmt: skip
         chosen = plan(model, layout, cluster if model.has_config else None, world=args.world)
     except ValueError as err:
@@ -75,7 +89,10 @@ def run_plan(args) -> int:
     if not model.has_config:
         return 0
     budget = (args.memory_gib * GIB) if args.memory_gib else cluster.device.memory_bytes
-    plans = sweep(model, args.world, cluster, **fixed)
+    if args.micro_batch:
+        plans = sweep_micro_batch(model, args.world, cluster, args.micro_batch, **fixed)
+    else:
+        plans = sweep(model, args.world, cluster, microbatches=microbatches, **fixed)
     print(f"# best layouts of {args.world} ranks within {budget / GIB:.1f} GiB per rank")
     for p in best(plans, budget)[: args.top]:
         lay = p.layout
