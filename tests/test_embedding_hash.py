@@ -108,3 +108,98 @@ def test_bad_arguments_are_named():
 def test_property_like_a_dict(backend, batches):
     capacity = max(1, len({k for b in batches for k in b}))
     assert_like_dict(HashTable(capacity, backend=backend), batches)
+
+
+# -- the torch back end against a plain reference: same tables, slot for slot ------------
+
+
+def reference_insert(table: HashTable, keys: torch.Tensor, rows_in=None) -> torch.Tensor:
+    """The torch back end's insert written plainly (one boolean mask per step): distinct
+    absent keys, lanes in rounds, the lowest lane wins an empty slot, new rows in slot order
+    (or `rows_in`, a rehash), lanes reading another key move on, losers read their slot
+    again."""
+    mask, n = table.num_slots - 1, keys.numel()
+    slot, rows, active = fmix64(keys) & mask, torch.full_like(keys, -1), torch.arange(n)
+    while active.numel():
+        s = slot[active]
+        empty = table._slot_keys[s] == EMPTY_KEY
+        won_slots, which = torch.unique(s[empty], return_inverse=True)
+        winners = torch.full_like(won_slots, n).scatter_reduce_(0, which, active[empty], "amin")
+        if rows_in is None:
+            new_rows = table._counter + torch.arange(winners.numel())
+            table._counter += winners.numel()
+        else:
+            new_rows = rows_in[winners]
+        table._slot_keys[won_slots], table._slot_rows[won_slots] = keys[winners], new_rows
+        rows[winners] = new_rows
+        slot[active[~empty]] = (s[~empty] + 1) & mask
+        active = active[rows[active] < 0]
+    return rows
+
+
+def reference_find(table: HashTable, keys: torch.Tensor) -> torch.Tensor:
+    mask = table.num_slots - 1
+    slot, rows, active = fmix64(keys) & mask, torch.full_like(keys, -1), torch.arange(keys.numel())
+    while active.numel():
+        stored = table._slot_keys[slot[active]]
+        hit = stored == keys[active]
+        rows[active[hit]] = table._slot_rows[slot[active[hit]]]
+        active = active[~hit & (stored != EMPTY_KEY)]
+        slot[active] = (slot[active] + 1) & mask
+    return rows
+
+
+def colliding_keys(num_slots: int, count: int, homes: int, seed: int) -> torch.Tensor:
+    """`count` distinct keys whose home slots fall among `homes` neighbouring slots: long
+    linear-probing chains that wrap around the end of the slot array."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randint(-(1 << 62), 1 << 62, (200 * count,), generator=g).unique()
+    offset = (fmix64(pool) - (num_slots - homes // 2)) & (num_slots - 1)
+    return pool[offset < homes][:count]
+
+
+@pytest.mark.parametrize("chunk, tail_lanes, tail_slots", [(1 << 16, 1024, 32), (64, 8, 4)])
+def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tail_slots):
+    """Insert, find and grow give the reference's slots and rows exactly, on tables with long
+    chains that wrap, missing and negative keys, EMPTY_KEY and duplicates; small pass and
+    tail sizes send every path (several passes, probe rounds, windows) through it."""
+    import minidist.embedding.hash_table as hash_table
+
+    monkeypatch.setattr(hash_table, "_CHUNK", chunk)
+    monkeypatch.setattr(hash_table, "_TAIL_LANES", tail_lanes)
+    monkeypatch.setattr(hash_table, "_TAIL_SLOTS", tail_slots)
+    g = torch.Generator().manual_seed(0)
+    table, ref = HashTable(1500, backend="torch"), HashTable(1500, backend="torch")
+    n = table.num_slots
+    chains = colliding_keys(n, 400, 24, seed=1)  # 400 keys over 24 home slots
+    spread = torch.randint(-(1 << 63), (1 << 63) - 1, (700,), generator=g)
+    batches = [chains[:250], torch.cat([spread, chains, torch.arange(-40, 40) * n, spread[:99]])]
+    for batch in batches:
+        rows = table.insert(batch)
+        uniq = batch.unique()
+        reference_insert(ref, uniq[reference_find(ref, uniq) < 0])
+        assert torch.equal(table._slot_keys, ref._slot_keys)
+        assert torch.equal(table._slot_rows, ref._slot_rows)
+        assert torch.equal(rows, reference_find(ref, batch))
+    missing = torch.cat([colliding_keys(n, 600, 24, seed=2), spread ^ 1, torch.tensor([EMPTY_KEY])])
+    queries = torch.cat([missing, batches[1]])
+    queries = queries[torch.randperm(queries.numel(), generator=g)]
+    assert torch.equal(table.find(queries), reference_find(ref, queries))
+    size = table.size
+    row = reference_find(ref, chains[:1]).item()
+    assert table.insert(torch.tensor([EMPTY_KEY, chains[0], EMPTY_KEY])).tolist() == [
+        size,
+        row,
+        size,
+    ]
+    assert table.find(queries).tolist() == [
+        size if q == EMPTY_KEY else r
+        for q, r in zip(queries.tolist(), reference_find(ref, queries).tolist())
+    ]
+    used = ref._slot_keys[:-1] != EMPTY_KEY  # grow() rehashes in slot order, rows kept
+    keys, rows = ref._slot_keys[:-1][used], ref._slot_rows[used]
+    table.grow()
+    ref = HashTable(table.capacity, backend="torch")
+    assert torch.equal(reference_insert(ref, keys, rows), rows)
+    assert torch.equal(table._slot_keys, ref._slot_keys)
+    assert torch.equal(table._slot_rows, ref._slot_rows)
