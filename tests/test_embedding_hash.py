@@ -163,11 +163,11 @@ def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tai
     """Insert, find and grow give the reference's slots and rows exactly, on tables with long
     chains that wrap, missing and negative keys, EMPTY_KEY and duplicates; small pass and
     tail sizes send every path (several passes, probe rounds, windows) through it."""
-    import minidist.embedding.hash_table as hash_table
+    import minidist.embedding.probing as probing
 
-    monkeypatch.setattr(hash_table, "_CHUNK", chunk)
-    monkeypatch.setattr(hash_table, "_TAIL_LANES", tail_lanes)
-    monkeypatch.setattr(hash_table, "_TAIL_SLOTS", tail_slots)
+    monkeypatch.setattr(probing, "_CHUNK", chunk)
+    monkeypatch.setattr(probing, "_TAIL_LANES", tail_lanes)
+    monkeypatch.setattr(probing, "_TAIL_SLOTS", tail_slots)
     g = torch.Generator().manual_seed(0)
     table, ref = HashTable(1500, backend="torch"), HashTable(1500, backend="torch")
     n = table.num_slots
