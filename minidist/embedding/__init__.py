@@ -5,8 +5,11 @@ NVIDIA Merlin HugeCTR (docs: "Sparse Embedding", `DistributedSlotSparseEmbedding
 Recommender System Training and Inference"): int64 feature keys mapped by a GPU hash table
 to rows of a value table, pooled per slot, split over ranks by key or by slot.
 
-- `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow), torch
-  back end; `kernels.py`: its Triton kernels and the embedding-bag scatter kernel
+- `hash_table.py`: the table (linear probing, CAS insert, atomic row counter, grow);
+  `probing.py`: its torch back end; `kernels.py`: its Triton kernels and the embedding-bag
+  scatter kernel
+- `criteo.py`, `ctr.py`: synthetic Criteo-like data; Wide&Deep and DLRM on these layers
+- `bench.py`: `python -m minidist bench embedding`
 - `csr.py`: HugeCTR's CSR input, converters from per-slot lists and (key, sample, slot) ids
 - `layers.py`: `HashEmbeddingBag` (CSR input, sum/mean, loss scale)
 - `optim.py`: sparse SGD (momentum local/global), Adagrad, Adam (local/global)

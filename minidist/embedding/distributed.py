@@ -41,6 +41,7 @@ scheme. Not done here: hybrid placement, the dense part, load balancing beyond t
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .. import comm
@@ -106,8 +107,6 @@ def _exchange_counts(send: torch.Tensor, group) -> torch.Tensor:
 
 
 def _world(group) -> tuple[int, int]:
-    import torch.distributed as dist
-
     return dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -172,14 +171,19 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
 
     def _reduce_scatter(self, values, row_offsets):
         who = "DistributedSlotSparseEmbeddingHash(scheme='reduce_scatter')"
-        n, rank = _world(self.group)
         try:  # a bad batch still joins the first exchange (bags = -1), so no rank hangs
             check_csr(values, row_offsets, who)
             bags, error = _check_slots(row_offsets, self.slots, who), None
+        except (TypeError, ValueError) as caught:
+            bags, error = -1, caught
+        if error is not None and not dist.is_initialized():
+            raise error  # no world to tell
+        n, rank = _world(self.group)
+        if error is None:
             owner = key_owner(values, n, self.placement)
             order, send = torch.argsort(owner, stable=True), torch.bincount(owner, minlength=n)
-        except (TypeError, ValueError) as caught:
-            bags, error, send = -1, caught, torch.zeros(n, dtype=torch.int64)
+        else:
+            send = torch.zeros(n, dtype=torch.int64)
         # Counts and batch sizes in one exchange: every rank learns every rank's bags.
         info = _exchange_counts(torch.stack([send, torch.full_like(send, bags)], 1), self.group)
         if error is not None:

@@ -46,24 +46,33 @@ def key_init(keys: torch.Tensor, dim: int, scale: float = 0.05) -> torch.Tensor:
 
 class _PoolFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight, rows, bags, scale, num_bags, backend, loss_scale):
-        scale = torch.where(rows >= 0, scale.to(weight.dtype), 0.0)  # missing keys: zero
-        if backend == "torch" and bool((bags[1:] >= bags[:-1]).all()):
-            # bags in order (a CSR batch): torch's fused bag kernel, 10x the index_add_ path
-            offsets = torch.searchsorted(bags, torch.arange(num_bags, device=bags.device))
-            out = F.embedding_bag(
-                rows.clamp(min=0), weight.detach(), offsets, mode="sum", per_sample_weights=scale
-            )
+    def forward(ctx, weight, rows, bags, scale, num_bags, backend, loss_scale, row_offsets):
+        # A CSR batch comes as `row_offsets` (bags None until backward needs them) and, for
+        # the sum, no `scale` (1 per key); other callers give each occurrence's bag.
+        present = rows >= 0  # missing keys (evaluation) add zero
+        if scale is None:
+            scale = present.to(weight.dtype)
         else:
+            scale = torch.where(present, scale.to(weight.dtype), 0.0)
+        if backend == "torch" and row_offsets is not None:  # torch's fused bag kernel
+            out = F.embedding_bag(
+                rows.clamp(min=0), weight.detach(), row_offsets[:-1], mode="sum",
+                per_sample_weights=scale,
+            )  # fmt: skip
+        else:
+            bags = occurrence_bags(row_offsets) if bags is None else bags
             out = weight.new_zeros(num_bags, weight.shape[1])
             gather_scale_scatter_add(backend, weight.detach(), rows.clamp(min=0), scale, out, bags)
-        ctx.save_for_backward(rows, bags, scale)
+        ctx.bags_from_offsets = bags is None
+        ctx.save_for_backward(rows, row_offsets if bags is None else bags, scale)
         ctx.backend, ctx.weight_shape, ctx.loss_scale = backend, weight.shape, loss_scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         rows, bags, scale = ctx.saved_tensors
+        if ctx.bags_from_offsets:
+            bags = occurrence_bags(bags)
         # HugeCTR's backward (backward.py): sort by row, runs of equal rows, one sum per run.
         unique_rows, grad_rows = segment_sum_gradients(
             rows, bags, grad_out, scale, ctx.loss_scale, backend=ctx.backend
@@ -72,13 +81,13 @@ class _PoolFunction(torch.autograd.Function):
             unique_rows[None], grad_rows, ctx.weight_shape, is_coalesced=True,
             check_invariants=False,
         )  # fmt: skip
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def pool(weight, rows, bags, scale, num_bags: int, backend="torch", loss_scale: float = 1.0):
     """out[bags[i]] += scale[i] · weight[rows[i]] into [num_bags, D] (rows of -1 add zero); the
     gradient of `weight` is sparse COO over the unique rows, divided by `loss_scale`."""
-    return _PoolFunction.apply(weight, rows, bags, scale, num_bags, backend, loss_scale)
+    return _PoolFunction.apply(weight, rows, bags, scale, num_bags, backend, loss_scale, None)
 
 
 def embedding_bag(
@@ -90,12 +99,13 @@ def embedding_bag(
         raise ValueError(f"embedding_bag: mode={mode!r} must be one of {MODES}")
     if not loss_scale > 0:
         raise ValueError(f"embedding_bag: loss_scale={loss_scale!r} must be > 0")
-    bags = occurrence_bags(row_offsets)
     counts = row_offsets[1:] - row_offsets[:-1]
-    scale = torch.ones(rows.numel(), dtype=weight.dtype, device=weight.device)
+    scale = None  # the sum: 1 per key
     if mode == "mean":
-        scale = scale / counts[bags].to(weight.dtype)
-    return pool(weight, rows, bags, scale, counts.numel(), backend, loss_scale)
+        scale = (1 / counts.clamp(min=1).to(weight.dtype)).repeat_interleave(counts)
+    return _PoolFunction.apply(
+        weight, rows, None, scale, counts.numel(), backend, loss_scale, row_offsets
+    )
 
 
 class HashEmbeddingBag(nn.Module):
