@@ -10,8 +10,12 @@ et al. 2009) and an α-β model per link (Hockney 1994).
 - `spec.py`: `ModelSpec` (a GPT configuration, or only a parameter count) and `Layout`
 - `predict.py`: memory, bytes, bubble and FLOPs of rank 0, by calling each lesson's theory
 - `hardware.py`: `Device`, `Cluster`, published figures, and the measurements of this machine
-- `plan.py`: `plan`, `step_time`, `sweep`, `best`, `frontier`
+- `plan.py`: `plan`, `step_time`, `bytes_by_link_class`, `sweep`, `best`, `frontier`
 - `published.py`: the published tables the planner reproduces
+- `course.py`: the course's tour layouts as plans (checked against their runs in the tests)
+- `measure.py`: this machine's FLOP rate, bandwidth and links fitted; `bench plan`
+- `cli.py`: `python -m minidist plan`; `plots.py`, `lesson_plots.py`: the pictures
+- `fixture.py`, `lesson.py`, `check/`: lesson 13's notebook model, tour row and checkers
 """
 
 from .hardware import CLUSTERS, Cluster, Device
