@@ -209,8 +209,18 @@ def test_cli_with_a_config_prints_every_number_and_the_best_layouts():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     for name in ("activations_bytes_per_rank=", "bytes_sent_per_rank_per_step=", "bubble=",
-                 "step_time_s=", "# best layouts", "layout=dp"):  # fmt: skip
+                 "step_time_s=", "memory_bytes_per_rank=", "fits=yes", "# best of",
+                 "layout=dp"):  # fmt: skip
         assert name in out.stdout
+
+
+def test_cli_notes_a_pipeline_without_micro_batches():
+    out = _plan_cli(
+        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
+        "--world", "4", "--pp", "4", "--microbatches", "1",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "bubble=0.7500" in out.stdout and "pp=4 with 1 micro-batch" in out.stderr
 
 
 def test_cli_bad_degrees_are_named():

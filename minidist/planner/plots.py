@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from .plan import Plan, frontier
 
 GIB = 1024**3
 
 
-def plot_sweep(plans: list[Plan], memory_bytes: float | None = None) -> Figure:
+def plot_sweep(
+    plans: list[Plan], memory_bytes: float | None = None, highlight: Plan | None = None
+) -> Figure:
     """Memory per rank against step time, one point per layout; the layouts no other beats
-    on both (the feasible frontier) joined; the memory budget as a line."""
+    on both (the feasible frontier) joined and labelled; the memory budget as a line; the
+    `highlight` plan (e.g. the one chosen) ringed."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     fits = [p for p in plans if memory_bytes is None or p.fits(memory_bytes)]
@@ -21,21 +25,30 @@ def plot_sweep(plans: list[Plan], memory_bytes: float | None = None) -> Figure:
             [p.time.total_s for p in group], [p.memory_per_rank / GIB for p in group], **style
         )
     front = frontier(fits) if fits else []
-    for p in front:  # label the frontier only: a sweep has dozens of points
+    for i, p in enumerate(front):  # label the frontier only: a sweep has dozens of points
         lay = p.layout
         ax.annotate(
             f"d{lay.dp} t{lay.tp} p{lay.pp} z{lay.zero}", (p.time.total_s, p.memory_per_rank / GIB),
-            fontsize=7, xytext=(3, 3), textcoords="offset points",
+            fontsize=7, xytext=(6, -12 + 12 * (i % 3)), textcoords="offset points",
+            arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5),
         )  # fmt: skip
     if front:
         ax.plot(
             [p.time.total_s for p in front], [p.memory_per_rank / GIB for p in front],
             color="C3", label="feasible frontier",
         )  # fmt: skip
+    if highlight is not None and highlight.time is not None:
+        ax.scatter(
+            [highlight.time.total_s], [highlight.memory_per_rank / GIB], s=160,
+            facecolors="none", edgecolors="C3", linewidths=2, label="chosen",
+        )  # fmt: skip
     if memory_bytes is not None:
         ax.axhline(memory_bytes / GIB, color="k", ls="--", lw=1, label="memory per device")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, no crowded minor labels
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("predicted step time (s)")
     ax.set_ylabel("memory per rank (GiB)")
     ax.legend(loc="upper right")
