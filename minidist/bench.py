@@ -13,6 +13,7 @@ packages (`@bench(name)` in `minidist/<lesson>/lesson.py`, found through `minidi
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ def run_bench(name: str, world_size: int, rounds: int, steps: int) -> int:
     registered = benches()
     if name not in registered:
         raise SystemExit(f"bench: unknown name {name!r}; choose one of {sorted(registered)}")
+    doc = " ".join((registered[name].__doc__ or "").split("\n\n")[0].split())
+    print(f"# bench {name}: {doc}", file=sys.stderr)  # what the lines measure; stdout stays
     for key, value in registered[name](world_size, rounds, steps).items():
         print(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return 0

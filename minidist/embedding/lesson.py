@@ -174,8 +174,12 @@ def wide_deep_row(world_size: int, out_dir: Path) -> TourRow:
 
 @bench("embedding")
 def bench_embedding(world_size: int, rounds: int, steps: int) -> dict:
-    """Hash table vs dict, hashed vs pre-mapped embedding bag (CPU), Triton kernels (GPU).
-    One process: `world_size` is not used."""
+    """Keys per second of the hash table (torch back end) over a Python dict's, for find and
+    insert (above 1: the table is faster); the pooled lookup's time (find + embedding bag) over
+    `nn.EmbeddingBag` on pre-mapped rows (above 1: hashing costs that factor); on a GPU the
+    Triton kernels' keys/s and bytes/s next to HierarchicalKV's published A100 figures.
+
+    One process, one torch thread: `world_size` is not used."""
     import torch
 
     from . import bench as measure
