@@ -73,17 +73,6 @@ CLUSTERS = {
 }
 
 
-def measure_flops(size: int = 256, repeats: int = 20) -> float:
-    """FLOP/s of a float32 matmul of `size`² on this process (best of `repeats`)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
 def measure_memory_bandwidth(numel: int = 1 << 22, repeats: int = 10) -> float:
     """Bytes/s of a float32 copy (read + write) of `numel` elements (best of `repeats`)."""
     src, dst = torch.randn(numel), torch.empty(numel)
