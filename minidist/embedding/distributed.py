@@ -18,10 +18,11 @@ form, bags sample-major (bag b = sample b // S, slot b % S), and gets its own ba
     summed into. Every rank must bring the same number of bags (the reduce-scatter splits
     evenly); a malformed batch on one rank is an error on every rank, before anything
     changes.
-  * `scheme="all_to_all"` (TorchRec's row-wise sharding, the alternative): an all-to-all
-    sends each key occurrence to its owner, the owner looks it up and a second all-to-all
-    returns the vectors, which the requester pools per bag. Backward: the reverse all-to-all
-    of the vectors' gradients.
+  * `scheme="all_to_all"` (TorchRec's row-wise sharding, the alternative; Ivchenko et al.
+    2022, "TorchRec: a PyTorch Domain Library for Recommendation Systems", RecSys 2022): an
+    all-to-all sends each key occurrence to its owner, the owner looks it up and a second
+    all-to-all returns the vectors, which the requester pools per bag. Backward: the reverse
+    all-to-all of the vectors' gradients.
   Per rank and step, the reduce-scatter and its all-gather move 2·(N-1)·bags·D floats
   whatever the bags hold; the all-to-alls 2·D floats per key occurrence sent to or received
   from another rank, about 2·(N-1)/N·keys·D: the all-to-all sends less when a bag holds fewer

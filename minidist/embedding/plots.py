@@ -1,8 +1,9 @@
 """Pictures for hash embeddings (notebook 11).
 
-- `plot_probe_chains`: a `HashTable`'s slots in a row, each stored key written in its slot,
-  and for a few keys the linear-probing chain from the home slot `fmix64(key) mod slots` to
-  where the key sits (wrapping round the end of the table).
+- `plot_probe_chains`: a `HashTable`'s slots in a row, each stored key written in its slot
+  (`key_label`: a large power of two as 2^k, a long key smaller or rounded), and for a few
+  keys the linear-probing chain from the home slot `fmix64(key) mod slots` to where the key
+  sits (wrapping round the end of the table).
 - `plot_load_imbalance`: key occurrences (the all-to-all's and the owners' work) and distinct
   keys (the owners' table rows) per rank, under `key mod N` and `fmix64(key) mod N`, with the
   imbalance max / mean in the title (HugeCTR docs, "DistributedSlotSparseEmbeddingHash").
@@ -53,6 +54,20 @@ def probe_chain(table: HashTable, key: int) -> list[int]:
     return chain
 
 
+def key_label(key: int) -> tuple[str, float]:
+    """A stored key as its slot shows it, and its font size, so that it fits its slot: a
+    large power of two as 2^k, a key of up to 10 characters in full (smaller the longer it
+    is), a longer one rounded (≈1.1e+13)."""
+    magnitude = abs(key)
+    if magnitude >= 1 << 16 and magnitude & (magnitude - 1) == 0:
+        sign = "-" if key < 0 else ""
+        return f"${sign}2^{{{magnitude.bit_length() - 1}}}$", 8.0
+    text = str(key)
+    if len(text) <= 10:
+        return text, min(7.0, 42.0 / len(text))
+    return f"≈{key:.1e}", 5.0
+
+
 def plot_probe_chains(table: HashTable, keys: Sequence[int], title: str = "") -> Figure:
     n = table.num_slots
     fig, ax = plt.subplots(figsize=(max(6, 0.62 * n), 2.6))
@@ -78,7 +93,8 @@ def plot_probe_chains(table: HashTable, keys: Sequence[int], title: str = "") ->
             face = colors(owner_of_slot[s] % 10)
         ax.add_patch(Rectangle((s, 0), 1, 1, facecolor=face, edgecolor="black", alpha=0.8))
         if used:
-            ax.text(s + 0.5, 0.62, str(stored[s]), ha="center", va="center", fontsize=7)
+            label, size = key_label(stored[s])
+            ax.text(s + 0.5, 0.62, label, ha="center", va="center", fontsize=size)
             ax.text(s + 0.5, 0.28, f"row {rows[s]}", ha="center", va="center", fontsize=6)
         ax.text(s + 0.5, -0.45, str(s), ha="center", va="center", fontsize=7, color="gray")
     ax.set_xlim(-0.2, n + 0.2)
