@@ -110,6 +110,22 @@ def bytes_all_gather_twice(numel, inner_size, outer_size, element_size):
     }
 
 
+def bytes_reduce_scatter_only(numel, inner_size, outer_size, element_size):
+    size = numel * element_size
+    return {
+        "inner": (inner_size - 1) / inner_size * size,  # the all-gather forgotten
+        "outer": 2 * (outer_size - 1) / outer_size * size / inner_size,
+    }
+
+
+def bytes_reduce_scatter_only_whole_outer(numel, inner_size, outer_size, element_size):
+    size = numel * element_size
+    return {
+        "inner": (inner_size - 1) / inner_size * size,
+        "outer": 2 * (outer_size - 1) / outer_size * size,  # the 1/I missing too
+    }
+
+
 def bytes_swapped(numel, inner_size, outer_size, element_size):
     return bytes_right(numel, outer_size, inner_size, element_size)
 
@@ -139,6 +155,11 @@ def test_link_class_bytes_passes(capsys):
     [
         (bytes_no_1_over_i, "the outer links: .* only\nthat chunk|the outer links"),
         (bytes_all_gather_twice, "you counted the all-gather twice"),
+        (
+            bytes_reduce_scatter_only,
+            "off by 2x on the inner links: they carry the reduce-scatter and the all-gather",
+        ),
+        (bytes_reduce_scatter_only_whole_outer, r"off by 2x on the inner(.|\n)*outer links differ"),
         (bytes_swapped, "group sizes are swapped"),
         (bytes_tuple, r"returned \("),
         (bytes_flat_inner, "e.g. I = "),

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..network import theory as net_theory
 from . import theory
@@ -52,7 +53,7 @@ def plot_staleness_histograms(
             ax.legend(fontsize=8, frameon=False)
         ax.set_title(f"{label}: max {max(values)}", fontsize=10)
         ax.set_xlabel("staleness (versions)")
-        ax.set_xticks(range(top + 1))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))  # 10111213 otherwise
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("applied gradients")
     fig.tight_layout()
@@ -78,7 +79,8 @@ def plot_link_class_bytes(
             bottom += value
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), [f"{k} links" for k in unique], fontsize=8, frameon=False)
+    ax.legend(unique.values(), [f"{k} links" for k in unique], fontsize=8, frameon=False,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))  # clear of the bars  # fmt: skip
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(shapes)
     ax.set_ylabel("bytes sent per rank")

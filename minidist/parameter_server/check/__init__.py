@@ -15,7 +15,8 @@
    I·O. Compared with `minidist.network.theory.two_level_bytes` over a grid of meshes, then
    with the ledger of a real `torus_all_reduce` on a 2×2 mesh of 4 ranks. Named mistakes:
    the outer links' 1/I missing (they all-reduce one chunk, not the tensor), the all-gather
-   counted twice, the inner and outer group sizes swapped.
+   counted twice, the inner links off by 2x (only the reduce-scatter counted, not the
+   all-gather), the inner and outer group sizes swapped. M: the message's bytes.
 """
 
 from .link_class_bytes import MESH_NUMEL, MESHES, REAL_NUMEL, check_link_class_bytes

@@ -45,19 +45,26 @@ def _diagnose_bytes(fn: Callable) -> str | None:
     ring = lambda k, n: k * (n - 1) / n * size
     if like("outer", lambda i, o: ring(2, o)) and like("inner", lambda i, o: ring(2, i)):
         return (
-            "the outer links: you counted an all-reduce of the whole tensor, 2(O-1)/O·S. After "
+            "the outer links: you counted an all-reduce of the whole tensor, 2(O-1)/O·M. After "
             "the inner reduce-scatter each rank holds one chunk of 1/I of the tensor, and only "
-            "that chunk is all-reduced across the outer group: 2(O-1)/O·S/I."
+            "that chunk is all-reduced across the outer group: 2(O-1)/O·M/I."
         )
     if like("inner", lambda i, o: ring(3, i)):
         return (
-            "the inner links: you counted the all-gather twice, 3(I-1)/I·S. The inner group "
-            "runs one reduce-scatter, (I-1)/I·S, and one all-gather, (I-1)/I·S: 2(I-1)/I·S."
+            "the inner links: you counted the all-gather twice, 3(I-1)/I·M. The inner group "
+            "runs one reduce-scatter, (I-1)/I·M, and one all-gather, (I-1)/I·M: 2(I-1)/I·M."
+        )
+    if like("inner", lambda i, o: ring(1, i)):
+        outer_right = all(abs(got["outer"] - right["outer"]) < 1e-6 for _, _, got, right in wrong)
+        return (
+            "off by 2x on the inner links: they carry the reduce-scatter and the all-gather, "
+            "(I-1)/I·M each, so 2(I-1)/I·M; you counted one of them, (I-1)/I·M."
+            + ("" if outer_right else " Your outer links differ from 2(O-1)/O·M/I too.")
         )
     if like("inner", lambda i, o: ring(2, o)) or like("outer", lambda i, o: ring(2, i) / o):
         return (
             "the inner and outer group sizes are swapped: I ranks share the inner links "
-            "(reduce-scatter and all-gather, 2(I-1)/I·S), O the outer ones (2(O-1)/O·S/I)."
+            "(reduce-scatter and all-gather, 2(I-1)/I·M), O the outer ones (2(O-1)/O·M/I)."
         )
     i, o, got, right = wrong[0]
     return (
