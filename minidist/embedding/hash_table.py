@@ -28,7 +28,7 @@ The default is Triton on a GPU and torch elsewhere; `backend=` forces one (Trito
 needs `TRITON_INTERPRET=1`). Not done here: deletion, eviction (HierarchicalKV's buckets),
 concurrent insert and find in one launch. The torch-native equivalent of the whole layer
 is a dense `nn.Embedding` over keys mapped beforehand (TorchRec's `EmbeddingBagCollection`
-with a pre-hashed id space).
+with a pre-hashed id space; Ivchenko et al. 2022, "TorchRec", RecSys).
 """
 
 from __future__ import annotations
