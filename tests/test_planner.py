@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import minidist
 from minidist.data_parallel.fixture import build
 from minidist.planner import CLUSTERS, Layout, ModelSpec, best, frontier, layouts, plan, sweep
 from minidist.planner import published as pub
@@ -267,3 +268,30 @@ def test_cli_micro_batch_sets_the_micro_batches_of_every_layout():
     assert out.returncode == 0, out.stderr
     values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line[:40])
     assert float(values["bubble"]) == pytest.approx(3 / (16 + 3), abs=1e-4)  # dp 2: m = 16
+
+
+def _pipeline_peak(kind: str, p: int, m: int, v: int, layers: int) -> int:
+    from minidist.megatron.layout import ParallelLayout
+    from minidist.pipeline.engine import PipelineParallel
+    from minidist.pipeline.fixture import build_pp
+
+    model, batches, loss_fn = build_pp(layers=layers)
+    pipe = PipelineParallel(model, loss_fn, ParallelLayout(tp=1, pp=p), kind, m, virtual=v)
+    pipe.train_step(batches[0])
+    return pipe.peak_saved_bytes
+
+
+@pytest.mark.parametrize(
+    "kind, p, m, v, layers",
+    [("gpipe", 2, 4, 1, 4), ("zb-h1", 4, 8, 1, 4), ("interleaved", 2, 4, 2, 4),
+     ("interleaved", 4, 8, 2, 8)],
+)  # fmt: skip
+def test_stage0_activations_equal_the_engine_for_every_schedule(kind, p, m, v, layers):
+    """Exact: the walk of rank 0's schedule (chunks of 1/v of its layers, the embedding's
+    indices on the first chunk) against the bytes the engine's saved-tensor hooks count."""
+    from minidist.pipeline.fixture import build_pp
+
+    measured = minidist.launch(_pipeline_peak, p, kind, p, m, v, layers)[0]
+    spec = ModelSpec.of(build_pp(layers=layers).model)
+    layout = Layout(pp=p, microbatches=m, schedule=kind, virtual=v, optimizer="sgd")
+    assert plan(spec, layout).memory["activations"] == measured

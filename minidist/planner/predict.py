@@ -22,6 +22,7 @@ from ..megatron import theory as tp_theory
 from ..mixed_precision import theory as mp_theory
 from ..offload import theory as offload_theory
 from ..pipeline import theory as pp_theory
+from ..pipeline.schedules import schedule
 from ..recompute import theory as recompute_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
@@ -137,34 +138,66 @@ def stage_layers(model: ModelSpec, layout: Layout) -> int:
 
 
 def in_flight_microbatches(layout: Layout) -> float:
-    """Micro-batches whose activations the first stage holds at its peak. Interleaved
-    (Narayanan et al. 2021, section 2.2): p micro-batches of 1/v of the stage's layers,
-    plus (p-1) more chunk-sized warm-up ones, p·(1 + (p-1)/(p·v)) in layer-stage units."""
+    """Micro-batches whose activations the first stage holds at its peak, in whole-stage
+    units. Interleaved (Narayanan et al. 2021, section 2.2): p micro-batches of 1/v of the
+    stage's layers plus (p-1) more chunk-sized warm-up ones, p·(1 + (p-1)/(p·v)); the exact
+    walk of the schedule is `peak_activation_bytes`."""
     p, m = layout.pp, layout.microbatches
     if layout.schedule == "interleaved":
         return min(m, p) * (1 + (p - 1) / (p * layout.virtual))
     return pp_theory.peak_microbatches(0, p, m, layout.schedule)
 
 
+def chunk_layers(model: ModelSpec, layout: Layout) -> list[int]:
+    """Blocks of each model chunk of rank 0: virtual stages 0, p, 2p, ... of p·v (one chunk,
+    its stage, without interleaving), dealt out as the pipeline lesson's `split_gpt` does."""
+    p, v = layout.pp, layout.virtual if layout.schedule == "interleaved" else 1
+    stages = three_d_theory.stage_layers(model.layers, p * v)
+    return [len(stages[c * p]) for c in range(v)]
+
+
+def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
+    """The most bytes rank 0's (micro-batch, chunk) activations reach while it walks its
+    steps of the pipeline lesson's `schedule`: a forward adds its chunk's bytes, the step
+    that last needs them (the backward; the weight gradient when the schedule splits it
+    out, ZB-H1) frees them."""
+    if layout.pp == 1:
+        return chunk_bytes[0]
+    steps = schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual)[0]
+    frees = "W" if any(step[0] == "W" for step in steps) else "B"
+    alive = peak = 0.0
+    for step in steps:
+        chunk = step[2] if len(step) > 2 else 0
+        if step[0] == "F":
+            alive += chunk_bytes[chunk]
+            peak = max(peak, alive)
+        elif step[0] == frees:
+            alive -= chunk_bytes[chunk]
+    return peak
+
+
 def activations(model: ModelSpec, layout: Layout) -> float:
-    """Bytes of activations rank 0 holds at its peak: its stage's blocks for the micro-batches
-    in flight (`megatron.theory.activation_bytes_per_layer`, the course kernels: flash
+    """Bytes of activations rank 0 holds at its peak: each model chunk's blocks per
+    micro-batch (`megatron.theory.activation_bytes_per_layer`, the course kernels: flash
     attention, no dropout; replicated outside tp regions, split inside), or with full
-    recomputation each block's input plus one block recomputed (Chen et al. 2016).
-    The first stage's embedding also saves its index tensors (`EMBEDDING_INDEX_BYTES`);
-    the head's and the loss's activations are left out (per layer is what scales)."""
+    recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
+    over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
+    chunk's embedding also saves its index tensors (`embedding_index_bytes`); the head's and
+    the loss's activations are left out (per layer is what scales)."""
     if not model.has_config:
         return 0.0
     b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
     e = layout.element_bytes
     per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, e)
-    layers = stage_layers(model, layout)
     indices = embedding_index_bytes(layout.global_batch // layout.dp, s)
     if layout.recompute:
         boundary = recompute_theory.boundary_bytes(s, b, h, e)
-        held = recompute_theory.saved_bytes(layers, per_layer, boundary, 1)["forward"]
-        return in_flight_microbatches(layout) * (held + indices) + per_layer
-    return in_flight_microbatches(layout) * (layers * per_layer + indices)
+        held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
+                for n in chunk_layers(model, layout)]  # fmt: skip
+    else:
+        held = [n * per_layer for n in chunk_layers(model, layout)]
+    held[0] += indices
+    return peak_activation_bytes(layout, held) + (per_layer if layout.recompute else 0.0)
 
 
 def embedding_index_bytes(replica_batch: int, seq: int) -> int:

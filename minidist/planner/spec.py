@@ -187,6 +187,11 @@ class Layout:
                 f"Layout: global_batch={self.global_batch} must divide by dp={self.dp} × "
                 f"microbatches={self.microbatches}"
             )
+        if self.schedule == "interleaved" and self.microbatches % self.pp:
+            raise ValueError(
+                f"Layout: the interleaved schedule needs microbatches={self.microbatches} to be "
+                f"a multiple of pp={self.pp}"
+            )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be > 0")
 
