@@ -67,6 +67,21 @@ def _fsdp(hybrid: bool = False, precision: str = "fp32", offload: str = "device"
     return course
 
 
+def _fsdp_recompute(n: int) -> CoursePlan:
+    """The FSDP + recompute row measures what forward keeps (each block's input, the
+    embedding's indices, the head's): the plan's peak less the block rebuilt in backward.
+    The course's ranks slice their batch out of the global one (`shard_batch` returns views),
+    so the token ids and the targets autograd keeps are the global batch's storage, 8·s bytes
+    more per sequence of the other ranks, each: a rank that loaded only its slice saves less."""
+    from . import predict
+
+    model, layout = _gpt(), Layout(dp=n, zero=3, recompute=True)
+    p = plan(model, layout)
+    kept = p.memory["activations"] - predict.recompute_working_bytes(model, layout)
+    views = 2 * 8 * model.seq * (layout.global_batch - layout.global_batch // n)
+    return CoursePlan(p, kept + views, p.bytes_sent)
+
+
 def _tensor_parallel(n: int) -> CoursePlan:
     from ..megatron.fixture import TP_GPT
     from ..megatron.lesson import tour_tp
@@ -115,6 +130,7 @@ COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "ZeRO-2 + bf16": _zero(2, "mixed"),
     "FSDP + CPU offload": _fsdp(offload="cpu"),
     "FSDP + disk offload": _fsdp(offload="disk"),
+    "FSDP + recompute": _fsdp_recompute,
     "tensor parallel": _tensor_parallel,
     "parallel layout": _parallel_layout,
     "pipeline 1F1B": _pipeline,

@@ -182,8 +182,8 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     attention, no dropout; replicated outside tp regions, split inside), or with full
     recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
     over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
-    chunk's embedding also saves its index tensors (`embedding_index_bytes`); the head's and
-    the loss's activations are left out (per layer is what scales)."""
+    chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
+    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`)."""
     if not model.has_config:
         return 0.0
     b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
@@ -197,7 +197,27 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     else:
         held = [n * per_layer for n in chunk_layers(model, layout)]
     held[0] += indices
-    return peak_activation_bytes(layout, held) + (per_layer if layout.recompute else 0.0)
+    if layout.pp == 1:
+        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e)
+    return peak_activation_bytes(layout, held) + recompute_working_bytes(model, layout)
+
+
+def recompute_working_bytes(model: ModelSpec, layout: Layout) -> float:
+    """What recomputation adds at the peak: one block's activations, rebuilt in backward."""
+    if not (layout.recompute and model.has_config):
+        return 0.0
+    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    return tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, layout.element_bytes)
+
+
+def head_bytes(batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int) -> int:
+    """What the final LayerNorm, the output head and the cross entropy save for b sequences:
+    the norm's input and its output (the head's input), b·s·h each, the norm's fp32 mean and
+    1/std per token, the log-softmax over the vocabulary (split t ways: vocab-parallel cross
+    entropy, Megatron-LM), the int64 targets, and the mean's 4-byte scalar."""
+    bs = batch * seq
+    padded_vocab = three_d_theory.padded_vocab(vocab, tp)
+    return element_bytes * (2 * bs * hidden + bs * padded_vocab // tp) + 2 * 4 * bs + 8 * bs + 4
 
 
 def embedding_index_bytes(replica_batch: int, seq: int) -> int:
