@@ -295,3 +295,15 @@ def test_stage0_activations_equal_the_engine_for_every_schedule(kind, p, m, v, l
     spec = ModelSpec.of(build_pp(layers=layers).model)
     layout = Layout(pp=p, microbatches=m, schedule=kind, virtual=v, optimizer="sgd")
     assert plan(spec, layout).memory["activations"] == measured
+
+
+def test_one_process_activations_equal_what_autograd_saves():
+    """Blocks, the embedding's indices and the head's and loss's tensors, to the byte."""
+    from minidist.memory import SavedActivations
+
+    model, batches, loss_fn = build("gpt")
+    x, y = batches[0]
+    with SavedActivations(model) as saved:
+        loss_fn(model(x), y)
+    layout = Layout(global_batch=x.shape[0])
+    assert plan(ModelSpec.of(model), layout).memory["activations"] == saved.bytes
