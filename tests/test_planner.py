@@ -23,7 +23,8 @@ def test_plan_equals_the_tour_rows_measurement(row, run_tour_row):
     measured = run_tour_row(row)
     predicted = course_plan(row, 4)
     assert predicted.memory == measured.memory_per_rank
-    assert predicted.bytes == pytest.approx(measured.bytes_per_rank, rel=1e-12)
+    if measured.bytes_per_rank is not None:  # the recompute row runs in one process
+        assert predicted.bytes == pytest.approx(measured.bytes_per_rank, rel=1e-12)
 
 
 def test_meta_model_is_the_course_gpt():

@@ -67,6 +67,19 @@ def _fsdp(hybrid: bool = False, precision: str = "fp32", offload: str = "device"
     return course
 
 
+def _recompute(n: int) -> CoursePlan:
+    """The recompute row: lesson 06's GPT (4 blocks, dropout on) in one process, every block
+    recomputed; it measures what forward keeps. Dropout does not enter: a recomputed block
+    keeps only its input (its masks are drawn again when it re-runs)."""
+    from ..recompute.fixture import DROPOUT_GPT
+    from . import predict
+
+    model, layout = _gpt(**DROPOUT_GPT), Layout(recompute=True)
+    p = plan(model, layout)
+    kept = p.memory["activations"] - predict.recompute_working_bytes(model, layout)
+    return CoursePlan(p, kept, 0.0)
+
+
 def _fsdp_recompute(n: int) -> CoursePlan:
     """The FSDP + recompute row measures what forward keeps (each block's input, the
     embedding's indices, the head's): the plan's peak less the block rebuilt in backward.
@@ -130,6 +143,7 @@ COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "ZeRO-2 + bf16": _zero(2, "mixed"),
     "FSDP + CPU offload": _fsdp(offload="cpu"),
     "FSDP + disk offload": _fsdp(offload="disk"),
+    "recompute": _recompute,
     "FSDP + recompute": _fsdp_recompute,
     "tensor parallel": _tensor_parallel,
     "parallel layout": _parallel_layout,
