@@ -9,8 +9,9 @@ Rajbhandari et al. 2020, "ZeRO", section 5.3.
 - `fully_sharded.py`: `FullyShardedDataParallel`
 - `checkpoint.py`: sharded checkpoints with `torch.distributed.checkpoint` (`save`, `load` on
   a world of any size, `load_full` in one process); also for `ZeroDataParallel`
-- `checkpoint_layout.py`: what such a checkpoint holds (keys, the layout record) and the
-  checks that refuse another model's checkpoint before a load
+- `checkpoint_layout.py`: what such a checkpoint holds (keys, the layout record);
+  `checkpoint_check.py`: the checks that refuse another model's checkpoint before a load;
+  `checkpoint_full.py`: `load_full`, a checkpoint read whole in one process
 - `theory.py`: bytes per step by collective, memory per rank, peak parameter memory
 - `fixture.py`: the rank functions the notebook, tests and tour share
 - `timeline.py`, `plots.py`: one step observed unit by unit, and the pictures

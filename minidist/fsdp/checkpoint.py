@@ -10,6 +10,10 @@ checkpointing and state dicts: a full state dict gathers the whole model onto on
 one lets each rank save and load only its shard, and must then be resharded when the
 number of ranks changes.
 
+Split in four: this module writes and reads (`save`, `load`); `checkpoint_layout.py` holds
+what a checkpoint records (keys, the layout record); `checkpoint_check.py` the checks before
+a load; `checkpoint_full.py` `load_full`. Every name is importable from here.
+
 **What is saved** (`checkpoint_layout.py`): each flat unit of trainable parameters, and the
 optimizer state shaped like it, as a 1-D DTensor (`Shard(0)`, or `(Replicate(), Shard(0))`
 on hybrid sharding's 2-D mesh) of its unpadded length; scalar optimizer state, frozen
@@ -28,8 +32,8 @@ names, the format of `torch.distributed.checkpoint.state_dict.get_optimizer_stat
   zero Adam moments and zero update; an elementwise optimizer never lets it reach a valid
   element), then FSDP frees any gathered unit and ZeRO all-gathers its parameters.
 - A checkpoint of another model is refused before anything changes: the layout and DCP's
-  metadata are read first and the error names the first parameter, unit, buffer or
-  optimizer entry whose name or shape differs (`CheckpointMismatchError`).
+  metadata are read first (`checkpoint_check.py`) and the error names the first parameter,
+  unit, buffer or optimizer entry whose name or shape differs (`CheckpointMismatchError`).
 - A save is written into `.<name>.unfinished` next to `path`; after every rank finished
   (DCP's final collective, then a barrier) group rank 0 renames it to `path`, replacing an
   earlier checkpoint only then. An interrupted save leaves `path` absent or as it was, and
@@ -52,26 +56,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .. import comm
 from ..parallel import first_rank
+from .checkpoint_check import CheckpointMismatchError, _check, _read
+from .checkpoint_full import _placeholder, load_full
 from .checkpoint_layout import (
     LAYOUT_KEY,
     REPLACED,
     UNFINISHED,
-    CheckpointMismatchError,
-    _check,
     _device,
     _dtensor,
     _layout,
-    _read,
     _Sharded,
     _sharded,
     _state_kind,
@@ -159,13 +160,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _placeholder(md):
-    """A destination for one checkpoint entry read whole (DCP fills tensors in place)."""
-    if isinstance(md, TensorStorageMetadata):
-        return torch.empty(md.size, dtype=md.properties.dtype)
-    return None
-
-
 # -- load ----------------------------------------------------------------------------------------
 def load(path: str | os.PathLike, model, optimizer=None) -> None:
     """Load a checkpoint written by `save` (on a world of any size) into `model`/`optimizer`.
@@ -242,61 +236,3 @@ def _torch_optimizer_state(optimizer, s: _Sharded, layout: dict, loaded: dict) -
         saved = {k[len(prefix) :]: v for k, v in loaded.items() if k.startswith(prefix)}
         groups.append({**saved, "params": group["params"]})
     return {"state": state, "param_groups": groups}
-
-
-# -- load_full ------------------------------------------------------------------------------------
-def load_full(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """Read a checkpoint whole in one process (no process group needed).
-
-    Returns (model state dict, optimizer state): the first is the single-process model's
-    `state_dict()` (tied names share one tensor), ready for `model.load_state_dict`; the
-    second is keyed by parameter names, `{"state": {name: {...}}, "param_groups": [{...,
-    "params": [names]}]}` (torch's `get_optimizer_state_dict` format), or None when the
-    checkpoint has no optimizer.
-    """
-    path = Path(path)
-    meta, layout = _read(path)
-    dest = {k: _placeholder(md) for k, md in meta.state_dict_metadata.items()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(dest, checkpoint_id=path, no_dist=True)
-
-    def unflatten(flat: torch.Tensor, unit: dict) -> dict[str, torch.Tensor]:
-        out, offset = {}, 0
-        for name, shape in zip(unit["names"], unit["shapes"]):
-            n = int(torch.Size(shape).numel())
-            out[name] = flat[offset : offset + n].view(shape).clone()
-            offset += n
-        return out
-
-    model_state: dict[str, torch.Tensor] = {}
-    for k, v in dest.items():
-        if k.startswith("model.") and not k.startswith("model.flat["):
-            model_state[k[len("model.") :]] = v
-    for unit in layout["units"]:
-        model_state.update(unflatten(dest[f"model.{unit['key']}"], unit))
-    for alias, name in layout["aliases"].items():
-        model_state[alias] = model_state[name]
-    opt = layout["optimizer"]
-    if opt is None:
-        return model_state, None
-    units = {u["key"]: u for u in layout["units"]}
-    state: dict[str, dict] = {}
-    for key, kinds in opt["state"].items():
-        unit = units[key]
-        per_param = {n: {} for n in unit["names"]}
-        for name, kind in kinds.items():
-            value = dest[f"optim.{key}.{name}"]
-            if kind == "sharded":
-                for n, t in unflatten(value, unit).items():
-                    per_param[n][name] = t
-            else:
-                for n in unit["names"]:
-                    per_param[n][name] = value.clone() if kind == "tensor" else value
-        state.update(per_param)
-    groups = []
-    for g, keys in enumerate(opt["groups"]):
-        prefix = f"optim.param_groups.{g}."
-        hyper = {k[len(prefix) :]: v for k, v in dest.items() if k.startswith(prefix)}
-        groups.append({**hyper, "params": [n for key in keys for n in units[key]["names"]]})
-    return model_state, {"state": state, "param_groups": groups}

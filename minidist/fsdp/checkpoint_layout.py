@@ -1,8 +1,10 @@
-"""What a sharded checkpoint of a flat-parameter wrapper holds, and the checks before a load.
+"""What a sharded checkpoint of a flat-parameter wrapper holds: its keys and layout record.
 
-The layout half of `minidist.fsdp.checkpoint` (which writes and reads with DCP). Zhao et al.
-2023, "PyTorch FSDP" (VLDB), on sharded state dicts: a rank saves only its shard and a load on
-another number of ranks reshards, so the checkpoint records global shapes and names.
+The layout part of `minidist.fsdp.checkpoint` (which writes and reads with DCP; the checks
+before a load are `checkpoint_check.py`'s, reading one whole in one process
+`checkpoint_full.py`'s). Zhao et al. 2023, "PyTorch FSDP" (VLDB), on sharded state dicts: a
+rank saves only its shard and a load on another number of ranks reshards, so the checkpoint
+records global shapes and names.
 
 **What is saved.** For `FullyShardedDataParallel` (its `units`) and `ZeroDataParallel`
 stages 1-2 (its `buckets`), each flat unit of trainable parameters is one 1-D tensor,
@@ -25,25 +27,15 @@ Keys name parameters, never ranks or padding: `model.flat[layers.0.weight,layers
 checkpoint written on 4 ranks loads on 2, on 3, or in one process. With hybrid sharding the
 DTensor lives on a 2-D mesh (`Replicate()` across the replica groups, `Shard(0)` within
 one); DCP writes each chunk once.
-
-**Validation.** `_read` accepts only a complete checkpoint of this format; `_check` compares
-its layout and DCP's metadata with a wrapper and raises `CheckpointMismatchError` naming the
-first parameter, unit, buffer or optimizer entry whose name or shape differs. Writing and
-reading the tensors is `checkpoint.py`'s.
 """
 
 from __future__ import annotations
 
-import json
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -53,10 +45,6 @@ from .fully_sharded import FullyShardedDataParallel
 FORMAT = "minidist-flat-checkpoint/1"
 LAYOUT_KEY = "minidist.layout"
 UNFINISHED, REPLACED = ".unfinished", ".replaced"
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint holds another model or optimizer than the one it is loaded into."""
 
 
 # -- what a wrapper holds --------------------------------------------------------------------
@@ -214,100 +202,3 @@ def _layout(s: _Sharded, optimizer) -> dict:
             "state": kinds,  # unit key -> {state name: sharded | tensor | object}
         }
     return record
-
-
-# -- reading a checkpoint ----------------------------------------------------------------------
-def _read(path: Path) -> tuple[Metadata, dict]:
-    """DCP's metadata and the layout record; refuses anything but a complete checkpoint."""
-    if path.name.startswith(".") and path.name.endswith(UNFINISHED):
-        raise ValueError(f"{path} is an unfinished save (interrupted before completion)")
-    if not path.is_dir():
-        unfinished = path.with_name(f".{path.name}{UNFINISHED}")
-        replaced = path.with_name(f".{path.name}{REPLACED}")
-        hint = (
-            f"; {unfinished} is an unfinished save, it never completed" if unfinished.exists()
-            else f"; the checkpoint it replaced is in {replaced}" if replaced.exists()
-            else ""
-        )  # fmt: skip
-        raise FileNotFoundError(f"no checkpoint at {path}{hint}")
-    if not (path / ".metadata").is_file():
-        raise ValueError(f"{path} is not a complete checkpoint (no .metadata)")
-    meta = dcp.FileSystemReader(path).read_metadata()
-    if LAYOUT_KEY not in meta.state_dict_metadata:
-        raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
-    record = {LAYOUT_KEY: None}
-    with warnings.catch_warnings():  # no_dist warns that it is a single-process read
-        warnings.simplefilter("ignore")
-        dcp.load(record, checkpoint_id=path, no_dist=True)
-    layout = json.loads(record[LAYOUT_KEY])
-    if layout.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
-    return meta, layout
-
-
-def _item(items: list, i: int):
-    return items[i] if i < len(items) else "no such entry"
-
-
-def _shape(shape) -> str:
-    return "no such entry" if shape is None else str(list(shape))
-
-
-def _mismatch(what: str, saved, mine) -> CheckpointMismatchError:
-    return CheckpointMismatchError(
-        f"checkpoint does not fit this model: {what}: the checkpoint has {saved}, this "
-        f"{'optimizer' if what.startswith('optim') else 'model'} has {mine}"
-    )
-
-
-def _check(meta: Metadata, layout: dict, s: _Sharded, optimizer) -> None:
-    """Raise naming the first entry whose name or shape differs; changes nothing."""
-    mine = _layout(s, None)
-
-    def params(record: dict) -> dict[str, str]:
-        return {
-            n: f"{list(shape)} {u['dtype']}"
-            for u in record["units"]
-            for n, shape in zip(u["names"], u["shapes"])
-        }
-
-    saved_params, my_params = params(layout), params(mine)
-    for name in [*my_params, *(n for n in saved_params if n not in my_params)]:
-        if saved_params.get(name) != my_params.get(name):
-            raise _mismatch(
-                f"trainable parameter {name}", saved_params.get(name, "no such parameter"),
-                my_params.get(name, "no such parameter"),
-            )  # fmt: skip
-    saved_units, my_units = [u["key"] for u in layout["units"]], [u["key"] for u in mine["units"]]
-    if saved_units != my_units:
-        i = next((i for i, (a, b) in enumerate(zip(saved_units, my_units)) if a != b), None)
-        i = min(len(saved_units), len(my_units)) if i is None else i
-        raise _mismatch(
-            f"flat unit {i} (the same parameters grouped otherwise: another wrap policy or "
-            "bucket size; load_full reads any grouping)", _item(saved_units, i), _item(my_units, i),
-        )  # fmt: skip
-    saved_whole = {
-        k[len("model.") :]: tuple(md.size)
-        for k, md in meta.state_dict_metadata.items()
-        if k.startswith("model.") and not k.startswith("model.flat[")
-    }
-    my_whole = {n: tuple(t.shape) for n, t in s.replicated.items()}
-    for name in [*my_whole, *(n for n in saved_whole if n not in my_whole)]:
-        if saved_whole.get(name) != my_whole.get(name):
-            raise _mismatch(
-                f"frozen parameter or buffer {name}", _shape(saved_whole.get(name)),
-                _shape(my_whole.get(name)),
-            )  # fmt: skip
-    if optimizer is None:
-        return
-    opt = layout["optimizer"]
-    if opt is None:
-        raise CheckpointMismatchError("checkpoint has no optimizer state (saved without one)")
-    if opt["class"] != _optimizer_class(optimizer):
-        raise _mismatch("optimizer class", opt["class"], _optimizer_class(optimizer))
-    groups = [[_unit_key(u.names) for u in g] for g in _optimizer_units(optimizer, s.units)]
-    for g in range(max(len(opt["groups"]), len(groups))):
-        a = sorted(opt["groups"][g]) if g < len(opt["groups"]) else "no such group"
-        b = sorted(groups[g]) if g < len(groups) else "no such group"
-        if a != b:
-            raise _mismatch(f"optimizer param_groups[{g}] units", a, b)

@@ -1,0 +1,135 @@
+"""The checks before a sharded checkpoint is loaded: a complete one, of this model.
+
+The validation part of `minidist.fsdp.checkpoint` (what a checkpoint records is
+`checkpoint_layout.py`'s). Zhao et al. 2023, "PyTorch FSDP" (VLDB), on sharded state dicts:
+a load on another number of ranks reshards by the recorded names and global shapes, so
+these must match the model before any tensor is read.
+
+`_read` accepts only a complete checkpoint of this format (not an unfinished or replaced
+save, not a DCP checkpoint of someone else's) and returns DCP's metadata and the layout
+record; `_check` compares them with a wrapper and raises `CheckpointMismatchError` naming
+the first trainable parameter, flat unit, frozen parameter or buffer, or optimizer entry
+(class, param group units) whose name or shape differs. Neither changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata
+
+from .checkpoint_layout import (
+    FORMAT,
+    LAYOUT_KEY,
+    REPLACED,
+    UNFINISHED,
+    _layout,
+    _optimizer_class,
+    _optimizer_units,
+    _Sharded,
+    _unit_key,
+)
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint holds another model or optimizer than the one it is loaded into."""
+
+
+# -- reading a checkpoint ----------------------------------------------------------------------
+def _read(path: Path) -> tuple[Metadata, dict]:
+    """DCP's metadata and the layout record; refuses anything but a complete checkpoint."""
+    if path.name.startswith(".") and path.name.endswith(UNFINISHED):
+        raise ValueError(f"{path} is an unfinished save (interrupted before completion)")
+    if not path.is_dir():
+        unfinished = path.with_name(f".{path.name}{UNFINISHED}")
+        replaced = path.with_name(f".{path.name}{REPLACED}")
+        hint = (
+            f"; {unfinished} is an unfinished save, it never completed" if unfinished.exists()
+            else f"; the checkpoint it replaced is in {replaced}" if replaced.exists()
+            else ""
+        )  # fmt: skip
+        raise FileNotFoundError(f"no checkpoint at {path}{hint}")
+    if not (path / ".metadata").is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no .metadata)")
+    meta = dcp.FileSystemReader(path).read_metadata()
+    if LAYOUT_KEY not in meta.state_dict_metadata:
+        raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
+    record = {LAYOUT_KEY: None}
+    with warnings.catch_warnings():  # no_dist warns that it is a single-process read
+        warnings.simplefilter("ignore")
+        dcp.load(record, checkpoint_id=path, no_dist=True)
+    layout = json.loads(record[LAYOUT_KEY])
+    if layout.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
+    return meta, layout
+
+
+def _item(items: list, i: int):
+    return items[i] if i < len(items) else "no such entry"
+
+
+def _shape(shape) -> str:
+    return "no such entry" if shape is None else str(list(shape))
+
+
+def _mismatch(what: str, saved, mine) -> CheckpointMismatchError:
+    return CheckpointMismatchError(
+        f"checkpoint does not fit this model: {what}: the checkpoint has {saved}, this "
+        f"{'optimizer' if what.startswith('optim') else 'model'} has {mine}"
+    )
+
+
+def _check(meta: Metadata, layout: dict, s: _Sharded, optimizer) -> None:
+    """Raise naming the first entry whose name or shape differs; changes nothing."""
+    mine = _layout(s, None)
+
+    def params(record: dict) -> dict[str, str]:
+        return {
+            n: f"{list(shape)} {u['dtype']}"
+            for u in record["units"]
+            for n, shape in zip(u["names"], u["shapes"])
+        }
+
+    saved_params, my_params = params(layout), params(mine)
+    for name in [*my_params, *(n for n in saved_params if n not in my_params)]:
+        if saved_params.get(name) != my_params.get(name):
+            raise _mismatch(
+                f"trainable parameter {name}", saved_params.get(name, "no such parameter"),
+                my_params.get(name, "no such parameter"),
+            )  # fmt: skip
+    saved_units, my_units = [u["key"] for u in layout["units"]], [u["key"] for u in mine["units"]]
+    if saved_units != my_units:
+        i = next((i for i, (a, b) in enumerate(zip(saved_units, my_units)) if a != b), None)
+        i = min(len(saved_units), len(my_units)) if i is None else i
+        raise _mismatch(
+            f"flat unit {i} (the same parameters grouped otherwise: another wrap policy or "
+            "bucket size; load_full reads any grouping)", _item(saved_units, i), _item(my_units, i),
+        )  # fmt: skip
+    saved_whole = {
+        k[len("model.") :]: tuple(md.size)
+        for k, md in meta.state_dict_metadata.items()
+        if k.startswith("model.") and not k.startswith("model.flat[")
+    }
+    my_whole = {n: tuple(t.shape) for n, t in s.replicated.items()}
+    for name in [*my_whole, *(n for n in saved_whole if n not in my_whole)]:
+        if saved_whole.get(name) != my_whole.get(name):
+            raise _mismatch(
+                f"frozen parameter or buffer {name}", _shape(saved_whole.get(name)),
+                _shape(my_whole.get(name)),
+            )  # fmt: skip
+    if optimizer is None:
+        return
+    opt = layout["optimizer"]
+    if opt is None:
+        raise CheckpointMismatchError("checkpoint has no optimizer state (saved without one)")
+    if opt["class"] != _optimizer_class(optimizer):
+        raise _mismatch("optimizer class", opt["class"], _optimizer_class(optimizer))
+    groups = [[_unit_key(u.names) for u in g] for g in _optimizer_units(optimizer, s.units)]
+    for g in range(max(len(opt["groups"]), len(groups))):
+        a = sorted(opt["groups"][g]) if g < len(opt["groups"]) else "no such group"
+        b = sorted(groups[g]) if g < len(groups) else "no such group"
+        if a != b:
+            raise _mismatch(f"optimizer param_groups[{g}] units", a, b)
