@@ -67,30 +67,32 @@ def _fsdp(hybrid: bool = False, precision: str = "fp32", offload: str = "device"
     return course
 
 
+def _forward_kept(model: ModelSpec, layout: Layout) -> tuple[Plan, float]:
+    """The plan, and what forward keeps with every block recomputed: the plan's peak less
+    the block rebuilt in backward (what lesson 06's rows measure)."""
+    from .activations import recompute_working_bytes
+
+    p = plan(model, layout)
+    return p, p.memory["activations"] - recompute_working_bytes(model, layout)
+
+
 def _recompute(n: int) -> CoursePlan:
     """The recompute row: lesson 06's GPT (4 blocks, dropout on) in one process, every block
-    recomputed; it measures what forward keeps. Dropout does not enter: a recomputed block
-    keeps only its input (its masks are drawn again when it re-runs)."""
+    recomputed. Dropout does not enter: a recomputed block keeps only its input (its masks
+    are drawn again when it re-runs)."""
     from ..recompute.fixture import DROPOUT_GPT
-    from . import predict
 
-    model, layout = _gpt(**DROPOUT_GPT), Layout(recompute=True)
-    p = plan(model, layout)
-    kept = p.memory["activations"] - predict.recompute_working_bytes(model, layout)
+    p, kept = _forward_kept(_gpt(**DROPOUT_GPT), Layout(recompute=True))
     return CoursePlan(p, kept, 0.0)
 
 
 def _fsdp_recompute(n: int) -> CoursePlan:
-    """The FSDP + recompute row measures what forward keeps (each block's input, the
-    embedding's indices, the head's): the plan's peak less the block rebuilt in backward.
+    """The FSDP + recompute row (each block's input, the embedding's indices, the head's).
     The course's ranks slice their batch out of the global one (`shard_batch` returns views),
     so the token ids and the targets autograd keeps are the global batch's storage, 8·s bytes
     more per sequence of the other ranks, each: a rank that loaded only its slice saves less."""
-    from . import predict
-
     model, layout = _gpt(), Layout(dp=n, zero=3, recompute=True)
-    p = plan(model, layout)
-    kept = p.memory["activations"] - predict.recompute_working_bytes(model, layout)
+    p, kept = _forward_kept(model, layout)
     views = 2 * 8 * model.seq * (layout.global_batch - layout.global_batch // n)
     return CoursePlan(p, kept + views, p.bytes_sent)
 

@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..collectives.cost_model import CostModel
-from . import predict
+from . import activations, predict
 from .hardware import Cluster
 from .spec import Layout, ModelSpec
 
@@ -92,7 +92,7 @@ def plan(
     """What rank 0 of `layout` holds, sends and (with a `cluster`) how long a step takes."""
     layout.check(model, world)
     memory = predict.model_states(model, layout)
-    memory["activations"] = predict.activations(model, layout)
+    memory["activations"] = activations.activations(model, layout)
     result = Plan(
         model, layout, memory, predict.traffic(model, layout), predict.bubble(layout),
         predict.flops_per_step(model, layout), bus=predict.bus_traffic(model, layout),
@@ -108,12 +108,11 @@ def _calls(model: ModelSpec, layout: Layout) -> dict[str, int]:
     m = layout.microbatches
     tp = 0
     if layout.tp > 1:
-        layers = predict.stage_layers(model, layout)
+        layers = activations.stage_layers(model, layout)
         tp = (4 * layers + 2) * m
     pp = 2 * m if layout.pp > 1 else 0
     if layout.zero == 3:
-        units = len(model.fsdp_units()) if model.has_config else 1
-        dp = 3 * units
+        dp = 3 * len(model.fsdp_units())
     else:
         dp = len(predict.zero_buckets(model, layout)) * (1 if layout.zero == 0 else 2)
     return {"tp": tp, "pp": pp, "dp": dp if layout.dp > 1 else 0}

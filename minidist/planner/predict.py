@@ -22,13 +22,12 @@ from ..megatron import theory as tp_theory
 from ..mixed_precision import theory as mp_theory
 from ..offload import theory as offload_theory
 from ..pipeline import theory as pp_theory
-from ..pipeline.schedules import schedule
-from ..recompute import theory as recompute_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
+from .activations import stage_layers
 from .spec import Layout, ModelSpec
 
-KINDS = ("params", "grads", "optimizer", "activations")
+KINDS = ("params", "grads", "optimizer", "activations")  # the keys of `Plan.memory`
 
 
 def shard_group(layout: Layout) -> int:
@@ -44,6 +43,12 @@ def zero_buckets(model: ModelSpec, layout: Layout) -> list[int]:
     params = [p for p in model.tensors() if p.requires_grad]
     cap = int(layout.bucket_cap_mb * MiB)
     return [sum(params[i].numel() for i in b) for b in plan_buckets(params, cap, cap)]
+
+
+def owned_elements(model: ModelSpec, layout: Layout) -> int:
+    """Trainable elements of FSDP's padded flat shards rank 0 owns and steps."""
+    f = shard_group(layout)
+    return sum(fsdp_theory.padded(u, f) // f for u in model.fsdp_units())
 
 
 def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
@@ -99,9 +104,9 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
         terms["params"] += e * frozen
         terms["moments"] += 4 * len(buckets)
         return _three(terms)
-    units = model.fsdp_units() if model.has_config else [model.trainable]
-    owned = sum(fsdp_theory.padded(u, f) // f for u in units)
+    units = model.fsdp_units()
     if layout.offload != "device":
+        owned = owned_elements(model, layout)
         device = offload_theory.tier_bytes(owned, layout.offload, len(units), frozen, e, e)
         return dict(device["device"])
     if layout.precision == "fp32":
@@ -132,101 +137,6 @@ def _need_adam(layout: Layout) -> None:
         )
 
 
-def stage_layers(model: ModelSpec, layout: Layout) -> int:
-    """Blocks on the first pipeline stage."""
-    return len(three_d_theory.stage_layers(model.layers, layout.pp)[0])
-
-
-def in_flight_microbatches(layout: Layout) -> float:
-    """Micro-batches whose activations the first stage holds at its peak, in whole-stage
-    units. Interleaved (Narayanan et al. 2021, section 2.2): p micro-batches of 1/v of the
-    stage's layers plus (p-1) more chunk-sized warm-up ones, p·(1 + (p-1)/(p·v)); the exact
-    walk of the schedule is `peak_activation_bytes`."""
-    p, m = layout.pp, layout.microbatches
-    if layout.schedule == "interleaved":
-        return min(m, p) * (1 + (p - 1) / (p * layout.virtual))
-    return pp_theory.peak_microbatches(0, p, m, layout.schedule)
-
-
-def chunk_layers(model: ModelSpec, layout: Layout) -> list[int]:
-    """Blocks of each model chunk of rank 0: virtual stages 0, p, 2p, ... of p·v (one chunk,
-    its stage, without interleaving), dealt out as the pipeline lesson's `split_gpt` does."""
-    p, v = layout.pp, layout.virtual if layout.schedule == "interleaved" else 1
-    stages = three_d_theory.stage_layers(model.layers, p * v)
-    return [len(stages[c * p]) for c in range(v)]
-
-
-def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
-    """The most bytes rank 0's (micro-batch, chunk) activations reach while it walks its
-    steps of the pipeline lesson's `schedule`: a forward adds its chunk's bytes, the step
-    that last needs them (the backward; the weight gradient when the schedule splits it
-    out, ZB-H1) frees them."""
-    if layout.pp == 1:
-        return chunk_bytes[0]
-    steps = schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual)[0]
-    frees = "W" if any(step[0] == "W" for step in steps) else "B"
-    alive = peak = 0.0
-    for step in steps:
-        chunk = step[2] if len(step) > 2 else 0
-        if step[0] == "F":
-            alive += chunk_bytes[chunk]
-            peak = max(peak, alive)
-        elif step[0] == frees:
-            alive -= chunk_bytes[chunk]
-    return peak
-
-
-def activations(model: ModelSpec, layout: Layout) -> float:
-    """Bytes of activations rank 0 holds at its peak: each model chunk's blocks per
-    micro-batch (`megatron.theory.activation_bytes_per_layer`, the course kernels: flash
-    attention, no dropout; replicated outside tp regions, split inside), or with full
-    recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
-    over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
-    chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
-    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`)."""
-    if not model.has_config:
-        return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
-    e = layout.element_bytes
-    per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, e)
-    indices = embedding_index_bytes(layout.global_batch // layout.dp, s)
-    if layout.recompute:
-        boundary = recompute_theory.boundary_bytes(s, b, h, e)
-        held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
-                for n in chunk_layers(model, layout)]  # fmt: skip
-    else:
-        held = [n * per_layer for n in chunk_layers(model, layout)]
-    held[0] += indices
-    if layout.pp == 1:
-        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e)
-    return peak_activation_bytes(layout, held) + recompute_working_bytes(model, layout)
-
-
-def recompute_working_bytes(model: ModelSpec, layout: Layout) -> float:
-    """What recomputation adds at the peak: one block's activations, rebuilt in backward."""
-    if not (layout.recompute and model.has_config):
-        return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
-    return tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, layout.element_bytes)
-
-
-def head_bytes(batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int) -> int:
-    """What the final LayerNorm, the output head and the cross entropy save for b sequences:
-    the norm's input and its output (the head's input), b·s·h each, the norm's fp32 mean and
-    1/std per token, the log-softmax over the vocabulary (split t ways: vocab-parallel cross
-    entropy, Megatron-LM), the int64 targets, and the mean's 4-byte scalar."""
-    bs = batch * seq
-    padded_vocab = three_d_theory.padded_vocab(vocab, tp)
-    return element_bytes * (2 * bs * hidden + bs * padded_vocab // tp) + 2 * 4 * bs + 8 * bs + 4
-
-
-def embedding_index_bytes(replica_batch: int, seq: int) -> int:
-    """What the token and position embeddings save per micro-batch: their int64 indices.
-    A micro-batch's token ids are a view of its replica's batch, and autograd keeps the
-    whole storage: 8·B·s bytes for B sequences, plus the positions' 8·s."""
-    return 8 * replica_batch * seq + 8 * seq
-
-
 def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     """{(collective, group): bytes} rank 0 sends per step on a ring (`comm.ring_bytes`)."""
     n, z, e, r = layout.dp, layout.zero, layout.element_bytes, layout.reduce_bytes
@@ -252,7 +162,7 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
             ("reduce_scatter", "dp"): comm.ring_bytes("reduce_scatter", padded * r, n),
             ("all_gather", "dp"): comm.ring_bytes("all_gather", padded * e, n),
         }
-    units = model.fsdp_units() if model.has_config else [model.trainable]
+    units = model.fsdp_units()
     f = shard_group(layout)
     # a spec without configuration is one unit that is not a root: gathered again in backward
     root = model.has_config
@@ -272,10 +182,7 @@ def bus_traffic(model: ModelSpec, layout: Layout) -> dict[str, float]:
     (lesson 05: every owned gradient down, every updated parameter up)."""
     if layout.offload == "device":
         return {}
-    units = model.fsdp_units() if model.has_config else [model.trainable]
-    f = shard_group(layout)
-    owned = sum(fsdp_theory.padded(u, f) // f for u in units)
-    e = layout.element_bytes
+    owned, e = owned_elements(model, layout), layout.element_bytes
     out = dict(offload_theory.bytes_moved_per_step(owned, e, e))
     if layout.offload == "disk":
         out.update(offload_theory.disk_bytes_per_step(owned))

@@ -100,7 +100,10 @@ class ModelSpec:
 
     def fsdp_units(self) -> list[int]:
         """Trainable elements of each FSDP unit, one per block, the root (the rest) last:
-        the course's wrap policy (`minidist.fsdp.fixture.UNITS["gpt"]`)."""
+        the course's wrap policy (`minidist.fsdp.fixture.UNITS["gpt"]`). A spec with only a
+        parameter count is one unit of them all."""
+        if not self.has_config:
+            return [self.trainable]
         model = self.meta_model()
         blocks = [m for m in model.modules() if isinstance(m, Block)]
         numels = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in blocks]

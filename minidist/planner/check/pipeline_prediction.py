@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...course.check import fail, passed, run_on_world
-from .. import predict
+from ..activations import in_flight_microbatches
 from ..plan import plan
 from ..spec import Layout, ModelSpec
 from ._shared import _and, _number, _same
@@ -29,7 +29,7 @@ def _planned(spec: ModelSpec, p: int, m: int, kind: str) -> tuple[float, float, 
     layout = Layout(pp=p, microbatches=m, schedule=kind, optimizer="sgd", global_batch=m)
     result = plan(spec, layout)
     activations = result.memory["activations"]
-    per_microbatch = round(activations / predict.in_flight_microbatches(layout))
+    per_microbatch = round(activations / in_flight_microbatches(layout))
     return result.bubble, activations, per_microbatch
 
 

@@ -1,0 +1,113 @@
+"""Activation memory of rank 0 for a (model, layout): what its blocks, its embedding and (on
+the last stage) its head and loss keep for backward, at the peak of its pipeline schedule.
+
+Per block: `megatron.theory.activation_bytes_per_layer` (Korthikanti et al. 2022, section
+4.1, on the course kernels: flash attention, no dropout; replicated outside the tensor-
+parallel regions, split inside), or with full recomputation only the block's input
+(Chen et al. 2016, `recompute.theory.saved_bytes`) plus one block rebuilt in backward. The
+peak comes from walking rank 0's steps of the pipeline lesson's `schedule`.
+"""
+
+from __future__ import annotations
+
+from ..megatron import theory as tp_theory
+from ..pipeline import theory as pp_theory
+from ..pipeline.schedules import schedule
+from ..recompute import theory as recompute_theory
+from ..three_d import theory as three_d_theory
+from .spec import Layout, ModelSpec
+
+
+def stage_layers(model: ModelSpec, layout: Layout) -> int:
+    """Blocks on the first pipeline stage."""
+    return len(three_d_theory.stage_layers(model.layers, layout.pp)[0])
+
+
+def in_flight_microbatches(layout: Layout) -> float:
+    """Micro-batches whose activations the first stage holds at its peak, in whole-stage
+    units. Interleaved (Narayanan et al. 2021, section 2.2): p micro-batches of 1/v of the
+    stage's layers plus (p-1) more chunk-sized warm-up ones, p·(1 + (p-1)/(p·v)); the exact
+    walk of the schedule is `peak_activation_bytes`."""
+    p, m = layout.pp, layout.microbatches
+    if layout.schedule == "interleaved":
+        return min(m, p) * (1 + (p - 1) / (p * layout.virtual))
+    return pp_theory.peak_microbatches(0, p, m, layout.schedule)
+
+
+def chunk_layers(model: ModelSpec, layout: Layout) -> list[int]:
+    """Blocks of each model chunk of rank 0: virtual stages 0, p, 2p, ... of p·v (one chunk,
+    its stage, without interleaving), dealt out as the pipeline lesson's `split_gpt` does."""
+    p, v = layout.pp, layout.virtual if layout.schedule == "interleaved" else 1
+    stages = three_d_theory.stage_layers(model.layers, p * v)
+    return [len(stages[c * p]) for c in range(v)]
+
+
+def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
+    """The most bytes rank 0's (micro-batch, chunk) activations reach while it walks its
+    steps of the pipeline lesson's `schedule`: a forward adds its chunk's bytes, the step
+    that last needs them (the backward; the weight gradient when the schedule splits it
+    out, ZB-H1) frees them."""
+    if layout.pp == 1:
+        return chunk_bytes[0]
+    steps = schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual)[0]
+    frees = "W" if any(step[0] == "W" for step in steps) else "B"
+    alive = peak = 0.0
+    for step in steps:
+        chunk = step[2] if len(step) > 2 else 0
+        if step[0] == "F":
+            alive += chunk_bytes[chunk]
+            peak = max(peak, alive)
+        elif step[0] == frees:
+            alive -= chunk_bytes[chunk]
+    return peak
+
+
+def activations(model: ModelSpec, layout: Layout) -> float:
+    """Bytes of activations rank 0 holds at its peak: each model chunk's blocks per
+    micro-batch (`megatron.theory.activation_bytes_per_layer`, the course kernels: flash
+    attention, no dropout; replicated outside tp regions, split inside), or with full
+    recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
+    over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
+    chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
+    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`)."""
+    if not model.has_config:
+        return 0.0
+    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    e = layout.element_bytes
+    per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, e)
+    indices = embedding_index_bytes(layout.global_batch // layout.dp, s)
+    if layout.recompute:
+        boundary = recompute_theory.boundary_bytes(s, b, h, e)
+        held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
+                for n in chunk_layers(model, layout)]  # fmt: skip
+    else:
+        held = [n * per_layer for n in chunk_layers(model, layout)]
+    held[0] += indices
+    if layout.pp == 1:
+        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e)
+    return peak_activation_bytes(layout, held) + recompute_working_bytes(model, layout)
+
+
+def recompute_working_bytes(model: ModelSpec, layout: Layout) -> float:
+    """What recomputation adds at the peak: one block's activations, rebuilt in backward."""
+    if not (layout.recompute and model.has_config):
+        return 0.0
+    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    return tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, layout.element_bytes)
+
+
+def head_bytes(batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int) -> int:
+    """What the final LayerNorm, the output head and the cross entropy save for b sequences:
+    the norm's input and its output (the head's input), b·s·h each, the norm's fp32 mean and
+    1/std per token, the log-softmax over the vocabulary (split t ways: vocab-parallel cross
+    entropy, Megatron-LM), the int64 targets, and the mean's 4-byte scalar."""
+    bs = batch * seq
+    padded_vocab = three_d_theory.padded_vocab(vocab, tp)
+    return element_bytes * (2 * bs * hidden + bs * padded_vocab // tp) + 2 * 4 * bs + 8 * bs + 4
+
+
+def embedding_index_bytes(replica_batch: int, seq: int) -> int:
+    """What the token and position embeddings save per micro-batch: their int64 indices.
+    A micro-batch's token ids are a view of its replica's batch, and autograd keeps the
+    whole storage: 8·B·s bytes for B sequences, plus the positions' 8·s."""
+    return 8 * replica_batch * seq + 8 * seq
