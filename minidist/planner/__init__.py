@@ -8,7 +8,8 @@ pipeline bubble (Narayanan et al. 2021); a step time from a roofline per device 
 et al. 2009) and an α-β model per link (Hockney 1994).
 
 - `spec.py`: `ModelSpec` (a GPT configuration, or only a parameter count) and `Layout`
-- `predict.py`: memory, bytes, bubble and FLOPs of rank 0, by calling each lesson's theory
+- `predict.py`: model states, bytes, bubble and FLOPs of rank 0, by calling each lesson's
+  theory; `activations.py`: its activations at the peak of its pipeline schedule
 - `hardware.py`: `Device`, `Cluster`, published figures, and the measurements of this machine
 - `plan.py`: `plan`, `step_time`, `bytes_by_link_class`, `sweep`, `best`, `frontier`
 - `published.py`: the published tables the planner reproduces
