@@ -1,0 +1,110 @@
+"""The parent waiting for a world's results, and the errors it raises when a world fails.
+
+The parent waits on every rank's result pipe, process sentinel and stderr pipe at once.
+The first rank that raises (or dies) stops the world: the caller gets that rank's traceback
+(`RankFailedError`), and a rank that died without one is described by its exit code and its
+last stderr lines. A world that outlives `timeout_s` is stopped with an error naming the
+ranks still running (`WorldTimeoutError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+import cloudpickle
+
+from .stderr import _StderrTail
+
+_GRACE_S = 1.0
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised or died; carries the rank number and that rank's traceback."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed:\n{message}")
+        self.rank = rank
+
+
+class WorldTimeoutError(TimeoutError):
+    """The world ran past its timeout; names the ranks that had not finished."""
+
+    def __init__(self, ranks: list[int], timeout_s: float):
+        super().__init__(
+            f"ranks {ranks} still running after timeout_s={timeout_s:g}s; they were stopped. "
+            "A rank usually hangs in a collective that the other ranks never join "
+            "(different op order or tensor sizes on different ranks)."
+        )
+        self.ranks = ranks
+
+
+def _collect(procs, conns, errs, timeout_s) -> list:
+    """Wait for every rank; on the first failure, stop the world and report its root cause."""
+    results: dict[int, Any] = {}
+    failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
+    deadline = time.monotonic() + timeout_s
+    by_conn = {c: r for r, c in enumerate(conns)}
+    by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+    by_err = {e.conn: e for e in errs}
+    while len(results) + len(failures) < len(procs):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if failures:
+                break
+            raise WorldTimeoutError(sorted(set(range(len(procs))) - set(results)), timeout_s)
+        waiting = [c for c, r in by_conn.items() if r not in results and r not in failures]
+        waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
+        # Stderr is read for as long as it is open, so that no rank blocks on a full pipe.
+        waiting += [c for c, e in by_err.items() if not e.eof]
+        for ready in wait(waiting, timeout=remaining):
+            if ready in by_err:
+                by_err[ready].drain(max_chunks=16)
+                continue
+            rank = by_conn.get(ready, by_sentinel.get(ready))
+            if rank in results or rank in failures:
+                continue
+            if ready in by_conn:
+                try:
+                    status, value, stamp = cloudpickle.loads(ready.recv_bytes())
+                except EOFError:
+                    failures[rank] = (time.time(), _exit_message(procs[rank], errs[rank]))
+                    continue
+                if status == "ok":
+                    results[rank] = value
+                else:
+                    failures[rank] = (stamp, value)
+            elif not conns[rank].poll():
+                failures[rank] = (time.time(), _exit_message(procs[rank], errs[rank]))
+        if failures:
+            # The others usually fail a moment later in a collective with the failed rank;
+            # wait briefly so the root cause (the earliest failure) is the one reported.
+            deadline = min(deadline, time.monotonic() + _GRACE_S)
+    if failures:
+        rank = min(failures, key=lambda r: failures[r][0])
+        others = sorted(set(failures) - {rank})
+        also = f"\n(ranks {others} failed after it)" if others else ""
+        raise RankFailedError(rank, failures[rank][1] + also)
+    return [results[r] for r in range(len(procs))]
+
+
+def _exit_message(proc, err: _StderrTail) -> str:
+    """Why a rank died without a result: its exit code (or signal) and its last stderr lines."""
+    proc.join(1.0)
+    code = proc.exitcode
+    if code is None:
+        how = "the process closed its result pipe without a result (still running)"
+    else:
+        how = f"the process exited with code {code}"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                how += f" ({signal.Signals(-code).name})"
+        how += " before returning a result"
+    err.drain()
+    lines = err.last_lines()
+    if not lines:
+        return how
+    return f"{how}; the last lines it wrote to stderr:\n{lines}"

@@ -1,0 +1,157 @@
+"""The parent side of a world: start the ranks, collect their results, leave no process behind.
+
+`launch` checks its arguments, picks the start method (`backend._pick_start_method`), gives
+each rank a result pipe and a stderr pipe, starts the ranks on `rank._rank_main`, waits in
+`collect._collect` and, whatever happens (Ctrl-C included), terminates every rank still
+running (`_reap`) and removes the world's rendezvous folder.
+
+Under spawn the function travels by value with cloudpickle (`_ship`), which is what lets a
+function defined in a notebook cell run in a fresh interpreter; `_main_module_hidden` keeps
+spawned ranks from re-running the caller's `__main__`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from .backend import _check_backend, _pick_start_method, default_backend
+from .collect import _collect
+from .rank import _rank_main
+from .stderr import _StderrTail
+from .torchrun import _join_torchrun_world, under_torchrun
+
+
+def _ship(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"launch: fn={name} (or its args) cannot be pickled to send to spawned ranks: "
+            f"{type(exc).__name__}: {exc}. Under start_method='spawn' each rank is a fresh "
+            "interpreter, so fn and everything it captures must be picklable. Move "
+            "unpicklable objects (open files, locks, CUDA tensors, process groups) inside fn "
+            "and create them on each rank, or define fn in an importable module."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _main_module_hidden(hide: bool):
+    """Stop spawned ranks from re-running the caller's `__main__`.
+
+    multiprocessing's spawn re-imports the main script in every child so that functions
+    defined there can be found by name. minidist ships `fn` by value instead, so the
+    re-import is unneeded, and in a script without an `if __name__ == "__main__"` guard it
+    would start the whole world again inside each rank.
+    """
+    main = sys.modules.get("__main__")
+    if not hide or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int | None,
+    *args: Any,
+    backend: str | None = None,
+    timeout_s: float = 120.0,
+    start_method: str | None = None,
+    threads_per_rank: int | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on every rank of a new world; return results in rank order.
+
+    Args:
+        fn: the function each rank runs; it sees an initialised default process group
+            (`dist.get_rank()`, `dist.get_world_size()`).
+        world_size: number of processes (ranks) to start.
+        backend: "gloo" or "nccl"; default `default_backend(world_size)`: gloo unless the
+            environment variable MINIDIST_BACKEND says "nccl".
+        timeout_s: the whole world is stopped after this many seconds (under torchrun, where
+            nothing can be stopped, it is the timeout of every collective).
+        start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
+        threads_per_rank: torch intra-op threads per rank (default: 1 under fork, else
+            cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
+    """
+    if under_torchrun():
+        return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s)
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
+    backend = backend or default_backend(world_size)
+    _check_backend(backend, world_size, "launch: backend")
+    method = _pick_start_method(start_method, backend, threads_per_rank)
+    if method == "fork":
+        # Importing it is what makes a process's first torch optimizer slow (~1 s, and N
+        # times that when N forked ranks each do it at once on a small machine): once here.
+        importlib.import_module("torch._dynamo")
+    payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
+    cfg = {
+        "store_path": os.path.join(tempfile.mkdtemp(prefix="minidist-"), "store"),
+        "backend": backend,
+        "timeout_s": timeout_s,
+        "threads": threads_per_rank
+        or (1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)),
+    }
+    ctx = mp.get_context(method)
+    procs, conns, errs = [], [], []
+    try:
+        with _main_module_hidden(method == "spawn"):
+            for rank in range(world_size):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                conns.append(recv_end)
+                err_recv, err_send = ctx.Pipe(duplex=False)
+                errs.append(_StderrTail(err_recv))
+                try:
+                    p = ctx.Process(
+                        target=_rank_main,
+                        args=(payload, rank, world_size, cfg, send_end, err_send),
+                        name=f"minidist-rank{rank}",
+                        daemon=True,
+                    )
+                    p.start()
+                finally:
+                    send_end.close()
+                    err_send.close()
+                procs.append(p)
+        return _collect(procs, conns, errs, timeout_s)
+    finally:
+        _reap(procs)
+        for e in errs:
+            e.drain()  # what the ranks wrote last still reaches our stderr
+            e.close()
+        for c in conns:
+            c.close()
+        shutil.rmtree(os.path.dirname(cfg["store_path"]), ignore_errors=True)
+
+
+def _reap(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,39 @@
+"""Joining a world that torchrun (or any launcher setting its environment) already started.
+
+There the ranks exist before `launch` is called, so `launch` starts nothing: each process
+initialises the default process group from the environment (if not done yet), runs the
+function and all-gathers the results, so every rank returns the list in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .backend import default_backend
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (or any launcher setting its env)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s) -> list:
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size is not None and world_size != env_world:
+        raise ValueError(
+            f"launch: world_size={world_size} but torchrun started WORLD_SIZE={env_world}; "
+            "pass world_size=None (or the same number) under torchrun"
+        )
+    if not dist.is_initialized():
+        backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    result = fn(*args, **kwargs)
+    results = [None] * env_world
+    dist.all_gather_object(results, result)
+    return results
