@@ -66,11 +66,8 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     if layout.tp > 1 or layout.pp > 1:
         params, trainable = _stage_params(model, layout)
         if layout.precision == "mixed" or layout.optimizer == "adam":
-            terms = mp_theory.model_state_terms(trainable, n, z, compute_bytes=e)
-            if layout.precision == "fp32":  # the masters are the parameters themselves
-                terms["master"] = 0.0
-            terms["params"] += e * (params - trainable)
-            return _three(terms)
+            master = 4 if layout.precision == "mixed" else 0  # fp32: the parameters are masters
+            return _mixed(trainable, n, z, e, params - trainable, 0, master)
         if z == 0:  # lesson 08: TP with DDP across, SGD + momentum
             total = dp_theory.model_state_bytes_per_rank(params, trainable, "sgd")
         else:  # lesson 10: ZeRO-1 over dp of the flat of this rank's trainable elements
@@ -84,10 +81,7 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     if z == 0:
         tensors = sum(1 for p in model.tensors() if p.requires_grad) if model.has_config else 0
         if layout.precision == "mixed":
-            terms = mp_theory.model_state_terms(model.trainable, 1, 0, compute_bytes=e)
-            terms["params"] += e * frozen
-            terms["moments"] += 4 * tensors
-            return _three(terms)
+            return _mixed(model.trainable, 1, 0, e, frozen, tensors)
         total = dp_theory.model_state_bytes_per_rank(
             model.num_params, model.trainable, layout.optimizer, tensors
         )
@@ -100,10 +94,7 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
         padded = zero_theory.padded_numel(buckets, n)
         if layout.precision == "fp32":
             return zero_theory.fp32_adam_rank_bytes(padded, n, z, frozen, adam_steps=len(buckets))
-        terms = mp_theory.model_state_terms(padded, n, z, compute_bytes=e)
-        terms["params"] += e * frozen
-        terms["moments"] += 4 * len(buckets)
-        return _three(terms)
+        return _mixed(padded, n, z, e, frozen, len(buckets))
     units = model.fsdp_units()
     if layout.offload != "device":
         owned = owned_elements(model, layout)
@@ -114,18 +105,20 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
         out["params"] += 4 * frozen
         return out
     padded = sum(fsdp_theory.padded(u, f) for u in units)
-    terms = mp_theory.model_state_terms(padded, f, 3, compute_bytes=e)
-    terms["params"] += e * frozen
-    terms["moments"] += 4 * len(units)
-    return _three(terms)
+    return _mixed(padded, f, 3, e, frozen, len(units))
 
 
-def _three(terms: dict[str, float]) -> dict[str, float]:
-    """Mixed precision's four terms folded into params, grads, optimizer (master + moments)."""
+def _mixed(
+    padded: int, n: int, stage: int, e: int, frozen: int, steps: int, master: int = 4
+) -> dict:
+    """Mixed-precision Adam's four terms (`mixed_precision.theory.model_state_terms`) on
+    `padded` trainable elements, plus the frozen ones (compute dtype) and one 4-byte step
+    counter per stepped tensor, folded into params, grads and optimizer (master + moments)."""
+    terms = mp_theory.model_state_terms(padded, n, stage, compute_bytes=e, master_bytes=master)
     return {
-        "params": terms["params"],
+        "params": terms["params"] + e * frozen,
         "grads": terms["grads"],
-        "optimizer": terms["master"] + terms["moments"],
+        "optimizer": terms["master"] + terms["moments"] + 4 * steps,
     }
 
 
