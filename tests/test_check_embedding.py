@@ -295,3 +295,91 @@ def test_localized_reorder_stub_is_not_implemented():
 
     with pytest.raises(NotImplementedError):
         check_localized_reorder(stub)
+
+
+# -- exercise 1's catalogue: one wrong answer per likely mistake ------------------------------
+
+
+def probe_insert(table, key, *, step=1, modulus=None, home=None, over=False, changes_first=False,
+                 bound_first=False, row_is_slot=False):  # fmt: skip
+    """insert with one mistake switched on."""
+    n = table.num_slots
+    if bound_first and table.size + 1 > table.capacity:
+        raise HashTableFullError("full")
+    row = find_right(table, key)
+    if row >= 0:
+        return row
+    if changes_first:
+        table.size += 1
+    if (
+        (table.size + 1 >= table.capacity)
+        if over
+        else (table.size + 1 > table.capacity + changes_first)
+    ):
+        raise HashTableFullError(f"capacity {table.capacity}")
+    slot = home(key, n) if home else table.home(key)
+    while table.keys[slot] is not None:
+        slot = (slot + step) % (modulus or n)
+    table.keys[slot] = key
+    table.rows[slot] = slot if row_is_slot else table.size - changes_first
+    table.size += 1 - changes_first
+    return table.rows[slot]
+
+
+def probe_find(table, key, *, step=1, modulus=None, home=None, missing=-1, slot_not_row=False,
+               no_empty_stop=False):  # fmt: skip
+    n = table.num_slots
+    slot = home(key, n) if home else table.home(key)
+    for _ in range(n):
+        if table.keys[slot] is None and not no_empty_stop:
+            return missing
+        if table.keys[slot] == key:
+            return slot if slot_not_row else table.rows[slot]
+        slot = (slot + step) % (modulus or n)
+    while no_empty_stop:  # scans on until it meets the key
+        slot = (slot + step) % n
+        if table.keys[slot] == key:
+            return table.rows[slot]
+    return missing
+
+
+def both(**switches):
+    ins = {k: v for k, v in switches.items() if k in ("step", "modulus", "home", "over",
+           "changes_first", "bound_first", "row_is_slot")}  # fmt: skip
+    fnd = {k: v for k, v in switches.items() if k in ("step", "modulus", "home", "missing",
+           "slot_not_row", "no_empty_stop")}  # fmt: skip
+    return (lambda t, k: probe_insert(t, k, **ins), lambda t, k: probe_find(t, k, **fnd))
+
+
+PROBING_MISTAKES = [
+    (*both(), None),
+    ((lambda t, k: insert_right(t, k, wrap=False)), find_no_wrap, "wrap round"),
+    (insert_right, find_stops_at_other_key, "find stopped at slot 3"),
+    ((lambda t, k: insert_right(t, k, overwrite=True)), find_right, "overwrote a slot"),
+    ((lambda t, k: insert_right(t, k, same_row=True)), find_right, "same row"),
+    ((lambda t, k: insert_right(t, k, bound=False)), find_right, "raise HashTableFullError"),
+    (*both(modulus=7), "wraps at num_slots - 1"),
+    (*both(step=2), "moves 2 slots at a time"),
+    (*both(home=lambda k, n: k & n), "key & num_slots"),
+    (*both(over=True), "HashTableFullError.*off by one"),
+    (*both(row_is_slot=True), "their slots"),
+    (*both(slot_not_row=True), "find returned 1, 2, 4, their slots"),
+    (*both(bound_first=True), "already in it"),
+    (*both(changes_first=True), "changed the table first"),
+    (*both(missing=None), "returned None for a key never inserted"),
+    (*both(no_empty_stop=True), "still running after 2 s.*never meets an empty slot"),
+    ((lambda key, table: insert_right(table, key)), find_right, "AttributeError.*table first"),
+]
+
+
+@pytest.mark.parametrize("insert, find, words", PROBING_MISTAKES)
+def test_linear_probing_catalogue(insert, find, words):
+    if words is None:  # the switches' default is the right answer
+        check_linear_probing(insert, find)
+        return
+    with pytest.raises(CheckFailed, match=words):
+        check_linear_probing(insert, find)
+
+
+def test_linear_probing_catalogue_is_large_enough():
+    assert len(PROBING_MISTAKES) - 1 >= 8
