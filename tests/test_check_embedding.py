@@ -383,3 +383,51 @@ def test_linear_probing_catalogue(insert, find, words):
 
 def test_linear_probing_catalogue_is_large_enough():
     assert len(PROBING_MISTAKES) - 1 >= 8
+
+
+# -- exercise 2's catalogue -------------------------------------------------------------------
+
+
+def splits_with(owner=owner_right, minlength=True, distinct=False, recv="right"):
+    def split_sizes(keys_per_rank, rank, world_size):
+        keys = [k.unique() if distinct else k for k in keys_per_rank]
+        owners = [owner(k, world_size) for k in keys]
+        extra = dict(minlength=world_size) if minlength else {}
+        send = torch.bincount(owners[rank], **extra).tolist()
+        got = {
+            "right": [int((owners[q] == rank).sum()) for q in range(world_size)],
+            "own": send,
+            "total": [int(sum((o == q).sum() for o in owners)) for q in range(world_size)],
+        }[recv]
+        return send, got
+
+    return split_sizes
+
+
+OWNER_SPLIT_MISTAKES = [
+    (lambda k, n: torch.fmod(k, n), splits_right, "negative rank"),
+    (lambda k, n: k.abs() % n, splits_right, r"abs\(key\) mod N"),
+    (lambda k, n: k & (n - 1), splits_right, "only when N is a power"),
+    (lambda k, n: torch.remainder(k.int(), n), splits_right, "int32"),
+    (lambda k, n: torch.remainder(k, n).float(), splits_right, "ranks are integers"),
+    (lambda k, n: torch.remainder(k, n).tolist(), splits_right, "returned a list"),
+    (owner_right, splits_with(minlength=False), "fewer than N = 4 entries.*minlength"),
+    (owner_right, splits_with(owner=lambda k, n: torch.fmod(k, n)), "bincount of negative owners"),
+    (owner_right, splits_with(distinct=True), "counted distinct keys"),
+    (owner_right, lambda *a: splits_right(*a)[::-1], "swapped"),
+    (owner_right, splits_with(recv="own"), "counted this rank's own keys"),
+    (owner_right, splits_with(recv="total"), "all the keys q owns"),
+    (owner_right, lambda k, r, n: (splits_right(k, r, n)[0], [0] * n), "recv.*expected"),
+    (owner_right, lambda k, r, n: 7, "return \\(send, recv\\)"),
+    (owner_right, lambda k, n: 0, "TypeError.*keys_per_rank"),
+]
+
+
+@pytest.mark.parametrize("owner, split_sizes, words", OWNER_SPLIT_MISTAKES)
+def test_owner_and_splits_catalogue(owner, split_sizes, words):
+    with pytest.raises(CheckFailed, match=words):
+        check_owner_and_splits(owner, split_sizes)
+
+
+def test_owner_and_splits_catalogue_is_large_enough():
+    assert len(OWNER_SPLIT_MISTAKES) >= 8
