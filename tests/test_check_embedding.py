@@ -431,3 +431,73 @@ def test_owner_and_splits_catalogue(owner, split_sizes, words):
 
 def test_owner_and_splits_catalogue_is_large_enough():
     assert len(OWNER_SPLIT_MISTAKES) >= 8
+
+
+# -- exercise 3's catalogue -------------------------------------------------------------------
+
+
+def dedup_with(stable=True, unique="right", order="right"):
+    def sort_and_dedup(rows):
+        o, u, offsets = dedup_right(rows)
+        if not stable:
+            o = torch.argsort(rows)  # the default sort: ties in any order
+        if unique == "sorted":
+            u = torch.sort(rows).values
+        elif unique == "descending":
+            u = u.flip(0)
+        if order == "values":
+            o = torch.sort(rows).values
+        return o, u, offsets
+
+    return sort_and_dedup
+
+
+def grads_weighted(power=1, mean=False, occurrence=False):
+    def row_gradients(rows, bags, grad_pooled, weights, loss_scale):
+        unique, out = grads_right(rows, bags, grad_pooled, weights**power, loss_scale)
+        if mean:
+            out = out / torch.bincount(torch.searchsorted(unique, rows)).float()[:, None]
+        if occurrence:
+            return unique, weights[:, None] * grad_pooled[bags] / loss_scale
+        return unique, out
+
+    return row_gradients
+
+
+DEDUP_MISTAKES = [
+    (dedup_with(stable=False), grads_right, "not stable"),
+    (dedup_with(unique="sorted"), grads_right, "sorted but not deduplicated"),
+    (dedup_with(unique="descending"), grads_right, "is descending"),
+    (dedup_with(order="values"), grads_right, "holds the sorted rows"),
+    (
+        lambda r: (*dedup_right(r)[:2], (lambda o: o[1:] - o[:-1])(dedup_right(r)[2])),
+        grads_right,
+        "are the run lengths",
+    ),  # fmt: skip
+    (lambda r: (*dedup_right(r)[:2], dedup_right(r)[2][1:]), grads_right, "U \\+ 1"),
+    (lambda r: (*dedup_right(r)[:2], dedup_right(r)[2][:-1]), grads_right, "U \\+ 1"),
+    (dedup_right, lambda *a: grads_right(*a, assign=True), "only its last occurrence"),
+    (dedup_right, lambda *a: grads_right(*a, scale=False), "loss_scale = 8.0 times too large"),
+    (dedup_right, lambda r, b, g, w, s: grads_right(r, b, g, w, 1 / s), "multiplied by"),
+    (dedup_right, grads_weighted(power=0), "weights are missing"),
+    (dedup_right, grads_weighted(power=2), "applied twice"),
+    (dedup_right, grads_weighted(mean=True), "you averaged"),
+    (dedup_right, grads_weighted(occurrence=True), "one gradient per occurrence"),
+    (
+        dedup_right,
+        lambda r, b, g, w, s: grads_right(r, torch.arange(r.numel()), g, w, s),
+        "IndexError.*bags\\[i\\]",
+    ),  # fmt: skip
+    (dedup_right, lambda r, b, g, w, s: (r, g), "unique_rows .* expected"),
+    (lambda rows: rows.sort(), grads_right, "return a tuple"),
+]
+
+
+@pytest.mark.parametrize("sort_and_dedup, row_gradients, words", DEDUP_MISTAKES)
+def test_dedup_backward_catalogue(sort_and_dedup, row_gradients, words):
+    with pytest.raises(CheckFailed, match=words):
+        check_dedup_backward(sort_and_dedup, row_gradients)
+
+
+def test_dedup_backward_catalogue_is_large_enough():
+    assert len(DEDUP_MISTAKES) >= 8
