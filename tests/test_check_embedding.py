@@ -501,3 +501,52 @@ def test_dedup_backward_catalogue(sort_and_dedup, row_gradients, words):
 
 def test_dedup_backward_catalogue_is_large_enough():
     assert len(DEDUP_MISTAKES) >= 8
+
+
+# -- exercise 4's catalogue -------------------------------------------------------------------
+
+
+def reorder_reshape(received, batch, slots, world_size):
+    per = slots // world_size  # assumes N divides the slots
+    chunks = received.reshape(world_size, batch, per, -1)  # owner, sample, slot of the owner
+    return chunks.permute(1, 2, 0, 3).reshape(batch * slots, -1)
+
+
+def reorder_with(stable=True, gather=False, bag_mod=False, slot_major=False):
+    def reorder(received, batch, slots, world_size):
+        bag = torch.arange(batch * slots)
+        owner = bag % world_size if bag_mod else (bag % slots) % world_size
+        order = torch.argsort(owner, stable=stable) if stable else torch.argsort(owner)
+        if gather:
+            return received[order]
+        out = torch.empty_like(received)
+        out[order] = received
+        if slot_major:
+            return out.reshape(batch, slots, -1).transpose(0, 1).reshape(batch * slots, -1)
+        return out
+
+    return reorder
+
+
+REORDER_MISTAKES = [
+    (lambda r, b, s, n: r.clone(), "in the order they arrived"),
+    (reorder_with(stable=False), "stable=True"),
+    (reorder_with(gather=True), "you gathered"),
+    (reorder_with(bag_mod=True), "not b mod N"),
+    (reorder_with(slot_major=True), "your result is slot-major"),
+    (reorder_reshape, "raised RuntimeError.*reshape that assumes"),
+    (lambda r, b, s, n: r.reshape(b, s, -1), r"returned \(3, 4, 2\)"),
+    (lambda r, b, s, n: r[: b * s - 1], "expected a tensor"),
+    (lambda r, b, s, n: r[torch.arange(b * s) + 1], "IndexError.*i·slots"),
+]
+
+
+@pytest.mark.parametrize("reorder, words", REORDER_MISTAKES)
+def test_localized_reorder_catalogue(reorder, words):
+    with pytest.raises(CheckFailed, match=words):
+        check_localized_reorder(reorder)
+
+
+def test_localized_reorder_catalogue_is_large_enough():
+    # with the slot-major owner chunks, block placement and equal chunks tested above: 12
+    assert len(REORDER_MISTAKES) + 3 >= 8
