@@ -56,8 +56,9 @@ def _right_splits(batches, rank, world) -> tuple[list[int], list[int]]:
 
 
 OWNER_MISTAKES = [
-    (lambda k, n: k.abs() % n, "you took abs(key) mod N: a negative key k must go where "
-     "k mod N (in 0..N-1, Python's %) puts it, e.g. -1 on rank N-1, not 1"),
+    (lambda k, n: k.abs() % n, "you took abs(key) mod N, which is what HugeCTR's data "
+     "reader does (std::abs of C's remainder); this exercise, like the library's key_owner, "
+     "wants the modulo in 0..N-1 (torch.remainder, Python's %): -1 on rank N-1, not 1"),
     (lambda k, n: k & (n - 1), "a mask key & (N-1) equals key mod N only when N is a power "
      "of two; for N = 3 use torch.remainder(keys, N)"),
     (lambda k, n: torch.remainder(k.to(torch.int32), n), "the keys went through int32: 64-bit "
@@ -171,6 +172,7 @@ def check_owner_and_splits(owner: Callable, split_sizes: Callable) -> None:
     send, recv = split_sizes(batches, 0, 4)
     passed(
         f"owner agrees with key_owner on {OWNER_KEYS.numel()} keys (negative ones too) for "
-        f"N = 2, 3, 4; split_sizes right on every rank of N = 2 and 4; e.g. rank 0 of 4 sends "
+        f"N = 2, 3, 4; split_sizes right on every rank of 4 key sets (N = 2, 3, 4, one where the "
+        f"last ranks own none of a rank's keys); e.g. rank 0 of 4 sends "
         f"{[int(x) for x in send]} and receives {[int(x) for x in recv]} keys"
     )
