@@ -161,3 +161,29 @@ def test_peak_microbatches_catalogue_is_large_enough():
 def test_peak_microbatches_stub_is_not_implemented():
     with pytest.raises(NotImplementedError):
         check_peak_microbatches(peak_stub)
+
+
+# -- the learner-call helper the pure checkers share ------------------------------------------
+
+
+def test_time_limit_stops_a_loop_and_rearms_an_outer_timer():
+    import signal
+
+    from minidist.pipeline.check_call import learner_call
+
+    def forever():
+        while True:
+            pass
+
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        with pytest.raises(CheckFailed, match="still running after 0.2 s"):
+            learner_call(forever, limit_s=0.2)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < left < 30.0  # the outer timer runs on
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not fired

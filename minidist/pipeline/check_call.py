@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -32,7 +33,8 @@ class LearnerTimeout(Exception):
 @contextmanager
 def time_limit(seconds: float):
     """Raise `LearnerTimeout` inside the block after `seconds` (main thread only: SIGALRM;
-    elsewhere, e.g. a checker run from a worker thread, no limit)."""
+    elsewhere, e.g. a checker run from a worker thread, no limit). An outer timer (pytest-
+    timeout's, say) is re-armed afterwards with the time it had left."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
@@ -40,6 +42,8 @@ def time_limit(seconds: float):
     def _alarm(signum, frame):
         raise LearnerTimeout(f"still running after {seconds:g} s")
 
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)  # e.g. pytest-timeout's
+    start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -47,6 +51,9 @@ def time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_delay > 0:  # re-arm the outer timer with what was left of it
+            left = max(outer_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 def where_raised(exc: BaseException) -> str:
