@@ -360,6 +360,7 @@ PROBING_MISTAKES = [
     ((lambda t, k: insert_right(t, k, bound=False)), find_right, "raise HashTableFullError"),
     (*both(modulus=7), "wraps at num_slots - 1"),
     (*both(step=2), "moves 2 slots at a time"),
+    (*both(step=-1), "moves backwards"),
     (*both(home=lambda k, n: k & n), "key & num_slots"),
     (*both(over=True), "HashTableFullError.*off by one"),
     (*both(row_is_slot=True), "their slots"),
@@ -483,6 +484,7 @@ DEDUP_MISTAKES = [
     (dedup_right, grads_weighted(power=2), "applied twice"),
     (dedup_right, grads_weighted(mean=True), "you averaged"),
     (dedup_right, grads_weighted(occurrence=True), "one gradient per occurrence"),
+    (dedup_right, lambda *a: (lambda u, g: (u, g / 10))(*grads_right(*a)), "0.1 times the dense"),
     (
         dedup_right,
         lambda r, b, g, w, s: grads_right(r, torch.arange(r.numel()), g, w, s),

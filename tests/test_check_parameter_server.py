@@ -70,6 +70,7 @@ RULE_MISTAKES = [
     (rule_other, r"one clock too many.*E.g. a worker at clock \d"),
     (lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s, "average clock"),
     (lambda c, clocks, s: c <= s, "with s alone"),
+    (lambda c, clocks, s: max(clocks) - min(clocks) <= s, "bounded the spread"),
     (lambda c, clocks, s: c - min(clocks) > s, "inverted"),
     (lambda c, clocks, s: min(clocks) - c <= s, "the wrong way round"),
     (

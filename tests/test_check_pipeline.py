@@ -74,6 +74,14 @@ ONE_F_ONE_B_MISTAKES = [
         lambda r, p, m: f1b(r, p, m, warmup=lambda r, p: max(p - r - 2, 0)),
         "3 forwards before its first backward; 1F1B runs 4",
     ),
+    (
+        lambda r, p, m: (
+            f1b(r, p, m)[: -(p - r) or None] + f1b(r, p, m)[-(p - r) :][::-1]
+            if r < p - 1
+            else f1b(r, p, m)
+        ),
+        "step 12 differs: you run \\('B', 7\\), 1F1B runs \\('B', 4\\)",
+    ),  # fmt: skip
     (_crash, "raised IndexError.*at line .* of your code.*Likely cause"),
     (lambda r, p: [], "raised TypeError.*three ints"),
 ]

@@ -94,10 +94,11 @@ def _diagnose_steps(got: list[tuple], r: int, p: int, m: int) -> str | None:
             + (", plus the first steady step's forward." if want > min(p - r - 1, m) else ".")
             + f" You returned {got}."
         )
+    k = next(k for k, (a, b) in enumerate(zip(got, right)) if a != b)
     return (
-        f"{where}: the warm-up is right but the steps after it differ: you returned {got}; "
-        f"1F1B's are {right} (one forward and one backward in turn, then the remaining "
-        "backwards, every kind in micro-batch order)."
+        f"{where}: the warm-up is right but step {k} differs: you run {got[k]}, 1F1B runs "
+        f"{right[k]} (one forward and one backward in turn, then the remaining backwards, each "
+        f"kind in micro-batch order). You returned {got}."
     )
 
 

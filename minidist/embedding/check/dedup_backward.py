@@ -200,6 +200,14 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
                 f"{case}: you returned one gradient per occurrence ({n} rows); the table "
                 f"gets one per distinct row, {unique.numel()}: sum each run of equal rows."
             )
+        if got_grads.shape == want.shape:
+            c = float((got_grads * want).sum() / (want * want).sum().clamp_min(1e-30))
+            if _close(got_grads, c * want):
+                return (
+                    f"{case}: your row gradients are {c:.4g} times the dense table's, on every "
+                    "row: a stray factor (a count, a mean over occurrences, the loss scale "
+                    "twice?). row_grads[u] = Σ weights[i]·grad_pooled[bags[i]] / loss_scale."
+                )
         diff = _maxdiff(got_grads, want)
         return f"{case}: row_grads differ from the dense table's gradient by {diff}."
     return None

@@ -107,6 +107,8 @@ def probe_table(keys, num_slots=8, step=1, modulus=None, home=None) -> ProbeTabl
 PLACEMENTS = [
     (dict(modulus=-1), "your probe wraps at num_slots - 1: slot num_slots - 1 is never "
      "reached from below (slot + 1) % (num_slots - 1); wrap with % num_slots."),
+    (dict(step=-1), "your probe moves backwards (slot - 1): linear probing goes on to the "
+     "next slot, (slot + 1) % num_slots; find and insert must walk the same way."),
     (dict(step=2), "your probe moves 2 slots at a time: linear probing tries the next slot, "
      "(slot + 1) % num_slots, so it reaches every slot (a step of 2 sees only half of them)."),
     (dict(home=lambda k, n: k & n), "your home slot is key & num_slots, which is 0 or "

@@ -51,6 +51,10 @@ RULES = [
     (lambda c, clocks, s: c - min(clocks) <= 0,
      "you ignored the staleness s: a worker waits until it is level with the slowest, which "
      f"is BSP whatever s is. SSP lets it run s clocks ahead: {RULE}."),
+    (lambda c, clocks, s: max(clocks) - min(clocks) <= s,
+     "you bounded the spread between the fastest and the slowest worker, whoever asks: then "
+     "the slowest worker (or one level with it) is blocked too, and nobody catches up. The "
+     f"rule is about this worker's lead: {RULE}."),
     (lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s,
      "you compared with the average clock; SSP bounds the lead over the slowest worker, "
      f"min(clocks): {RULE} (an average lets the fastest run away from a straggler)."),
