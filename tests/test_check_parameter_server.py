@@ -198,7 +198,7 @@ LINK_MISTAKES = [
         "inner and outer",
     ),  # fmt: skip
     (bytes_tuple, r"returned \("),
-    (bytes_flat_inner, "flat all-reduce over all.*outer links differ from the ring model on"),
+    (bytes_flat_inner, "flat all-reduce over all.*outer links: 0 on every mesh"),
     (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / o)), "not 1/O"),
     (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(1, o, m / i)), "you counted half"),
     (bytes_with(lambda i, o, m, n, e: 2 * m, RIGHT_OUTER), "inner links: you counted the payload"),
@@ -215,6 +215,12 @@ LINK_MISTAKES = [
         "you added the inner bytes to the outer",
     ),  # fmt: skip
     (bytes_with(lambda i, o, m, n, e: m / (i - 1), RIGHT_OUTER), "ZeroDivisionError.*one rank"),
+    (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / (i * o))), "divided\\s+by I·O"),
+    (bytes_with(lambda i, o, m, n, e: 2 * ((i - 1) // i) * m, RIGHT_OUTER), "integer division"),
+    (
+        bytes_with(RIGHT_INNER, lambda i, o, m, n, e: 2 * ((o - 1) // o) * m / i),
+        "O-1\\)//O, an integer division",
+    ),
 ]
 
 

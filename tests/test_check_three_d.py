@@ -118,6 +118,10 @@ BYTES_MISTAKES = [
     (make_bytes(pp_both=True), "the first stage sends no gradient back"),
     (make_bytes(dp_unit=1), "dp bytes are elements"),
     (make_bytes(dp_form="payload"), "dp bytes are the payloads"),
+    (make_bytes(dp_form="2ar"), "as two all-reduces"),
+    (make_bytes(dp_form="2ar_unpadded"), "as two all-reduces"),
+    (make_bytes(cross_entropy=False), "cross entropy's three all-reduces"),
+    (make_bytes(pp_split=True), "divided the boundary activations by t"),
     (make_bytes(tp_ring="d", dp_unit=1), "(?s)ring of d ranks.*dp bytes are elements"),
     (
         lambda *a, **k: {"tp": 0, "pp": 0, "dp": 0},

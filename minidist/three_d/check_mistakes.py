@@ -53,6 +53,7 @@ def variant_bytes(
     stage, tp, pp, dp, trainable, layers, batch, seq, hidden, vocab, *,
     boundaries="round", tp_ring="t", tp_payload=False, extras_everywhere=False,
     per_replica=True, tied="shard", pp_both=False, dp_form="rs+ag", dp_unit=4, tp_in_dp=False,
+    cross_entropy=True, pp_split=False,
 ) -> dict[str, float]:  # fmt: skip
     """{"tp", "pp", "dp"} bytes of one rank of `stage`, with the named mistakes switched on."""
     b = batch // dp if per_replica else batch
@@ -62,13 +63,13 @@ def variant_bytes(
         first = last = True
     calls = all_reduces_per_step(n, b, seq, hidden)
     counts = [(2 * n + first, calls["forward"][1]), (2 * n + last, calls["backward"][1]),
-              (3 * last, calls["cross_entropy"][1])]  # fmt: skip
+              (3 * last * cross_entropy, calls["cross_entropy"][1])]  # fmt: skip
     ring = {"t": tp, "d": dp}[tp_ring]
     per = (
         (lambda e: 4 * e) if tp_payload else (lambda e: comm.ring_bytes("all_reduce", 4 * e, ring))
     )
     tp_bytes = sum(c * per(e) for c, e in counts)
-    act = 4 * b * seq * hidden
+    act = 4 * b * seq * hidden // (tp if pp_split else 1)
     ends = stage == 0 or stage == pp - 1
     pp_bytes = 2 * act if pp_both and pp > 1 else act * (stage < pp - 1) + act * (stage > 0)
     shard = {"shard": -(-vocab // tp), "unpadded": vocab // tp, "full": vocab,
@@ -81,6 +82,8 @@ def variant_bytes(
         "rs": comm.ring_bytes("reduce_scatter", dp_unit * padded, dp),
         "all_reduce": comm.ring_bytes("all_reduce", dp_unit * trainable, dp),
         "payload": 2 * dp_unit * padded,
+        "2ar": 2 * comm.ring_bytes("all_reduce", dp_unit * padded, dp),
+        "2ar_unpadded": 2 * comm.ring_bytes("all_reduce", dp_unit * trainable, dp),
     }[dp_form]
     return {"tp": tp_bytes, "pp": pp_bytes, "dp": dp_bytes + tp_bytes * tp_in_dp}
 
@@ -104,12 +107,19 @@ BYTE_MISTAKES = [
      "the embedding's forward all-reduce is the first stage's only and the head's backward "
      "one and the cross entropy's three the last stage's only; you counted them on every "
      "stage."),
+    ("tp", dict(cross_entropy=False),
+     "the cross entropy's three all-reduces of b·s floats (max, sum of exponentials, target "
+     "logit) on the last stage are missing."),
     ("tp", dict(per_replica=False),
      "your tp bytes are for the global batch: each of the d replicas trains on B/d "
      "sequences, so its activations are d times smaller."),
     ("pp", dict(per_replica=False),
      "your pp bytes are for the global batch: each of the d replicas trains on B/d "
      "sequences, so its activations are d times smaller."),
+    ("pp", dict(pp_split=True),
+     "you divided the boundary activations by t: every tp rank of a stage holds the whole "
+     "b·s·h activation and sends its own copy to its peer in the next stage (Megatron-LM's "
+     "scatter/gather of it over the tp group is not done here)."),
     ("pp", dict(tied="none"),
      "the tied embedding's all-reduce is missing: the first and last stages each hold the "
      "embedding (the input and the output head) and all-reduce its gradient, their "
@@ -138,6 +148,12 @@ BYTE_MISTAKES = [
     ("dp", dict(dp_form="all_reduce"),
      "an all-reduce of the unpadded gradients moves almost the same bytes, but ZeRO-1 "
      "reduce-scatters the flat padded to a multiple of d, then all-gathers it."),
+    ("dp", dict(dp_form="2ar"),
+     "you counted ZeRO-1's reduce-scatter and all-gather as two all-reduces: each moves "
+     "(d-1)/d of the padded flat, together what one all-reduce moves, 2(d-1)/d."),
+    ("dp", dict(dp_form="2ar_unpadded"),
+     "you counted ZeRO-1's reduce-scatter and all-gather as two all-reduces: each moves "
+     "(d-1)/d of the flat padded to a multiple of d, together 2(d-1)/d of it."),
     ("dp", dict(dp_unit=1),
      "your dp bytes are elements: float32 is 4 bytes each."),
     ("dp", dict(dp_form="payload"),

@@ -36,6 +36,11 @@ def _ring(k: float, n: int, m: float) -> float:
 # matches the learner's answer on every mesh names the mistake.
 INNER = [
     (
+        lambda i, o, m, n, e: 2 * ((i - 1) // i) * m,
+        "0 on every mesh: the inner reduce-scatter and all-gather are left out, or (I-1)//I, "
+        "an integer division, made them 0; they are 2(I-1)/I·M.",
+    ),
+    (
         lambda i, o, m, n, e: _ring(3, i, m),
         "you counted the all-gather twice, 3(I-1)/I·M. The inner group runs one reduce-scatter, "
         "(I-1)/I·M, and one all-gather, (I-1)/I·M: 2(I-1)/I·M.",
@@ -74,6 +79,12 @@ INNER = [
     ),
 ]
 OUTER = [
+    (lambda i, o, m, n, e: _ring(2, o, m / (i * o)),
+     "the chunk each rank all-reduces over the outer group is 1/I of the tensor; you divided "
+     "by I·O: 2(O-1)/O·M/I."),
+    (lambda i, o, m, n, e: 2 * ((o - 1) // o) * m / i,
+     "0 on every mesh: the outer all-reduce is left out, or (O-1)//O, an integer division, "
+     "made it 0; it is 2(O-1)/O·M/I."),
     (lambda i, o, m, n, e: _ring(2, o, m),
      "you counted an all-reduce of the whole tensor, 2(O-1)/O·M. After the inner "
      "reduce-scatter each rank holds one chunk of 1/I of the tensor, and only that chunk is "
