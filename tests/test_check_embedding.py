@@ -361,6 +361,7 @@ PROBING_MISTAKES = [
     (*both(modulus=7), "wraps at num_slots - 1"),
     (*both(step=2), "moves 2 slots at a time"),
     (*both(step=-1), "moves backwards"),
+    (*both(modulus=9), "raised IndexError.*at line.*wrap round"),
     (*both(home=lambda k, n: k & n), "key & num_slots"),
     (*both(over=True), "HashTableFullError.*off by one"),
     (*both(row_is_slot=True), "their slots"),
