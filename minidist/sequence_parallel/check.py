@@ -314,35 +314,31 @@ def _right(s, b, h, a, t):
     return s * b * h * (34 / t + 5 * a * s / (h * t))
 
 
-ACT_MISTAKES = {
+_MISTAKE_NAMES = (
     "tensor parallelism's formula: the 10·s·b·h outside the regions is not divided by t "
-    "(that is what sequence parallelism splits)": lambda s, b, h, a, t: (
-        s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    ),
-    "nothing divided by t (that is one GPU's s·b·h·(34 + 5·a·s/h))": lambda s, b, h, a, t: (
-        s * b * h * (34 + 5 * a * s / h)
-    ),
-    "the attention scores' 5·a·s/h not divided by t (they are split with the heads)": lambda s, b, h, a, t: (
-        s * b * h * (34 / t + 5 * a * s / h)
-    ),
-    "the attention term divided by t twice": lambda s, b, h, a, t: (
-        s * b * h * (34 / t + 5 * a * s / (h * t * t))
-    ),
-    "s·b·h·(34/t) without the attention scores' 5·a·s/(h·t)": lambda s, b, h, a, t: (
-        s * b * h * 34 / t
-    ),
-    "elements, not bytes (the formula's 34 counts 16-bit values as 2 bytes): half of it": lambda s, b, h, a, t: (
-        _right(s, b, h, a, t) / 2
-    ),
+    "(that is what sequence parallelism splits)",
+    "nothing divided by t (that is one GPU's s·b·h·(34 + 5·a·s/h))",
+    "the attention scores' 5·a·s/h not divided by t (they are split with the heads)",
+    "the attention term divided by t twice",
+    "s·b·h·(34/t) without the attention scores' 5·a·s/(h·t)",
+    "elements, not bytes (the formula's 34 counts 16-bit values as 2 bytes): half of it",
     "the scores as a·s/h instead of 5·a·s/h (the softmax, its dropout mask and output are 5 "
-    "bytes per score)": lambda s, b, h, a, t: s * b * h * (34 / t + a * s / (h * t)),
-    "s² where the formula has s (5·a·s²·b is the scores' bytes, s·b·h·5·a·s/h)": lambda s, b, h, a, t: (
-        s * b * h * (34 / t + 5 * a * s * s / (h * t))
-    ),
-    "integer division (//) somewhere: the sizes need not divide": lambda s, b, h, a, t: (
-        s * b * h * (34 // t + 5 * a * s // (h * t))
-    ),
-}
+    "bytes per score)",
+    "s² where the formula has s (5·a·s²·b is the scores' bytes, s·b·h·5·a·s/h)",
+    "integer division (//) somewhere: the sizes need not divide",
+)
+_MISTAKE_FNS = (
+    lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+    lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h),
+    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / h),
+    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t * t)),
+    lambda s, b, h, a, t: s * b * h * 34 / t,
+    lambda s, b, h, a, t: _right(s, b, h, a, t) / 2,
+    lambda s, b, h, a, t: s * b * h * (34 / t + a * s / (h * t)),
+    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s * s / (h * t)),
+    lambda s, b, h, a, t: s * b * h * (34 // t + 5 * a * s // (h * t)),
+)
+ACT_MISTAKES = dict(zip(_MISTAKE_NAMES, _MISTAKE_FNS))
 
 
 def check_sp_activation_bytes(fn) -> None:
