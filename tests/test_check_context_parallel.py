@@ -53,12 +53,6 @@ MERGE_MISTAKES = {
         lambda o, ls, ob, lb: (merge(o, ls, ob, lb)[0], torch.log(torch.exp(ls) + torch.exp(lb))),
         "differs at",
     ),
-    "in place": (
-        lambda o, ls, ob, lb: (
-            (o.mul_(1.0), l.copy_(torch.logaddexp(ls, lb))) and merge(o.clone(), l.clone(), ob, lb)
-        ),
-        "",
-    ),
 }
 
 
