@@ -25,6 +25,7 @@ from ..pipeline.schedules import KINDS as SCHEDULES
 OPTIMIZERS = ("sgd", "adam")  # sgd: with momentum (one fp32 buffer), adam: two
 PRECISIONS = ("fp32", "mixed")  # mixed: 16-bit compute copies, fp32 masters (ZeRO 3.1)
 OFFLOAD = ("device", "cpu", "disk")
+MAX_LAYERS = 1024  # the meta model is built block by block (Narayanan et al.'s 1 T: 128)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,18 @@ class ModelSpec:
         if self.hidden % self.heads:
             raise ValueError(
                 f"ModelSpec: hidden={self.hidden} must be divisible by heads={self.heads}"
+            )
+        if self.layers > MAX_LAYERS:
+            raise ValueError(
+                f"ModelSpec: layers={self.layers} must be at most {MAX_LAYERS}: the planner "
+                "builds every block on the meta device (about 10 ms each)"
+            )
+        largest = max(4 * self.hidden, self.vocab, self.seq) * self.hidden
+        if 4 * largest >= 2**63:
+            raise ValueError(
+                f"ModelSpec: hidden={self.hidden}, vocab={self.vocab}, seq={self.seq}: the "
+                f"largest weight (4h×h, V×h or s×h) would hold {largest:.3g} elements, more "
+                "than a tensor's byte count (a 64-bit integer) can address"
             )
 
     @classmethod
@@ -189,6 +202,11 @@ class Layout:
             raise ValueError(
                 f"Layout: global_batch={self.global_batch} must divide by dp={self.dp} × "
                 f"microbatches={self.microbatches}"
+            )
+        if self.virtual != 1 and self.schedule != "interleaved":
+            raise ValueError(
+                f"Layout: virtual={self.virtual} chunks per rank need schedule='interleaved', "
+                f"not {self.schedule!r} (which runs one chunk per rank)"
             )
         if self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ValueError(
