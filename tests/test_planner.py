@@ -195,7 +195,9 @@ def test_megatron_table1_parameter_counts_fit_and_bubble():
         assert round(p.model.num_params / 1e9, 1) == row.params_b  # printed to 0.1 B
         assert p.fits(80e9), (row, p.memory_per_rank)
         m = row.batch // row.dp
-        assert p.bubble == pytest.approx((row.pp - 1) / (m + row.pp - 1))
+        assert p.bubble == pytest.approx((row.pp - 1) / (m + row.pp - 1))  # idle / total
+        # Narayanan et al.'s section 2.2 bubble time fraction, over the ideal time
+        assert p.bubble / (1 - p.bubble) == pytest.approx((row.pp - 1) / m)
         # at peak FLOP/s the roofline is an upper bound on the achieved rate
         assert (
             pub.model_flops_per_step(row) / row.gpus / p.time.total_s > row.achieved_tflops * 1e12
@@ -276,11 +278,34 @@ def test_bad_layout_is_named(kwargs, world, words):
         (dict(dp=4, zero=3, shard_size=3, global_batch=4), ["shard_size=3", "dp=4"]),
         (dict(offload="cpu"), ["offload='cpu'", "zero=0"]),
         (dict(dp=3, global_batch=8), ["global_batch=8", "dp=3"]),
+        (dict(dp=2.0, global_batch=8), ["dp=2.0", "must be an int"]),
+        (dict(pp=2, virtual=2), ["virtual=2", "interleaved", "'1f1b'"]),
+        (dict(bucket_cap_mb=float("nan")), ["bucket_cap_mb=nan", "finite"]),
     ],
 )
 def test_bad_layout_fields_are_named(kwargs, words):
     with pytest.raises(ValueError) as err:
         Layout(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(params=float("nan")), ["params=nan", "int >= 1"]),
+        (dict(params=0), ["params=0", ">= 1"]),
+        (dict(layers=2.5, hidden=32, heads=4, vocab=30, seq=16), ["layers=2.5", "int"]),
+        (dict(layers=10**12, hidden=32, heads=4, vocab=30, seq=16), ["layers=", "at most 1024"]),
+        (dict(layers=2, hidden=10**9, heads=4, vocab=30, seq=16), ["hidden=1000000000", "64-bit"]),
+        (dict(layers=2, hidden=32, heads=4, vocab=10**18, seq=16), ["vocab=", "64-bit"]),
+    ],
+)
+def test_bad_model_spec_is_named(kwargs, words):
+    """Refused before any meta model is built (the meta device cannot address 2^63 bytes,
+    and a block takes about 10 ms to build)."""
+    with pytest.raises(ValueError) as err:
+        ModelSpec(**kwargs)
     for word in words:
         assert word in str(err.value)
 

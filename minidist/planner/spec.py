@@ -42,10 +42,14 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.params is not None:
-            if self.params < 1:
-                raise ValueError(f"ModelSpec: params={self.params} must be >= 1")
+            if not _whole(self.params) or self.params < 1:
+                raise ValueError(f"ModelSpec: params={self.params!r} must be an int >= 1")
             return
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
+            if not _whole(getattr(self, name)):
+                raise ValueError(
+                    f"ModelSpec: {name}={getattr(self, name)!r} must be an int (or give params=)"
+                )
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"ModelSpec: {name}={getattr(self, name)} must be >= 1 (or give params=)"
@@ -130,6 +134,10 @@ class ModelSpec:
             )
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @functools.lru_cache(maxsize=32)
 def _meta_gpt(layers, hidden, heads, vocab, seq, frozen) -> GPT:
     with torch.device("meta"):
@@ -172,6 +180,8 @@ class Layout:
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "microbatches", "virtual", "global_batch"):
+            if not _whole(getattr(self, name)):
+                raise ValueError(f"Layout: {name}={getattr(self, name)!r} must be an int")
             if getattr(self, name) < 1:
                 raise ValueError(f"Layout: {name}={getattr(self, name)} must be >= 1")
         if self.zero not in (0, 1, 2, 3):
@@ -213,8 +223,8 @@ class Layout:
                 f"Layout: the interleaved schedule needs microbatches={self.microbatches} to be "
                 f"a multiple of pp={self.pp}"
             )
-        if self.bucket_cap_mb <= 0:
-            raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        if not self.bucket_cap_mb > 0 or self.bucket_cap_mb == float("inf"):
+            raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be finite and > 0")
 
     @property
     def world(self) -> int:
