@@ -111,23 +111,27 @@ def _tp_all_reduce_bytes(recomputed: bool) -> tuple[int, float]:
     x, y = batches[0]
     with comm.record() as ledger:
         tp.loss(tp(x), y).backward()
-    return x.shape[0], sum(r.ring_bytes for r in ledger.records if r.op == "all_reduce")
+    reduces = [r for r in ledger.records if r.op == "all_reduce"]
+    return x.shape[0], sum(r.ring_bytes for r in reduces), len(reduces)
 
 
-def _tp_recompute_rank() -> list[tuple[int, float]]:
+def _tp_recompute_rank() -> list[tuple[int, float, int]]:
     return [_tp_all_reduce_bytes(r) for r in (False, True)]
 
 
-def test_recompute_tp_bytes_equal_the_ledger():
-    """Exact: TP (t = 2) with and without every block recomputed, the ledger of one step."""
+def test_recompute_tp_bytes_and_calls_equal_the_ledger():
+    """Exact: TP (t = 2) with and without every block recomputed, the ledger of one step:
+    the bytes, and the number of all-reduces the step model charges α for."""
     from minidist.megatron.fixture import TP_GPT
+    from minidist.planner.plan import calls_per_step
 
     spec = ModelSpec.of(build("gpt", **TP_GPT).model)
     measured = minidist.launch(_tp_recompute_rank, 2)[0]
-    for recomputed, (batch, sent) in zip((False, True), measured):
+    for recomputed, (batch, sent, calls) in zip((False, True), measured):
         layout = Layout(tp=2, recompute=recomputed, optimizer="sgd", global_batch=batch)
         assert plan(spec, layout).traffic[("all_reduce", "tp")] == sent
-    assert measured[1][1] > measured[0][1]
+        assert calls_per_step(spec, layout)["tp"] == calls
+    assert measured[1][2] - measured[0][2] == 2 * spec.layers  # two g's per recomputed block
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from ..pipeline.schedules import KINDS
 from .hardware import CLUSTERS
@@ -156,7 +157,8 @@ def model_spec(args) -> ModelSpec:
     try:
         return ModelSpec(args.layers, args.hidden, args.heads, args.vocab, args.seq)
     except ValueError as err:
-        parser.error(str(err).replace("ModelSpec: ", "").replace("=", " "))
+        fields = "|".join(MODEL_FIELDS)  # name the options: layers=4 -> --layers 4
+        parser.error(re.sub(rf"\b({fields})=", r"--\1 ", str(err).replace("ModelSpec: ", "")))
 
 
 def validate(args) -> None:

@@ -125,14 +125,18 @@ def plan(
     return result
 
 
-def _calls(model: ModelSpec, layout: Layout) -> dict[str, int]:
-    """Collective calls per step on each group kind (each pays α once)."""
+def calls_per_step(model: ModelSpec, layout: Layout) -> dict[str, int]:
+    """Collective calls rank 0 makes per step on each group kind (each pays α once). On tp,
+    per micro-batch: the g of each attention and MLP in forward (again when recomputed),
+    their f in backward, the embedding's g; on the last stage also the head's f and the
+    cross entropy's three (Shoeybi et al. 2019, section 3)."""
     m = layout.microbatches
     tp = 0
     if layout.tp > 1:
         layers = activations.stage_layers(model, layout)
         per_layer = 6 if layout.recompute else 4  # recomputation repeats the forward's two
-        tp = (per_layer * layers + 2) * m
+        last = layout.pp == 1  # rank 0 is the last stage too: head's f, the loss's three
+        tp = (per_layer * layers + 1 + 4 * last) * m
     pp = 2 * m if layout.pp > 1 else 0
     if layout.zero == 3:
         dp = 3 * len(model.fsdp_units())
@@ -168,7 +172,7 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     mem = p.memory
     hbm = 4 * mem["params"] + 2 * mem["grads"] + 2 * mem["optimizer"] + 2 * mem["activations"]
     memory_s = hbm / dev.memory_bandwidth
-    calls = _calls(p.model, p.layout)
+    calls = calls_per_step(p.model, p.layout)
     by_kind = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     sends = set()
     for (_, group), sent in p.traffic.items():
