@@ -394,3 +394,17 @@ def test_one_process_activations_equal_what_autograd_saves():
         loss_fn(model(x), y)
     layout = Layout(global_batch=x.shape[0])
     assert plan(ModelSpec.of(model), layout).memory["activations"] == saved.bytes
+
+
+def test_divisors_equal_counting_and_factor_large_worlds():
+    """The sweep's divisors from prime factors (Miller-Rabin, Pollard's rho) equal counting
+    1..n, and a world of 10^20 or two 10^9-sized primes factors without counting."""
+    from minidist.planner.divisors import divisors, prime_factors
+
+    for n in range(1, 600):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert len(divisors(10**20)) == 21 * 21
+    assert prime_factors(1000000007 * 998244353) == {998244353: 1, 1000000007: 1}
+    assert prime_factors(2**61 - 1) == {2**61 - 1: 1}
+    with pytest.raises(ValueError, match="n=0"):
+        divisors(0)
