@@ -314,6 +314,14 @@ def test_bad_model_spec_is_named(kwargs, words):
         assert word in str(err.value)
 
 
+def test_layer_limit_is_the_boundary():
+    from minidist.planner.spec import MAX_LAYERS
+
+    ModelSpec(layers=MAX_LAYERS, hidden=32, heads=4, vocab=30, seq=16)  # built only when used
+    with pytest.raises(ValueError, match=f"layers={MAX_LAYERS + 1} must be at most"):
+        ModelSpec(layers=MAX_LAYERS + 1, hidden=32, heads=4, vocab=30, seq=16)
+
+
 def test_params_only_spec_refuses_tensor_parallelism():
     with pytest.raises(ValueError, match="tp=2"):
         plan(ModelSpec(params=10**6), Layout(tp=2))

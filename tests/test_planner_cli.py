@@ -137,6 +137,17 @@ def test_output_names_units_budget_and_reduce_dtype(capsys):
     assert sent[0] * 2 == sent[1]  # bf16 gradients: half the bytes
 
 
+def test_activations_decide_the_fit(capsys):
+    """A budget above the model states but below states + activations: fits=no."""
+    out, _ = _run(capsys, *GPT, "--world", "8")
+    values = _values(out)
+    states, total = int(values["model_state_bytes_per_rank"]), int(values["memory_bytes_per_rank"])
+    assert int(values["activations_bytes_per_rank"]) == total - states > 0
+    budget_gib = str((states + total) / 2 / 2**30)
+    out, _ = _run(capsys, *GPT, "--world", "8", "--memory-gib", budget_gib)
+    assert _values(out)["fits"] == "no"
+
+
 def test_nothing_fits_says_what_to_change(capsys):
     out, _ = _run(capsys, *GPT, "--world", "8", "--memory-gib", "0.001")
     assert "(0 fit in" in out and "# none fits: the smallest" in out
