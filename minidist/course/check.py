@@ -6,7 +6,13 @@ compares with the reference, and either prints one line saying what passed or ra
 
 - `run_on_world`: a world with a short timeout (a correct answer takes well under a second),
   a learner's `NotImplementedError` on any rank surfaced as itself ("not implemented yet"),
-  and a hang turned into a message that says what the lesson's hangs usually mean.
+  any other exception, a rank failing inside a collective, and a hang turned into a
+  message (`failures`: what was raised, where in the learner's code, the likely cause from
+  the checker's `hints`), never a raw traceback.
+- `call_learner`: the same for the learner's code called in this process, with a time
+  limit, so that a loop that never ends is reported as one.
+- `Mistake`, `catalogue_messages`, `names_mistake` (`catalogue`): a checker's tests of many
+  wrong answers that share their world launches.
 - `diagnose_values`: the usual value mistakes of a reduction, named: nothing reduced, some
   tensors skipped, N times too large (forgot to divide), N times too small (divided twice),
   another uniform scale.
@@ -20,14 +26,44 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..runtime import RankFailedError, WorldTimeoutError, launch, start_method_for
+from ..runtime import RankFailedError, WorldTimeoutError, start_method_for
+from .catalogue import Mistake, catalogue_messages, launch_shared, message_of, names_mistake
+from .failures import (
+    COLLECTIVE_HINT,
+    CheckFailed,
+    Failure,
+    Hints,
+    LearnerFailed,
+    call_learner,
+    explain_rank_failure,
+    parse_traceback,
+    time_limit,
+)
+
+__all__ = [
+    "COLLECTIVE_HINT",
+    "CheckFailed",
+    "Failure",
+    "Hints",
+    "LearnerFailed",
+    "Mistake",
+    "call_learner",
+    "catalogue_messages",
+    "message_of",
+    "names_mistake",
+    "parse_traceback",
+    "time_limit",
+    "run_on_world",
+    "passed",
+    "fail",
+    "grads",
+    "close",
+    "best_scale",
+    "diagnose_values",
+]
 
 CHECK_TIMEOUT_S = 5.0  # forked ranks; spawned ones first import torch (seconds each)
 SPAWN_TIMEOUT_S = 60.0
-
-
-class CheckFailed(AssertionError):
-    """The learner's code ran but gave a wrong answer; the message says what to look at."""
 
 
 def passed(message: str) -> None:
@@ -44,25 +80,35 @@ def run_on_world(
     *args: Any,
     timeout_s: float | None = None,
     hang_hint: str = "",
+    hints: Hints = None,
 ) -> list:
-    """`launch` for checkers: NotImplementedError surfaced as itself, hangs explained."""
+    """`launch` for checkers: NotImplementedError surfaced as itself; an exception, a rank
+    failing in a collective or a hang raised as `LearnerFailed` whose message explains it.
+
+    `hints` (a {regex: likely cause} mapping or a function of a `Failure`) names what an
+    exception most likely means in this exercise. `LearnerFailed` is a `RankFailedError`
+    too, and quotes the exception's last line, so a checker may still catch and refine it.
+    """
     if timeout_s is None:
         forked = start_method_for(world_size=world_size) == "fork"
         timeout_s = CHECK_TIMEOUT_S if forked else SPAWN_TIMEOUT_S
     try:
-        return launch(fn, world_size, *args, timeout_s=timeout_s)
+        return launch_shared(fn, world_size, args, timeout_s)
     except RankFailedError as exc:
-        if "NotImplementedError" in str(exc):
+        kind = parse_traceback(str(exc).split("\n", 1)[-1]).kind
+        if kind == "NotImplementedError" or "exercise: replace this line" in str(exc):
             raise NotImplementedError(
                 f"the exercise is not implemented yet (rank {exc.rank} reached the stub)"
             ) from None
-        raise
+        raise explain_rank_failure(exc, world_size, hints, hang_hint) from None
     except WorldTimeoutError as exc:
-        fail(
+        raise LearnerFailed(
+            None,
             f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
-            f"{timeout_s:g} s (a correct answer takes well under a second): a rank waits "
-            f"forever for a message or a collective no other rank sends. {hang_hint}".rstrip()
-        )
+            f"{timeout_s:g} s (a correct answer takes well under a second): either a rank "
+            f"waits forever for a message or a collective no other rank makes ("
+            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip(),
+        ) from None
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
