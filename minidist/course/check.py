@@ -163,6 +163,11 @@ def diagnose_values(
             f"gradients are {world}x too large: you summed over the {world} ranks but forgot "
             f"to divide by the world size N={world}."
         )
+    if uniform and world > 2 and all(abs(c - world / (world - 1)) < 1e-3 for c in scales):
+        return (
+            f"gradients are {world}/{world - 1} of the mean: you divided the sum over {world} "
+            f"ranks by N-1 = {world - 1}; divide by the world size N = {world}."
+        )
     if uniform and all(abs(c - 1 / world) < 1e-3 for c in scales):
         return (
             f"gradients are {world}x too small: you divided by N={world} twice "

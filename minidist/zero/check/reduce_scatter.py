@@ -14,7 +14,7 @@ from .. import theory
 from ._shared import _and
 
 BUCKET_NUMEL = 12  # a padded bucket: divisible by 2, 3 and 4
-RS_WORLDS = (2, 3, 4)
+RS_WORLDS = (3, 2, 4)  # 3 first: there N, N-1 and 1/N are three different mistakes
 RS_HANG_HINT = (
     "Every rank must call comm.reduce_scatter once, with the same input size (the whole "
     "bucket) and an output of 1/N of it."
@@ -58,6 +58,11 @@ def _diagnose_chunk_values(
         return (
             f"the chunk is {world}x the mean: reduce-scatter sums over the {world} ranks; you "
             f"forgot to divide by the world size N={world}."
+        )
+    if world > 2 and close(got, want * world / (world - 1)):
+        return (
+            f"the chunk is {world}/{world - 1} of the mean: you divided the sum over {world} "
+            f"ranks by N-1 = {world - 1}; divide by the world size N = {world}."
         )
     if close(got, want / world):
         return (
@@ -137,6 +142,7 @@ def check_reduce_scatter_bucket(reduce_scatter_bucket: Callable) -> None:
                     f"the {full}-byte bucket sends (N-1)/N·S = {half:.0f}: call it once."
                 )
     passed(
-        f"reduce_scatter_bucket leaves on rank r the mean of chunk r for N = {_and(RS_WORLDS)}, "
+        "reduce_scatter_bucket leaves on rank r the mean of chunk r for "
+        f"N = {_and(sorted(RS_WORLDS))}, "
         "with one reduce-scatter: (N-1)/N·S bytes sent, half an all-reduce"
     )
