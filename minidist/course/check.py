@@ -156,6 +156,12 @@ def diagnose_values(
             "every gradient is still this rank's own: nothing was all-reduced "
             "(call comm.all_reduce on each p.grad, in place)."
         )
+    if all(close(got[n], local[n] / world) for n in wrong):
+        return (
+            f"gradients {wrong} are this rank's own divided by N={world}: the all-reduce ran on "
+            "a copy (p.grad.clone(), p.grad / N, a new tensor) and its result was dropped. "
+            "All-reduce p.grad itself, in place, then divide it."
+        )
     scales = [best_scale(got[n], ref[n]) for n in wrong]
     uniform = len(wrong) == len(ref)
     if uniform and all(abs(c - world) < 1e-3 * world for c in scales):
