@@ -290,10 +290,14 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
     Returns the works to wait on. Posting both directions together is what keeps a ring or a
     pipeline from deadlocking when every rank sends before it receives.
     """
-    p2p = []
-    for kind, tensor, peer, *message_tag in ops:
+    ranks = _group_ranks(group)
+    for kind, _, peer, *_ in ops:  # every op checked before any is posted or recorded
         if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
+        if peer not in ranks:
+            raise ValueError(f"batch_isend_irecv: peer={peer} of a {kind} is not in {ranks}")
+    p2p = []
+    for kind, tensor, peer, *message_tag in ops:
         fn = dist.isend if kind == "send" else dist.irecv
         p2p.append(
             dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)

@@ -206,3 +206,14 @@ def test_ring_all_reduce_equals_dist_all_reduce(n, numel):
 def test_ring_bytes_of_a_group_of_one_is_zero():
     assert comm.ring_bytes("all_reduce", 100, 1) == 0
     assert comm.ring_bytes("send", 100, 1) == 100
+
+
+def _bad_peer():
+    with comm.record() as ledger:
+        with pytest.raises(ValueError, match=r"peer=2 of a send is not in \(0, 1\)"):
+            comm.batch_isend_irecv([("recv", torch.empty(1), 1), ("send", torch.ones(1), 2)])
+    return ledger.ops()
+
+
+def test_p2p_peer_outside_the_group_is_refused_before_anything_is_posted():
+    assert minidist.launch(_bad_peer, 2) == [[], []]

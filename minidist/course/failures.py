@@ -114,8 +114,12 @@ def parse_traceback(text: str) -> Failure:
     first = next((i for i, ln in enumerate(lines) if ln and not ln.startswith(" ")), len(lines))
     last = "\n".join(lines[first:]).strip()
     match = re.match(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$", last, re.S)
-    if not frames or not match:
-        return Failure("", text.strip().splitlines()[0] if text.strip() else text, "", "")
+    if not frames or not match:  # a rank that died: how, and what native code said last
+        lines = [ln.strip() for ln in text.strip().splitlines()] or [text]
+        said = next((ln for ln in lines if ln.startswith("what():")), lines[-1])
+        detail = said.removeprefix("what():").strip() if len(lines) > 1 else ""
+        how = lines[0].split("; the last lines")[0]
+        return Failure("", f"{how} ({detail})" if detail else how, "", "")
     kind = match.group(1).rsplit(".", 1)[-1]
     return Failure(kind, (match.group(2) or "").strip(), where, source)
 
