@@ -12,6 +12,7 @@ from minidist.course.check import (
     CheckFailed,
     LearnerFailed,
     Mistake,
+    bounded,
     call_learner,
     catalogue_messages,
     names_mistake,
@@ -56,6 +57,19 @@ def test_in_process_exception_and_endless_loop_are_messages():
         call_learner(_forever, 0, timeout_s=0.5)
     with pytest.raises(LearnerFailed, match="Likely cause: the bucket is full"):
         call_learner(_off_by_one, [], hints={"IndexError": "the bucket is full"})
+
+
+def _search_forever(step):
+    slot = 0
+    while slot != 1:  # a probe step that never reaches slot 1
+        slot = (slot + step) % 4
+    return "found"
+
+
+def test_a_diagnosis_is_bounded():
+    assert bounded(1.0, _search_forever, 1) == "found"
+    message = bounded(0.5, _search_forever, 2)
+    assert "(_search_forever) did not finish in 0.5 s" in message
 
 
 def _apply(fn):

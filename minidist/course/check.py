@@ -10,7 +10,8 @@ compares with the reference, and either prints one line saying what passed or ra
   message (`failures`: what was raised, where in the learner's code, the likely cause from
   the checker's `hints`), never a raw traceback.
 - `call_learner`: the same for the learner's code called in this process, with a time
-  limit, so that a loop that never ends is reported as one.
+  limit, so that a loop that never ends is reported as one; `bounded` puts a time limit on
+  a checker's own diagnosis, so that a check answers in seconds whatever the answer.
 - `Mistake`, `catalogue_messages`, `names_mistake` (`catalogue`): a checker's tests of many
   wrong answers that share their world launches.
 - `diagnose_values`: the usual value mistakes of a reduction, named: nothing reduced, some
@@ -34,6 +35,7 @@ from .failures import (
     Failure,
     Hints,
     LearnerFailed,
+    bounded,
     call_learner,
     explain_rank_failure,
     parse_traceback,
@@ -47,6 +49,7 @@ __all__ = [
     "Hints",
     "LearnerFailed",
     "Mistake",
+    "bounded",
     "call_learner",
     "catalogue_messages",
     "message_of",

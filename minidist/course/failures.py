@@ -200,6 +200,22 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+def bounded(seconds: float, diagnose: Callable[..., str | None], *args: Any) -> str | None:
+    """`diagnose(*args)` (a checker's own search: replaying a schedule, probing a table),
+    stopped after `seconds`: then a message saying what could not be finished, so that a
+    check always answers in seconds, whatever the learner's answer makes the search do."""
+    try:
+        with time_limit(seconds):
+            return diagnose(*args)
+    except _LearnerTimeout:
+        name = getattr(diagnose, "__name__", "the diagnosis")
+        return (
+            f"the answer is wrong, and the checker's search for why ({name}) did not finish "
+            f"in {seconds:g} s: your code's results send it very far (a step or an index "
+            "that never comes back to where it should, or a loop that does not end)."
+        )
+
+
 def call_learner(
     fn: Callable,
     *args: Any,

@@ -94,6 +94,7 @@ def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> N
                 f"with a gradient ({n_trainable} here). Use minidist.comm so it is recorded."
             )
     passed(
-        f"average_gradients matches one process on the concatenated batch for N={WORLDS} "
+        "average_gradients matches one process on the concatenated batch for "
+        f"N={tuple(sorted(WORLDS))} "
         f"({n_trainable} all-reduces per step, frozen parameter skipped)"
     )

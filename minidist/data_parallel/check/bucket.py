@@ -196,6 +196,6 @@ def check_grad_bucket(bucket_cls: type) -> None:
                 if problem:
                     fail(f"{where}: {problem}")
     passed(
-        f"GradBucket matches one process for N={WORLDS}: one async all-reduce of "
+        f"GradBucket matches one process for N={tuple(sorted(WORLDS))}: one async all-reduce of "
         f"{total_bytes} bytes per step, launched by the last of {len(names)} hooks"
     )
