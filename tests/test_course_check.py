@@ -15,6 +15,7 @@ from minidist.course.check import (
     bounded,
     call_learner,
     catalogue_messages,
+    diagnose_values,
     names_mistake,
     parse_traceback,
     run_on_world,
@@ -156,3 +157,15 @@ def test_diverging_answer_in_a_shared_world_falls_back(monkeypatch):
     assert COLLECTIVE_HINT in messages[lone.name]
     assert "returned [0.0, 4.0, 8.0]" in messages["twice"]
     assert launches[0] == 2 and len(launches) == 3  # the batch, then each answer alone
+
+
+def test_fallback_names_the_quantity_where_and_by_how_much():
+    local = {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([1.0])}
+    ref = {"w": torch.tensor([1.5, 2.5, 3.5]), "b": torch.tensor([2.0])}
+    got = {"w": torch.tensor([1.5, 9.0, 3.5]), "b": torch.tensor([2.0])}
+    message = diagnose_values(got, ref, local, world=2)
+    assert "['w'] differ" in message and "not by a uniform factor" in message
+    assert "1 of 3 elements differ, the first at flat index 1 (got 9, expected 2.5)" in message
+    # the families come first: a uniform N/(N-1) is named as such
+    third = {n: t * 3 / 2 for n, t in ref.items()}
+    assert "divided the sum over 3 ranks by N-1 = 2" in diagnose_values(third, ref, local, 3)

@@ -62,6 +62,7 @@ __all__ = [
     "grads",
     "close",
     "best_scale",
+    "where_differs",
     "diagnose_values",
 ]
 
@@ -122,6 +123,23 @@ def grads(model: nn.Module) -> dict[str, torch.Tensor]:
 def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6, rtol: float = 1e-5) -> bool:
     """Same shape and equal up to float32 summation order (the default tolerances)."""
     return a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=rtol)
+
+
+def where_differs(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-6) -> str:
+    """The fallback's words: how many elements differ, the first one (flat index, got vs
+    expected) and the largest difference."""
+    g, w = got.detach().reshape(-1).float(), want.detach().reshape(-1).float()
+    if g.numel() != w.numel():
+        return f"{g.numel()} elements where {w.numel()} are expected"
+    bad = ((g - w).abs() > atol + 1e-5 * w.abs()).nonzero().reshape(-1)
+    if bad.numel() == 0:
+        return "no element differs"
+    i = int(bad[0])
+    return (
+        f"{bad.numel()} of {g.numel()} elements differ, the first at flat index {i} (got "
+        f"{g[i].item():.6g}, expected {w[i].item():.6g}), by up to "
+        f"{float((g - w).abs().max()):.3g}"
+    )
 
 
 def best_scale(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -188,6 +206,7 @@ def diagnose_values(
             f"(dist.get_world_size() = {world}), nothing else."
         )
     return layout_problem or (
-        f"gradients of {wrong} differ from the mean over ranks; the others are right. "
-        "All-reduce (SUM) each gradient in place, then divide it by N."
+        f"gradients of {wrong} differ from the mean over ranks, not by a uniform factor "
+        f"(in {wrong[0]}: {where_differs(got[wrong[0]], ref[wrong[0]])}); the others are "
+        "right. All-reduce (SUM) each gradient in place, then divide it by N."
     )

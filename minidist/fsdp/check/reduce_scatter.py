@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ... import comm
-from ...course.check import close, fail, passed, run_on_world
+from ...course.check import close, fail, passed, run_on_world, where_differs
 from ...course.watch import watch_comm
 from ...data import shard_batch
 from ...data_parallel.fixture import build
@@ -102,8 +102,9 @@ def _diagnose_reduce(res: dict, ref_flat: torch.Tensor, rank: int, world: int) -
                     f"[r·c, (r+1)·c) = [{rank * c}, {(rank + 1) * c}) here."
                 )
         return (
-            "the chunk differs from this rank's chunk of the mean gradient (not by a "
-            "uniform factor): reduce-scatter the whole flat gradient, divided by N."
+            "the chunk differs from this rank's chunk of the mean gradient, not by a "
+            f"uniform factor ({where_differs(got, want)}): reduce-scatter the whole flat "
+            "gradient, divided by N."
         )
     return None
 

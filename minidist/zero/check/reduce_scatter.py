@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ... import comm
-from ...course.check import best_scale, close, fail, passed, run_on_world
+from ...course.check import best_scale, close, fail, passed, run_on_world, where_differs
 from ...runtime import RankFailedError
 from .. import theory
 from ._shared import _and
@@ -80,7 +80,7 @@ def _diagnose_chunk_values(
                 )
     return (
         f"rank {rank}'s chunk is not the mean over ranks of chunk {rank} (best fit {scale:.3g}x "
-        f"it; first element {got[0].item():g}, expected {want[0].item():g})."
+        f"it; {where_differs(got, want)})."
     )
 
 
