@@ -202,6 +202,14 @@ def rs_twice(flat_grad):
     return out.div_(world)
 
 
+def rs_input_is_a_chunk(flat_grad):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = flat_grad.numel() // world
+    out = torch.empty(chunk)
+    comm.reduce_scatter(out, flat_grad[rank * chunk : (rank + 1) * chunk])  # input: 1/N only
+    return out.div_(world)
+
+
 def rs_n_minus_1(flat_grad):
     world = dist.get_world_size()
     out = torch.empty(flat_grad.numel() // world)
@@ -239,6 +247,11 @@ RS_MISTAKES = [
     Mistake("own chunk", (rs_own_chunk,), "still holds its own gradient"),
     Mistake("twice", (rs_twice,), "call it once"),
     Mistake("by N-1", (rs_n_minus_1,), "by N-1 = 2; divide by the world size N = 3"),
+    Mistake(
+        "input is a chunk",
+        (rs_input_is_a_chunk,),
+        r"rs_input_is_a_chunk.*The input is the whole bucket, flat_grad \(12 elements\)",
+    ),
     Mistake(
         "rank 0 only",
         (rs_rank0_only,),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -93,10 +94,14 @@ def check_reduce_scatter_bucket(reduce_scatter_bucket: Callable) -> None:
             )
         except RankFailedError as exc:
             if "outputShape" in str(exc) or "output tensor size" in str(exc).lower():
+                where = re.search(r" in (`[^`]+` \([^)]*\)(: `[^`]*`)?)", str(exc))
                 fail(
-                    f"comm.reduce_scatter aborted on {world} ranks: its output must hold 1/N of "
-                    f"its input, {BUCKET_NUMEL} // {world} = {BUCKET_NUMEL // world} elements "
-                    "here (torch.empty(flat_grad.numel() // N))."
+                    f"comm.reduce_scatter(output, input) aborted on {world} ranks"
+                    + (f" in {where.group(1)}" if where else "")
+                    + ": the sizes do not fit. The input is the whole bucket, flat_grad "
+                    f"({BUCKET_NUMEL} elements), and the output 1/N of it, {BUCKET_NUMEL} // "
+                    f"{world} = {BUCKET_NUMEL // world} elements (torch.empty(flat_grad.numel() "
+                    "// N)): the output must hold 1/N of its input."
                 )
             raise
         mean = _mean_grad(world, BUCKET_NUMEL)
