@@ -136,12 +136,15 @@ def _group_ranks(group) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | None:
-    """Append a record to the open ledgers (the caller stamps its end time)."""
+def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
+    """Append a record to the open ledgers (the caller stamps its end time); `tensor` may be
+    a list of tensors (torch's list form), whose sizes add up."""
     if not _active_ledgers:
         return None
     ranks = _group_ranks(group)
-    payload = tensor.numel() * tensor.element_size()
+    parts = list(tensor) if isinstance(tensor, list | tuple) else [tensor]
+    payload = sum(t.numel() * t.element_size() for t in parts)
+    tensor = parts[0] if parts else torch.empty(0)
     rec = CommRecord(
         op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
         start=time.perf_counter(), tag=tag,
@@ -209,10 +212,12 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, t
 
 
 def all_gather(output, input, group=None, async_op=False, tag=""):
-    """`output` (N times `input`) receives every rank's `input`, in rank order."""
+    """`output` (N times `input`) receives every rank's `input`, in rank order; or, in
+    torch.distributed's list form, `output[r]` receives rank r's `input`."""
+    gather = dist.all_gather if isinstance(output, list | tuple) else _all_gather_flat
     return _run(
         "all_gather", output, group, async_op,
-        lambda: _all_gather_flat(output, input, group=group, async_op=async_op), tag,
+        lambda: gather(output, input, group=group, async_op=async_op), tag,
     )  # fmt: skip
 
 
@@ -285,10 +290,14 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
     Returns the works to wait on. Posting both directions together is what keeps a ring or a
     pipeline from deadlocking when every rank sends before it receives.
     """
-    p2p = []
-    for kind, tensor, peer, *message_tag in ops:
+    ranks = _group_ranks(group)
+    for kind, _, peer, *_ in ops:  # every op checked before any is posted or recorded
         if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
+        if peer not in ranks:
+            raise ValueError(f"batch_isend_irecv: peer={peer} of a {kind} is not in {ranks}")
+    p2p = []
+    for kind, tensor, peer, *message_tag in ops:
         fn = dist.isend if kind == "send" else dist.irecv
         p2p.append(
             dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)
