@@ -60,7 +60,7 @@ def test_no_step_runs_before_its_dependency():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (("gpipe", 4, 0), "microbatches=0 must both be >= 1"),
+        (("gpipe", 4, 0), "microbatches=0 must be an int >= 1"),
         (("interleaved", 4, 6, 2), "microbatches=6 a multiple of stages=4"),
         (("pipedream", 2, 2), "kind must be one of"),
     ],

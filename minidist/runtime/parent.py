@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import multiprocessing as mp
 import os
 import re
@@ -98,10 +99,11 @@ def launch(
     """
     if under_torchrun():
         return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s)
-    if not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
-    if timeout_s <= 0:
-        raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
+    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (number and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"launch: timeout_s must be > 0 and finite (seconds), got {timeout_s!r}")
     backend = backend or default_backend(world_size)
     _check_backend(backend, world_size, "launch: backend")
     method = _pick_start_method(start_method, backend, threads_per_rank)
