@@ -203,3 +203,19 @@ def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tai
     assert torch.equal(reference_insert(ref, keys, rows), rows)
     assert torch.equal(table._slot_keys, ref._slot_keys)
     assert torch.equal(table._slot_rows, ref._slot_rows)
+
+
+def test_a_small_insert_into_a_huge_table_allocates_nothing_table_sized():
+    """4 keys into 2M slots: no allocation anywhere near the slot arrays' 16 MiB (it was one
+    slot-sized claim array per insert); the 3 new keys get rows 1000..1002 and are found."""
+    from torch.profiler import ProfilerActivity, profile
+
+    table = HashTable(1_500_000, backend="torch")
+    table.insert(torch.arange(1000, dtype=torch.int64))
+    keys = torch.tensor([10**9, -(10**9), 7, 10**9 + 1])  # 7 is already there
+    row_of_7 = int(table.find(keys[2:3]))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        rows = table.insert(keys)
+    assert max(e.cpu_memory_usage for e in prof.events()) < 64 * 1024
+    assert sorted(rows[[0, 1, 3]].tolist()) == [1000, 1001, 1002] and rows[2] == row_of_7
+    assert torch.equal(table.find(keys), rows) and table.size == 1003
