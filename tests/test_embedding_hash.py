@@ -158,13 +158,20 @@ def colliding_keys(num_slots: int, count: int, homes: int, seed: int) -> torch.T
     return pool[offset < homes][:count]
 
 
-@pytest.mark.parametrize("chunk, tail_lanes, tail_slots", [(1 << 16, 1024, 32), (64, 8, 4)])
-def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tail_slots):
+@pytest.mark.parametrize(
+    "chunk, tail_lanes, tail_slots, claim",
+    [(1 << 16, 1024, 32, True), (64, 8, 4, True), (64, 8, 4, False)],
+)
+def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tail_slots, claim):
     """Insert, find and grow give the reference's slots and rows exactly, on tables with long
     chains that wrap, missing and negative keys, EMPTY_KEY and duplicates; small pass and
-    tail sizes send every path (several passes, probe rounds, windows) through it."""
+    tail sizes send every path (several passes, probe rounds, windows) through it, and
+    contention is resolved by the claim array or by sorting the wanted slots alike."""
     import minidist.embedding.probing as probing
 
+    if not claim:  # the path of small batches into big tables, on every batch
+        monkeypatch.setattr(probing, "_CLAIM_SLOTS", 0)
+        monkeypatch.setattr(probing, "_CLAIM_BATCH", 0)
     monkeypatch.setattr(probing, "_CHUNK", chunk)
     monkeypatch.setattr(probing, "_TAIL_LANES", tail_lanes)
     monkeypatch.setattr(probing, "_TAIL_SLOTS", tail_slots)

@@ -31,6 +31,9 @@ from .hash_table import _FMIX_C1, _FMIX_C2, _LOW31, EMPTY_KEY, HashTable, fmix64
 
 # keys per first-probe pass; lanes left when probing turns to windows of _TAIL_SLOTS slots
 _CHUNK, _TAIL_LANES, _TAIL_SLOTS = 1 << 16, 1024, 32
+# a claim array per insert up to _CLAIM_SLOTS slots (512 KiB), or for a batch of at least
+# 1/_CLAIM_BATCH of the slots; else a sort of the wanted slots
+_CLAIM_SLOTS, _CLAIM_BATCH = 1 << 16, 16
 
 
 def _home_slots(keys: torch.Tensor, mask: int, out: torch.Tensor) -> torch.Tensor:
@@ -111,8 +114,10 @@ def torch_insert(t: HashTable, keys: torch.Tensor, rows_in: torch.Tensor | None)
     their slot again next round. A small batch costs O(keys), not O(slots)."""
     mask, n, dev = t.num_slots - 1, keys.numel(), keys.device
     rows = torch.empty_like(keys)
-    # a slot-sized claim array pays off for big batches only: small ones sort their slots
-    claim = torch.full((t.num_slots,), n, device=dev) if 16 * n >= t.num_slots else None
+    # a slot-sized claim array pays off for small tables and big batches: small batches
+    # into big tables sort their wanted slots instead
+    big = t.num_slots > _CLAIM_SLOTS and _CLAIM_BATCH * n < t.num_slots
+    claim = None if big else torch.full((t.num_slots,), n, device=dev)
     lanes, slot = torch.arange(n, device=dev), _home_slots(keys, mask, torch.empty_like(keys))
     while lanes.numel():
         empty = t._slot_keys.index_select(0, slot) == EMPTY_KEY
