@@ -95,8 +95,9 @@ def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():
     with pytest.raises(minidist.WorldTimeoutError) as info:
         minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=3)
     where = info.value.where
-    assert where[0].startswith("inside all_reduce (tag 'stuck') over 2 ranks from ")
-    assert "test_runtime.py:" in where[0] and where[1] == "not inside a collective"
+    assert where[0].startswith("inside all_reduce (tag 'stuck') over 2 ranks in ")
+    assert "in all_reduce_while_rank_one_sleeps at test_runtime.py:" in where[0]
+    assert where[1] == "not inside a collective"
     assert "rank 0: inside all_reduce" in str(info.value)
 
 

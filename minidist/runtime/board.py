@@ -31,9 +31,10 @@ class CallBoard:
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename.endswith(_COMM_FILE):
             frame = frame.f_back
-        where = (
-            "" if frame is None else f" from {_short(frame.f_code.co_filename)}:{frame.f_lineno}"
-        )
+        where = ""
+        if frame is not None:
+            code = frame.f_code
+            where = f" in {code.co_name} at {_short(code.co_filename)}:{frame.f_lineno}"
         what = f"{op}{f' (tag {tag!r})' if tag else ''} over {group_size} ranks{where}"
         data = b"\x01" + what.encode()[: SLOT - 2] + b"\x00"
         self._map[self._at : self._at + len(data)] = data
@@ -43,8 +44,10 @@ class CallBoard:
 
 
 def _short(filename: str) -> str:
+    """minidist/... for the library's files, the file's name for others (a notebook cell's
+    file is named after its code, so the name stays when the notebook runs again)."""
     parts = filename.split(os.sep)
-    return os.sep.join(parts[parts.index("minidist") :]) if "minidist" in parts else filename
+    return os.sep.join(parts[parts.index("minidist") :]) if "minidist" in parts else parts[-1]
 
 
 def create_board(path: str, world_size: int) -> None:
