@@ -159,19 +159,20 @@ def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | No
 
 def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag=""):
     rec = _log(op, tensor, group, tag=tag)
-    work = _on_board(op, tag, group, call)
+    work = _on_board(op, tag, group, call, async_op)
     return _stamp_end(rec, work if async_op else None) or work
 
 
-def _on_board(op: str, tag: str, group, call):
-    """`call()`, with this rank's call board saying it is inside `op` meanwhile."""
+def _on_board(op: str, tag: str, group, call, async_op: bool = False):
+    """`call()`, with this rank's call board saying it is inside `op` meanwhile (and, for an
+    asynchronous op, that its work may still be pending after)."""
     if _board is None:
         return call()
     _board.enter(op, tag, dist.get_world_size(group))
     try:
         return call()
     finally:
-        _board.leave()
+        _board.leave(async_op)
 
 
 class _StampOnWait:
@@ -269,6 +270,7 @@ def all_to_all(
         lambda: dist.all_to_all_single(
             output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
         ),
+        async_op,
     )  # fmt: skip
     return _stamp_end(rec, work if async_op else None) or work
 
@@ -312,4 +314,4 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
             dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)
         )
         _stamp_end(_log(kind, tensor, group, tag=tag), None)
-    return _on_board("batch_isend_irecv", tag, group, lambda: dist.batch_isend_irecv(p2p))
+    return _on_board("batch_isend_irecv", tag, group, lambda: dist.batch_isend_irecv(p2p), True)

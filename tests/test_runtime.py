@@ -101,6 +101,23 @@ def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():
     assert "rank 0: inside all_reduce" in str(info.value)
 
 
+def test_the_call_board_reads_back_each_state(tmp_path):
+    from minidist.runtime.board import CallBoard, create_board, read_board
+
+    path = str(tmp_path / "board")
+    create_board(path, 3)
+    boards = [CallBoard(path, r) for r in range(3)]
+    boards[0].enter("all_gather", "fsdp", 3)
+    boards[1].enter("batch_isend_irecv", "", 3)
+    boards[1].leave(async_op=True)
+    where = read_board(path, [0, 1, 2])
+    assert where[0].startswith("inside all_gather (tag 'fsdp') over 3 ranks in ")
+    assert where[1].startswith("not inside a blocking call; its last call, asynchronous, may")
+    assert where[2] == "not inside a collective"
+    boards[0].leave()
+    assert read_board(path, [0])[0].startswith("not inside a collective (its last call: all_")
+
+
 def kill_self_among_collectives(folder):
     """Both ranks all-reduce in a loop; after some rounds rank 1 SIGKILLs itself."""
     for step in range(10_000):

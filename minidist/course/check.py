@@ -58,10 +58,12 @@ def run_on_world(
             ) from None
         raise
     except WorldTimeoutError as exc:
+        where = "".join(f"\n  rank {r}: {exc.where[r]}" for r in exc.ranks if r in exc.where)
         fail(
             f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
             f"{timeout_s:g} s (a correct answer takes well under a second): a rank waits "
             f"forever for a message or a collective no other rank sends. {hang_hint}".rstrip()
+            + where
         )
 
 

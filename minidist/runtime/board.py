@@ -4,7 +4,8 @@ When a world hangs, the parent stops it at `timeout_s`; to say *where* it hung i
 know which ranks were inside a collective, and which call. Every minidist collective goes
 through `minidist.comm`, which writes the call it enters (op, tag, group size and the line
 of minidist or user code that made it) into this rank's slot of a small memory-mapped file
-in the world's rendezvous folder, and clears it when the call returns; the parent reads
+in the world's rendezvous folder, and clears it when the call returns (an asynchronous
+call's work may still be pending then: a rank waiting on it is not inside `comm`); the parent reads
 every slot when it stops the world (`WorldTimeoutError`). Writing a slot is a memory copy,
 no system call. Collectives that bypass `comm` (DCP's, torch's own) are not seen.
 """
@@ -15,7 +16,9 @@ import mmap
 import os
 import sys
 
-SLOT = 512  # bytes per rank: [0] 1 while inside a call, then the call's description
+# bytes per rank: [0] 1 while inside a call, 2 after an asynchronous one (its work may be
+# pending), 0 after a blocking one; then the call's description
+SLOT = 512
 _COMM_FILE = os.path.join("minidist", "comm.py")
 
 
@@ -39,8 +42,8 @@ class CallBoard:
         data = b"\x01" + what.encode()[: SLOT - 2] + b"\x00"
         self._map[self._at : self._at + len(data)] = data
 
-    def leave(self) -> None:
-        self._map[self._at] = 0  # the description stays: the last call made
+    def leave(self, async_op: bool = False) -> None:
+        self._map[self._at] = 2 if async_op else 0  # the description stays: the last call
 
 
 def _short(filename: str) -> str:
@@ -56,7 +59,7 @@ def create_board(path: str, world_size: int) -> None:
 
 
 def read_board(path: str, ranks: list[int]) -> dict[int, str]:
-    """rank -> "inside <call>" or "not inside a collective (last: <call>)"."""
+    """rank -> "inside <call>", or where its last call left it."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -68,8 +71,12 @@ def read_board(path: str, ranks: list[int]) -> dict[int, str]:
         if len(slot) < SLOT:
             continue
         text = slot[1:].split(b"\x00", 1)[0].decode(errors="replace")
-        if slot[0]:
+        if slot[0] == 1:
             out[r] = f"inside {text}"
+        elif slot[0] == 2:
+            out[r] = (
+                f"not inside a blocking call; its last call, asynchronous, may be pending: {text}"
+            )
         else:
             out[r] = "not inside a collective" + (f" (its last call: {text})" if text else "")
     return out
