@@ -31,6 +31,10 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _active_ledgers: list[Ledger] = []
+# On a rank that `minidist.launch` started: its slot of the world's call board
+# (`runtime/board.py`), where the call this rank is inside is written for the parent to read
+# when the world hangs.
+_board = None
 
 RING_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -158,8 +162,20 @@ def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
 
 def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag=""):
     rec = _log(op, tensor, group, tag=tag)
-    work = call()
+    work = _on_board(op, tag, group, call, async_op)
     return _stamp_end(rec, work if async_op else None) or work
+
+
+def _on_board(op: str, tag: str, group, call, async_op: bool = False):
+    """`call()`, with this rank's call board saying it is inside `op` meanwhile (and, for an
+    asynchronous op, that its work may still be pending after)."""
+    if _board is None:
+        return call()
+    _board.enter(op, tag, dist.get_world_size(group))
+    try:
+        return call()
+    finally:
+        _board.leave(async_op)
 
 
 class _StampOnWait:
@@ -254,9 +270,13 @@ def all_to_all(
             row = math.prod(input.shape[1:])  # elements per first-dimension entry
             own = input_split_sizes[dist.get_rank(group)] * row
         rec.ring_bytes = float((input.numel() - own) * input.element_size())
-    work = dist.all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
-    )
+    work = _on_board(
+        "all_to_all", tag, group,
+        lambda: dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        ),
+        async_op,
+    )  # fmt: skip
     return _stamp_end(rec, work if async_op else None) or work
 
 
@@ -303,4 +323,4 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
             dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)
         )
         _stamp_end(_log(kind, tensor, group, tag=tag), None)
-    return dist.batch_isend_irecv(p2p)
+    return _on_board("batch_isend_irecv", tag, group, lambda: dist.batch_isend_irecv(p2p), True)

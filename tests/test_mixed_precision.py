@@ -51,7 +51,7 @@ def test_bad_input_is_named():
         MixedPrecision(param_dtype=torch.int8)
     with pytest.raises(ValueError, match="float16 needs a loss scaler"):
         MixedPrecision(torch.float16)
-    with pytest.raises(ValueError, match="growth_factor > 1"):
+    with pytest.raises(ValueError, match="growth_factor=1.0 must be a finite number > 1"):
         DynamicLossScaler(growth_factor=1.0)
     scaler = DynamicLossScaler()
     with pytest.raises(RuntimeError, match="needs a step"):

@@ -106,12 +106,13 @@ def run_on_world(
             ) from None
         raise explain_rank_failure(exc, world_size, hints, hang_hint) from None
     except WorldTimeoutError as exc:
+        where = "".join(f"\n  rank {r}: {exc.where[r]}" for r in exc.ranks if r in exc.where)
         raise LearnerFailed(
             None,
             f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
             f"{timeout_s:g} s (a correct answer takes well under a second): either a rank "
             f"waits forever for a message or a collective no other rank makes ("
-            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip(),
+            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip() + where,
         ) from None
 
 
