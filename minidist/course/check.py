@@ -112,7 +112,8 @@ def run_on_world(
             f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
             f"{timeout_s:g} s (a correct answer takes well under a second): either a rank "
             f"waits forever for a message or a collective no other rank makes ("
-            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip() + where,
+            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip()
+            + where,
         ) from None
 
 
