@@ -171,3 +171,47 @@ def _check_links(base: str, out: Path, seen: dict[str, dict]) -> None:
                     checked += 1
     lessons = len(seen) - 1
     assert checked > 10 * lessons  # table of contents, Colab, exercise and source links
+
+
+def test_pages_follow_the_notebooks_folder(tmp_path):
+    """A new lesson is a new page, title, TOC entry and links included, with no edit here."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[project.urls]\nRepository = "https://github.com/o/r"\n'
+    )
+    (tmp_path / "README.md").write_text("# x\n\nStart with [lesson 14](notebooks/14_new.ipynb).\n")
+    pkg = tmp_path / "minidist" / "newthing"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""Lesson 14, something new."""\n')
+    (pkg / "core.py").write_text("")
+    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 14 · New: $a^2$"]}
+    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    for folder in ("notebooks", "exercises"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "14_new.ipynb").write_text(nb)
+    pages = site.build_site(tmp_path, tmp_path / "out")
+    assert [(p.html_name, p.title, p.packages) for p in pages] == [
+        ("index.html", "minidist", []),
+        ("14_new.html", "14 · New: $a^2$", ["newthing"]),
+    ]
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert 'href="14_new.html"' in index  # README's link and the table of contents
+    lesson = (tmp_path / "out" / "14_new.html").read_text()
+    for link in (
+        "https://colab.research.google.com/github/o/r/blob/main/notebooks/14_new.ipynb",
+        "https://github.com/o/r/blob/main/minidist/newthing/core.py",
+        "_downloads/exercises/14_new.ipynb",
+    ):
+        assert f'href="{link}"' in lesson, link
+    assert (tmp_path / "out" / "_downloads" / "exercises" / "14_new.ipynb").is_file()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ValueError, match=r"needs \[project.urls\] Repository"):
+        site.build_site(tmp_path, tmp_path / "out")
+
+
+def test_lesson_packages_of_the_course():
+    nb = ROOT / "notebooks"
+    assert site.lesson_packages(ROOT, nb / "12_parameter_servers_and_topology.ipynb") == [
+        "network",
+        "parameter_server",
+    ]
+    assert site.lesson_packages(ROOT, nb / "08_parallel_layout.ipynb") == ["megatron"]

@@ -74,8 +74,8 @@ def lesson_packages(root: Path, notebook: Path) -> list[str]:
     number = notebook.name[:2]
     found = set()
     for init in sorted((root / "minidist").glob("*/__init__.py")):
-        head = init.read_text().split('"""')[1] if '"""' in init.read_text() else ""
-        if re.search(rf"\bLesson {number}\b", head):
+        docstring = init.read_text().split('"""')[1:2]
+        if docstring and re.search(rf"\bLesson {number}\b", docstring[0]):
             found.add(init.parent.name)
     exercise = root / "exercises" / notebook.name
     if exercise.exists():
@@ -111,10 +111,12 @@ def _rewrite_links(body: str, page: Page, lessons: dict[Path, str], root: Path, 
         if path in lessons.values() or path.startswith("_downloads/"):
             return match.group(0)  # the template's own links
         target = (page.source.parent / path).resolve()
+        if not target.is_relative_to(root):
+            return match.group(0)
         if target in lessons:
             new = lessons[target] + (f"#{anchor}" if anchor else "")
         else:
-            rel = target.relative_to(root.resolve()).as_posix()
+            rel = target.relative_to(root).as_posix()
             new = f"{repo}/blob/{BRANCH}/{quote(rel)}" + (f"#{anchor}" if anchor else "")
         return match.group(1) + html.escape(new) + match.group(3)
 
