@@ -5,7 +5,8 @@ and no request to another host (the site must work offline), every image loaded,
 typeset by MathJax with no error, every internal link and anchor resolving, the lesson's
 title in <title> and <h1>. Links into the repository on GitHub (source files, exercises,
 Colab) are checked against the files of this checkout. Screenshots of the landing page and
-one lesson go to build/site-screenshots/.
+one lesson (its top and its first figure), and of the first typeset math, go to
+build/site-screenshots/.
 
 Needs Chromium (`apt-get install -y chromium`) and Playwright (the dev extra); it drives
 the system's Chromium, so Playwright's own browser download is never used.
@@ -90,7 +91,8 @@ PAGE = """() => ({
 
 def test_every_page_in_chromium(browser, served):
     base, out, pages = served
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(SHOTS, ignore_errors=True)
+    SHOTS.mkdir(parents=True)
     seen: dict[str, dict] = {}
     expected = {p.html_name: p for p in pages}
     assert sorted(expected) == sorted(p.name for p in out.glob("*.html"))
@@ -116,6 +118,12 @@ def test_every_page_in_chromium(browser, served):
         seen[name] = info
         if name in ("index.html", SHOT_LESSON):
             tab.screenshot(path=str(SHOTS / name.replace(".html", ".png")))
+        if name == SHOT_LESSON:  # further down: its first figure
+            tab.locator("img").first.scroll_into_view_if_needed()
+            tab.screenshot(path=str(SHOTS / name.replace(".html", "_figure.png")))
+        if math["found"] and not any(SHOTS.glob("math_*.png")):  # the first typeset math
+            tab.locator(".MathJax_Display, span.MathJax").first.scroll_into_view_if_needed()
+            tab.screenshot(path=str(SHOTS / f"math_{name.replace('.html', '.png')}"))
         tab.close()
     context.close()
     _check_links(base, out, seen)
