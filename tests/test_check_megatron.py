@@ -325,6 +325,31 @@ def groups_no_dp(world_size, tp, pp):
     return out
 
 
+def groups_tp_strided(world_size, tp, pp):
+    stride = world_size // tp
+    return groups_right(world_size, tp, pp) | {
+        "tp": [list(range(i, world_size, stride)) for i in range(stride)]
+    }
+
+
+def groups_tp_off_by_one(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "tp": [list(range(i, i + tp - 1)) for i in range(0, world_size, tp)]
+    }
+
+
+def groups_dp_flat(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "dp": [r for g in groups_right(world_size, tp, pp)["dp"] for r in g]
+    }
+
+
+def groups_pp_first_stage_only(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "pp": [list(range(i, world_size, world_size // pp)) for i in range(tp)]
+    }
+
+
 def groups_stub(world_size, tp, pp):
     raise NotImplementedError("exercise: replace this line with your code")
 
@@ -340,7 +365,14 @@ def test_parallel_groups_passes(capsys):
         (groups_dp_contiguous, r"DP groups are blocks of 2 consecutive ranks \(here the TP"),
         (groups_pp_contiguous, "pipeline groups are blocks of 4 consecutive ranks"),
         (groups_swapped, "tp and pp are swapped"),
-        (groups_dp_whole_world_stride, r"rank 0's group is \[0, 8\], Megatron-LM's is \[0, 2\]"),
+        (groups_dp_whole_world_stride, r"your DP group \[0, 8\] spans pipeline stages \[0, 2\]"),
+        (groups_tp_strided, "your TP groups take every 8-th rank"),
+        (
+            groups_tp_off_by_one,
+            r"\['tp'\]: your groups have 1 ranks .* one short of 2: an off-by-one",
+        ),
+        (groups_dp_flat, r"\['dp'\] is not a list of lists of ranks"),
+        (groups_pp_first_stage_only, r"ranks \[2, 3, 6, 7, 10, 11, 14, 15\] are in none"),
         (groups_repeated_rank, r"ranks \[0, 1\] appear more than once; ranks \[2, 3\] are in"),
         (groups_no_dp, "return a dict with the keys"),
     ],

@@ -32,8 +32,10 @@ Clusters Using Megatron-LM", section 3):
 
 3. `check_parallel_groups(my_parallel_groups)`: `my_parallel_groups(world_size, tp, pp)`
    returns {"tp", "pp", "dp"}: lists of ranks, compared with `parallel_groups` as a pure
-   function (no world). Named mistakes: DP groups taken as contiguous blocks, PP groups
-   contiguous, tp and pp swapped, ranks missing or repeated, groups of the wrong size.
+   function (no world). Named mistakes: DP groups taken as contiguous blocks or spanning
+   pipeline stages, PP groups contiguous, TP groups strided across nodes, tp and pp
+   swapped, groups one rank short or long (a range off by one), ranks missing or repeated,
+   groups of the wrong size, not a list of lists.
 4. `check_average_dp_gradients(average_dp_gradients)`: on worlds of 4 (t = d = 2) and 6
    (t = 2, d = 3), after a backward of `TensorParallelGPT` on this rank's data-parallel
    slice, `average_dp_gradients(model, dp_group)` must leave in every gradient the mean over
