@@ -148,6 +148,14 @@ class GNoGradient(GRight):
         return None, None
 
 
+class GNeverWaits(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        comm.all_reduce(out, group=group, async_op=True)
+        return out
+
+
 class GStub(GRight):
     @staticmethod
     def forward(ctx, x, group):
@@ -175,6 +183,7 @@ def test_reduce_from_tp_passes(capsys):
         (GBackwardDivides, "backward divided the gradient by t=2"),
         (GBackwardBroadcast, r"backward called torch.distributed's \['broadcast'\]"),
         (GNoGradient, "no gradient reached x"),
+        (GNeverWaits, "nobody called wait\\(\\) on the work"),
     ],
 )
 def test_reduce_from_tp_names_the_mistake(impl, hint):
@@ -391,7 +400,8 @@ def test_parallel_groups_stub_is_not_implemented():
 
 
 def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=False,
-            skip_split=False, torch_directly=False, copy=False, before_too=False):  # fmt: skip
+            skip_split=False, torch_directly=False, copy=False, before_too=False,
+            no_wait=False):  # fmt: skip
     """The right answer by default; each keyword makes one mistake."""
     reduce_over = {"dp": dp_group, "world": None}.get(group, group)
     d = dist.get_world_size(dp_group)
@@ -405,7 +415,10 @@ def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=Fals
         if before_too:
             p.grad /= d
         grad = p.grad.clone() if copy else p.grad
-        (dist if torch_directly else comm).all_reduce(grad, group=reduce_over)
+        if no_wait:  # the work is dropped: nobody waits for it
+            comm.all_reduce(grad, group=reduce_over, async_op=True)
+        else:
+            (dist if torch_directly else comm).all_reduce(grad, group=reduce_over)
         p.grad /= n[divide_by]
 
 
@@ -442,6 +455,7 @@ DP_MISTAKES = {
     "skip_split": (average_with(skip_split=True), "they were skipped"),
     "torch": (average_with(torch_directly=True), "torch.distributed was called directly"),
     "copy": (average_with(copy=True), "never reached p.grad"),
+    "no_wait": (average_with(no_wait=True), "async\\s+all-reduces were never waited for"),
 }
 
 

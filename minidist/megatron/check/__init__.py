@@ -12,8 +12,8 @@ Lesson 07 (Shoeybi et al. 2019, "Megatron-LM", section 3):
    backward instead of forward (that is f), identity both ways, all-reduced the input in
    place (no clone), all-reduce in both directions, a mean in backward (through comm or
    torch.distributed), backward divided by t, any torch.distributed collective in backward
-   or forward, summed over the world instead of the group, averaged, no gradient, the wrong
-   number of gradients.
+   or forward, an async all-reduce never waited for, summed over the world instead of the
+   group, averaged, no gradient, the wrong number of gradients.
 2. `check_vocab_parallel_cross_entropy(fn)`: `fn(logits, targets, group, start,
    vocab_size)` gets this rank's columns [start, start + V'/t) of the logits (vocabulary
    padded to V'; columns >= vocab_size are padding) and returns the mean cross entropy, the
@@ -42,7 +42,8 @@ Clusters Using Megatron-LM", section 3):
    the dp group, the dense GPT's gradient of the whole batch. Named mistakes: reduced over
    the world or over the tp group; from the uniform factor on both layouts: forgot to
    divide, divided by t, by d - 1, by the world size, or by d twice; skipped parameters
-   (split or replicated), reduced a copy, torch.distributed called directly, bytes sent
+   (split or replicated), reduced a copy, async all-reduces never waited for,
+   torch.distributed called directly, bytes sent
    beyond one all-reduce of the gradients. `average_dp_verdicts(fns)` runs many answers in
    one world launch per layout.
 """

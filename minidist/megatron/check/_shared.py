@@ -19,18 +19,54 @@ def _and(items) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
+class _Tracked:
+    """An async work that remembers whether anyone waited for it."""
+
+    def __init__(self, work):
+        self.work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+class Calls(list):
+    """The collectives' names, and the async works they returned (`unwaited()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.works: list[_Tracked] = []
+
+    def unwaited(self) -> int:
+        """How many async works nobody waited for; waits for them now (so that none is
+        still running when the checker reads the tensors or starts the next answer)."""
+        pending = [w for w in self.works if not w.waited]
+        for w in pending:
+            w.work.wait()
+        return len(pending)
+
+
 @contextmanager
-def torch_collectives() -> Iterator[list[str]]:
+def torch_collectives() -> Iterator[Calls]:
     """The names of every torch.distributed collective called inside, minidist.comm's own
     calls included (each comm collective makes exactly one): fewer ledger records than
-    names means the learner called torch.distributed directly, invisible to the ledger."""
-    calls: list[str] = []
+    names means the learner called torch.distributed directly, invisible to the ledger.
+    Async works come back wrapped, so that `calls.unwaited()` can tell which were never
+    waited for."""
+    calls = Calls()
     saved = {name: getattr(dist, name) for name in _SPIED}
 
     def spy(name, fn):
         def wrapper(*args, **kwargs):
             calls.append(name)
-            return fn(*args, **kwargs)
+            work = fn(*args, **kwargs)
+            if kwargs.get("async_op") and work is not None:
+                work = _Tracked(work)
+                calls.works.append(work)
+            return work
 
         return wrapper
 

@@ -54,11 +54,12 @@ def _dp_rank(fns: list[Callable], tp_size: int) -> list[dict]:
             p.grad = local[n].clone()
         with comm.record() as ledger, torch_collectives() as calls:
             fn(tp, layout.group("dp"))
+        unwaited = calls.unwaited()
         got = {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
         out.append(dict(
             got=got, right=right, local=local, over_world=over_world, over_tp=over_tp,
             records=[(r.op, r.group_ranks, r.ring_bytes) for r in ledger.records],
-            calls=list(calls), world=dist.get_world_size(),
+            calls=list(calls), world=dist.get_world_size(), unwaited=unwaited,
             dp_ranks=layout.mine["dp"], tp_ranks=layout.mine["tp"], tp_rank=layout.tp_rank,
             splits={n: getattr(p, "tp_split", None) for n, p in named},
             trainable=sum(p.numel() for _, p in named),
@@ -226,6 +227,16 @@ def check_average_dp_gradients(average_dp_gradients: Callable) -> None:
 
 
 def _judge(layouts: dict) -> None:
+    for (world, t), results in layouts.items():
+        for rank, res in enumerate(results):
+            if res["unwaited"]:
+                fail(
+                    f"on {world} ranks (t={t}), rank {rank}: {res['unwaited']} of your async "
+                    "all-reduces were never waited for: the gradient was divided (or "
+                    "returned) while the sum was still being written into it. Keep each work "
+                    "comm.all_reduce(..., async_op=True) returns and call work.wait() before "
+                    "touching p.grad, or call it without async_op."
+                )
     for results in layouts.values():
         for rank, res in enumerate(results):
             problem = _wrong_group(res, rank)

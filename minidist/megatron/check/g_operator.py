@@ -39,12 +39,14 @@ def _g_rank(cls: type, tp: int) -> dict:
     before = x.detach().clone()
     with comm.record() as forward, torch_collectives() as forward_calls:
         y = cls.apply(x, group)
+    unwaited = forward_calls.unwaited()
     out = dict(
         y=y.detach().clone() if isinstance(y, torch.Tensor) else type(y).__name__,
         x_after=x.detach().clone(),
         before=before,
         forward=[(r.op, r.group_ranks, r.payload_bytes) for r in forward.records],
         forward_calls=list(forward_calls),
+        unwaited=unwaited,
         backward_calls=[],
         tp_ranks=layout.mine["tp"],
     )
@@ -61,6 +63,17 @@ def _g_rank(cls: type, tp: int) -> dict:
 
 
 def _diagnose_g(res: dict, rank: int, world: int) -> str | None:
+    if res["unwaited"]:
+        return (
+            f"on a world of {world}, rank {rank}: forward returned while its async all-reduce "
+            "was still running (nobody called wait() on the work it returned): the output "
+            "may not hold the sum yet. Call work.wait() before returning, or all-reduce "
+            "without async_op."
+        )
+    return _diagnose_g_values(res, rank, world)
+
+
+def _diagnose_g_values(res: dict, rank: int, world: int) -> str | None:
     tp_ranks = res["tp_ranks"]
     t = len(tp_ranks)
     q = tp_ranks.index(rank)
