@@ -250,6 +250,23 @@ class ScalerGrowsOneEarly(ScalerRight):
                 self.good_steps = 0
 
 
+class ScalerStepsFirst(ScalerRight):
+    def step(self, optimizer):
+        optimizer.step()
+        super().step(_NoStep(optimizer))
+        return not self.found_inf
+
+
+class _NoStep:
+    """The optimizer's param groups, without a step (the step already ran)."""
+
+    def __init__(self, optimizer):
+        self.param_groups = optimizer.param_groups
+
+    def step(self):
+        pass
+
+
 class ScalerStub(ScalerRight):
     def step(self, optimizer):
         raise NotImplementedError("exercise: replace this line with your code")
@@ -294,6 +311,7 @@ def test_loss_scaler_passes(capsys):
         (ScalerNeverResetsFoundInf, "set self.found_inf = False at the start"),
         (ScalerGrowsOneLate, "grows one step late"),
         (ScalerGrowsOneEarly, "grows one step early"),
+        (ScalerStepsFirst, "optimizer.step\\(\\) ran before the gradients were unscaled"),
     ],
 )
 def test_loss_scaler_names_the_mistake(impl, hint):

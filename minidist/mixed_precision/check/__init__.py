@@ -15,7 +15,8 @@ Micikevicius et al. 2018, "Mixed Precision Training" (ICLR), section 3.2 (loss s
    scaler gives. Named, each from the set of overflowed steps it steps on: found_inf
    overwritten per gradient, only the first group / the first parameter of each group / the
    first parameter looked at, NaN or -inf missed, halves without skipping; then found_inf
-   never reset, some or all gradients not unscaled (or divided twice); then the scale rules:
+   never reset, optimizer.step() before unscaling, some or all gradients not unscaled (or
+   divided twice); then the scale rules:
    grows after every good step, one step late or early, no reset of the count on an
    overflow or after growing, skips without halving.
 2. `check_found_inf_agreement(found_inf_on_any_rank)`: on worlds of 2, 3 and 4, lesson 03's
@@ -51,14 +52,14 @@ from .found_inf import (
     right_found_inf,
 )
 from .fp16_mean import FP16_HANG_HINT, FP16_WORLDS, TINY, check_fp16_mean, fp16_input
-from .loss_scaler import (
+from .loss_scaler import check_loss_scaler
+from .scale_rules import (
     COEF,
     LR,
     OVERFLOWS,
     SCALER_ARGS,
     SCALER_STEPS,
     START,
-    check_loss_scaler,
     simulate_scales,
 )
 

@@ -9,24 +9,20 @@ import torch.nn as nn
 
 from ...course.check import best_scale, fail, passed
 from ..fixture import grad_scaler_scales
-from ._shared import INF, NAN
-
-SCALER_ARGS = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
-SCALER_STEPS = 18
-# Three parameters in two param groups (the loop order: a, b of group 0, then c of group 1);
-# step -> (which parameter, which element, the value put there). Chosen so that every wrong
-# rule below gives another sequence: a growth right before an overflow (5, 6), two overflows
-# in a row (6, 7), a NaN alone (11), six good steps after it (growths at 14 and 17); and
-# every wrong loop another set of steps stepped on: the last parameter only (2), a middle one
-# (6), the first one (7, 11), a -inf (7) and a NaN (11).
-NAMES = ("a", "b", "c")
-GROUPS = ((0, 1), (2,))  # indices into NAMES, one tuple per param group
-SHAPES = ((4,), (2, 3), (3,))
-LRS = (0.01, 0.02)  # per group
-OVERFLOWS = {2: (2, 1, INF), 6: (1, 5, INF), 7: (0, 3, -INF), 11: (0, 0, NAN)}
-START = tuple(torch.linspace(-1.0, 2.0, math.prod(s)).reshape(s) for s in SHAPES)
-COEF = tuple(torch.linspace(0.5, -1.5, math.prod(s)).reshape(s) + i for i, s in enumerate(SHAPES))
-LR = LRS[0]
+from ._shared import INF
+from .scale_rules import (
+    COEF,
+    GROUPS,
+    LRS,
+    NAMES,
+    OVERFLOWS,
+    SCALER_ARGS,
+    SCALER_STEPS,
+    START,
+    fmt_scales,
+    scale_mistake,
+    simulate_scales,
+)
 
 
 def _drive_scaler(cls: type) -> list[dict]:
@@ -65,96 +61,6 @@ def _right_params() -> list[list[torch.Tensor]]:
             ps = [p - _lr(i) * c for i, (p, c) in enumerate(zip(ps, COEF))]
         out.append([p.clone() for p in ps])
     return out
-
-
-def simulate_scales(rule: str = "right") -> list[float]:
-    """The scales after each step under `rule`: "right" (GradScaler's), or a known mistake:
-    "every_good_step", "no_reset_on_overflow", "no_reset_after_growth" (the count compared
-    with ==, so it never grows again), "no_reset_after_growth_ge" (with >=), "no_backoff",
-    "one_late" (grows after growth_interval + 1 good steps: the count compared before it is
-    increased, or with >), "one_early" (after growth_interval - 1)."""
-    scale, good = SCALER_ARGS["init_scale"], 0
-    interval = SCALER_ARGS["growth_interval"]
-    interval += {"one_late": 1, "one_early": -1}.get(rule, 0)
-    out = []
-    for step in range(SCALER_STEPS):
-        if step in OVERFLOWS:
-            if rule != "no_backoff":
-                scale *= SCALER_ARGS["backoff_factor"]
-            if rule != "no_reset_on_overflow":
-                good = 0
-        else:
-            good += 1
-            if rule == "every_good_step":
-                scale *= SCALER_ARGS["growth_factor"]
-            elif rule == "no_reset_after_growth_ge" and good >= interval:
-                scale *= SCALER_ARGS["growth_factor"]
-            elif good == interval:
-                scale *= SCALER_ARGS["growth_factor"]
-                if rule != "no_reset_after_growth":
-                    good = 0
-        out.append(scale)
-    return out
-
-
-def _fmt_scales(scales: list[float], upto: int) -> str:
-    return (
-        "[" + ", ".join(f"2^{math.log2(s):g}" if s > 0 else f"{s:g}" for s in scales[:upto]) + "]"
-    )
-
-
-def _scale_mistake(got: list[float], right: list[float]) -> str:
-    first = next(i for i, (a, b) in enumerate(zip(got, right)) if a != b)
-    seq = f"your scales after steps 0-{first}: {_fmt_scales(got, first + 1)}, GradScaler's: "
-    seq += _fmt_scales(right, first + 1)
-    interval = SCALER_ARGS["growth_interval"]
-    if got == simulate_scales("every_good_step"):
-        return (
-            f"the scale doubled after step 0, a single good step ({seq}): it grows only after "
-            f"growth_interval = {interval} good steps in a row. Count them in self.good_steps "
-            "and double when the count reaches growth_interval."
-        )
-    if got == simulate_scales("no_reset_on_overflow"):
-        return (
-            f"the scale grew after step {first}, only {first - 2} good step(s) after the "
-            f"overflow at step 2 ({seq}): an overflow restarts the count of good steps in a "
-            f"row at 0 (GradScaler resets its growth tracker), so growth waits for "
-            f"{interval} good steps after it."
-        )
-    if got == simulate_scales("no_reset_after_growth"):
-        return (
-            f"after growing at step 14 the scale never grew again, though steps 15-17 were "
-            f"good ({seq}): when the scale grows, reset self.good_steps to 0, so that the next "
-            f"growth comes {interval} good steps later."
-        )
-    if got == simulate_scales("no_reset_after_growth_ge"):
-        return (
-            f"after growing, the scale grew again after the very next good step ({seq}): "
-            "reset self.good_steps to 0 when the scale grows."
-        )
-    if got == simulate_scales("no_backoff"):
-        return (
-            f"the overflow at step 2 was skipped but the scale stayed 2^{math.log2(got[2]):g} "
-            f"({seq}): multiply it by backoff_factor = 0.5 after an overflow, or the next "
-            "step overflows again."
-        )
-    if got == simulate_scales("one_late"):
-        return (
-            f"the scale grows one step late, after {interval + 1} good steps in a row instead "
-            f"of growth_interval = {interval} ({seq}): add this step to the count first, then "
-            "grow when the count == growth_interval (not >, and not before adding it)."
-        )
-    if got == simulate_scales("one_early"):
-        return (
-            f"the scale grows one step early, after {interval - 1} good steps in a row instead "
-            f"of growth_interval = {interval} ({seq}): the count starts at 0 and grows by one "
-            "per good step; grow when it == growth_interval."
-        )
-    return (
-        f"{seq}. The rule: after an overflow multiply the scale by backoff_factor and set the "
-        f"count of good steps to 0; after a good step add 1 to the count, and when it reaches "
-        f"growth_interval = {interval} multiply the scale by growth_factor and set it to 0."
-    )
 
 
 def _where(step: int) -> str:
@@ -243,6 +149,23 @@ def check_loss_scaler(scaler_cls: type) -> None:
                 f"step() returned {g['stepped']!r} at step {step}: return True when it stepped "
                 "the optimizer and False when it skipped the step."
             )
+    s = min(OVERFLOWS)  # the parameters changed though step() said it skipped
+    changed = any(not torch.equal(a, b) for a, b in zip(got[s]["p"], got[s - 1]["p"]))
+    if changed and got[s]["stepped"] is False:
+        first = SCALER_ARGS["init_scale"]
+        if abs(_moved(got, 0, 0) - first) < 2e-2 * first:
+            fail(
+                f"at step 0 the parameters moved {first:g}x as far as one SGD step (the loss "
+                f"scale), and at step {s} ({_where(s)}) they changed although step() returned "
+                f"{got[s]['stepped']}: optimizer.step() ran before the gradients were unscaled "
+                "and checked. Unscale every gradient and test it first; then step only if all "
+                "are finite."
+            )
+        fail(
+            f"at step {s} ({_where(s)}) step() returned {got[s]['stepped']}, but the "
+            "parameters changed: the optimizer stepped anyway. Return False and call "
+            "optimizer.step() only when every unscaled gradient is finite."
+        )
     mistake = _skip_mistake(got)
     if mistake:
         fail(mistake)
@@ -293,10 +216,10 @@ def check_loss_scaler(scaler_cls: type) -> None:
             f"{moved[i]:.3g}x as far)."
         )
     if scales != right:
-        fail(_scale_mistake(scales, right))
+        fail(scale_mistake(scales, right))
     passed(
         f"LossScaler follows torch.amp.GradScaler for {SCALER_STEPS} steps (growth every "
         f"{SCALER_ARGS['growth_interval']} good steps; inf, -inf and NaN at steps "
         f"{sorted(OVERFLOWS)} in each of three parameters of two param groups; scales after "
-        f"steps 0-7: {_fmt_scales(scales, 8)}), and skipped steps leave every parameter alone"
+        f"steps 0-7: {fmt_scales(scales, 8)}), and skipped steps leave every parameter alone"
     )
