@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -183,7 +184,8 @@ class _LearnerTimeout(BaseException):
 
 @contextmanager
 def time_limit(seconds: float):
-    """Interrupt the block after `seconds` (main thread only; elsewhere it runs unbounded)."""
+    """Interrupt the block after `seconds` (main thread only; elsewhere it runs unbounded).
+    An outer timer (pytest-timeout's, say) is re-armed afterwards with the time it had left."""
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
@@ -191,6 +193,8 @@ def time_limit(seconds: float):
     def _stop(signum, frame):
         raise _LearnerTimeout()
 
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, _stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -198,6 +202,9 @@ def time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_delay > 0:
+            left = max(outer_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 def bounded(seconds: float, diagnose: Callable[..., str | None], *args: Any) -> str | None:

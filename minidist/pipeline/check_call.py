@@ -6,54 +6,21 @@ becomes a `CheckFailed` that says what the learner's code raised, where (the lea
 line, not the checker's) and, from `hints` ({exception type name or message fragment:
 likely cause}), the likely cause in the exercise's terms. A call that runs longer than
 `limit_s` (an endless probe loop, say) fails the same way instead of hanging the check.
-Lessons 10-12 use it too; it depends on nothing but `course.check`.
+Lessons 10-12 use it too; the time limit is the course's (`course.failures.time_limit`).
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..course.check import CheckFailed, fail
+from ..course.failures import _LearnerTimeout, time_limit
 
 PACKAGE = Path(__file__).resolve().parent.parent  # minidist/
 LIMIT_S = 2.0  # a right answer takes microseconds
-
-
-class LearnerTimeout(Exception):
-    """The learner's function ran past the checker's time limit."""
-
-
-@contextmanager
-def time_limit(seconds: float):
-    """Raise `LearnerTimeout` inside the block after `seconds` (main thread only: SIGALRM;
-    elsewhere, e.g. a checker run from a worker thread, no limit). An outer timer (pytest-
-    timeout's, say) is re-armed afterwards with the time it had left."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def _alarm(signum, frame):
-        raise LearnerTimeout(f"still running after {seconds:g} s")
-
-    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)  # e.g. pytest-timeout's
-    start = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer_delay > 0:  # re-arm the outer timer with what was left of it
-            left = max(outer_delay - (time.monotonic() - start), 1e-3)
-            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 def where_raised(exc: BaseException) -> str:
@@ -89,7 +56,7 @@ def learner_call(
         raise
     except expect:
         raise
-    except LearnerTimeout:
+    except _LearnerTimeout:
         cause = (hints or {}).get("LearnerTimeout", "a loop that never ends")
         fail(f"{call or fn.__name__} was still running after {limit_s:g} s (a right answer "
              f"takes microseconds): likely {cause}.")  # fmt: skip
