@@ -132,3 +132,30 @@ def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int =
 def send_matrix(runs: list[EPRun], e: int, step: int, block: int = 0) -> list[list[int]]:
     """send[i][j] of the EP group `block` (ranks block·e ... block·e + e - 1) at `step`."""
     return [runs[block * e + i].sent[step] for i in range(e)]
+
+
+class BalanceRun(NamedTuple):
+    first_choices: list[list[int]]  # per step: tokens whose first choice is each expert
+    dropped: list[int]  # per step, over every group
+    aux: list[float]  # per step, mean over the groups
+    loss: list[float]  # per step, the squared error
+
+
+def balance_run(alpha: float, steps: int = 60, shift: float = 1.0, groups: int = 4) -> BalanceRun:
+    """The MoE (k = 1, capacity factor 1) in one process, trained `steps` steps on tokens
+    that share a common direction (`shift`), with the aux loss weighted by `alpha`."""
+    moe, batches = build(groups, 1, 1.0, steps, shift=shift)
+    opt = torch.optim.SGD(moe.parameters(), lr=LR)
+    run = BalanceRun([], [], [], [])
+    for x, target in batches:
+        opt.zero_grad()
+        y, aux = moe(x, groups)
+        loss = F.mse_loss(x + y, target)
+        (loss + alpha * aux).backward()
+        opt.step()
+        first = torch.cat([r.experts[:, 0] for r in moe.routings])
+        run.first_choices.append(torch.bincount(first, minlength=moe.num_experts).tolist())
+        run.dropped.append(sum(int((~r.kept).sum()) for r in moe.routings))
+        run.aux.append(float(aux.detach()))
+        run.loss.append(float(loss.detach()))
+    return run
