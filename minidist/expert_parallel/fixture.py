@@ -159,3 +159,8 @@ def balance_run(alpha: float, steps: int = 60, shift: float = 1.0, groups: int =
         run.aux.append(float(aux.detach()))
         run.loss.append(float(loss.detach()))
     return run
+
+
+def train_many(configs: list[tuple]) -> list[EPRun]:
+    """On a rank: `train_on_rank(*config)` for each config, in one world."""
+    return [train_on_rank(*c) for c in configs]
