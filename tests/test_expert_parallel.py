@@ -13,8 +13,9 @@ from minidist.expert_parallel.parallel import ExpertParallelMoE
 from minidist.expert_parallel.routing import dispatch, load_balancing_loss, route
 
 # Tolerance: float32; the ranks compute the same rows as the reference, batched differently
-# (an expert sees rows from several ranks), so sums may round differently: 1e-6 absolute
-# (measured: under 1e-7). Routing and drops must be EXACTLY equal.
+# (an expert sees rows from several ranks), so sums may round differently: outputs, aux and
+# parameters within 1e-6 absolute (measured: under 1e-7); gradients (about 1e-4) within
+# 1e-5 relative + 1e-8 (measured: under 2e-9). Routing and drops must be EXACTLY equal.
 TOL = 1e-6
 
 CONFIGS = {2: [(2, 1, 1.0), (2, 2, 1.25)], 4: [(4, 1, 1.0), (4, 2, 1.0), (2, 1, 1.0), (2, 2, 1.5)]}
@@ -50,7 +51,7 @@ def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
                 assert float(mine.aux) == pytest.approx(float(want.aux[rank]), abs=TOL)
                 for name, g in mine.grads.items():
                     full = want.grads[name][rows] if name == "input" else want.grads[name]
-                    assert torch.allclose(g, full, atol=TOL), (name, step)
+                    assert torch.allclose(g, full, rtol=1e-5, atol=1e-8), (name, step)
                 # the ledger: this step's all-to-alls against the theory for the routing
                 send = send_matrix(runs, e, step, rank // e)
                 per = theory.all_to_all_bytes(send, rank % e, 16)

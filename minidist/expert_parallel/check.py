@@ -174,7 +174,8 @@ def _aux_cases():
 def _gate_mass(probs, ids):
     e = probs.shape[-1]
     chosen = probs.gather(-1, ids[:, None]).squeeze(-1)
-    return torch.zeros(e, dtype=probs.dtype).index_add(0, ids, chosen) / ids.numel()
+    zeros = torch.zeros(e, dtype=probs.dtype, device=probs.device)
+    return zeros.index_add(0, ids, chosen) / ids.numel()
 
 
 def _frac(probs, ids):
