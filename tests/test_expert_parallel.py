@@ -24,11 +24,14 @@ CONFIGS = {2: [(2, 1, 1.0), (2, 2, 1.25)], 4: [(4, 1, 1.0), (4, 2, 1.0), (2, 1, 
 def _world(configs):
     """On a rank: every config trained, then what a bad placement is refused with."""
     runs = [train_on_rank(*c) for c in configs]
-    try:
-        ExpertParallelMoE(MoE(8, 8, 6))
-        refused = ""
-    except ValueError as e:
-        refused = str(e)
+    refused = []
+    for bad in (lambda: ExpertParallelMoE(MoE(8, 8, 6)),
+                lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8))):  # fmt: skip
+        try:
+            bad()
+            refused.append("")
+        except ValueError as e:
+            refused.append(str(e))
     return runs, refused
 
 
@@ -36,7 +39,8 @@ def _world(configs):
 def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
     results = minidist.launch(_world, n, CONFIGS[n])
     if n == 4:
-        assert "divisible by the expert-parallel group's size 4" in results[0][1]
+        assert "divisible by the expert-parallel group's size 4" in results[0][1][0]
+    assert "x must be [tokens, 8] (this rank's tokens); got (2, 3, 8)" in results[0][1][1]
     for c, (e, k, cf) in enumerate(CONFIGS[n]):
         ref, ref_params = reference(n, k, cf)
         runs = [res[0][c] for res in results]
@@ -111,3 +115,15 @@ def test_dropped_tokens_add_nothing_and_bad_input_is_refused():
         MoE(8, 16, 4, k=5)
     with pytest.raises(ValueError, match="capacity_factor=0"):
         theory.capacity(4, 2, 1, 0)
+    with pytest.raises(ValueError, match="logits must be"):
+        route(torch.zeros(2, 3, 4))
+
+
+def test_ties_keep_capacity_and_route_every_group_alike():
+    tied = torch.zeros(12, 4)  # every expert equally likely: torch.topk's order decides
+    r = route(tied, k=2, capacity_factor=1.0)
+    kept_per_expert = torch.bincount(r.experts[r.kept], minlength=4)
+    assert int(kept_per_expert.max()) <= r.capacity == 6
+    assert (r.experts[:, 0] != r.experts[:, 1]).all()  # two different experts per token
+    again = route(tied.clone(), k=2, capacity_factor=1.0)
+    assert torch.equal(again.experts, r.experts) and torch.equal(again.kept, r.kept)

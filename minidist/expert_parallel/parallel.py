@@ -83,6 +83,9 @@ class ExpertParallelMoE(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 2 or x.shape[1] != self.router.in_features:
+            raise ValueError(f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
+                             f" (this rank's tokens); got {tuple(x.shape)}")  # fmt: skip
         r = self.routing = route(self.router(x), self.k, self.capacity_factor)
         t, j = torch.nonzero(r.kept, as_tuple=True)
         ex = r.experts[t, j]

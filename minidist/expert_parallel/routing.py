@@ -64,6 +64,8 @@ def load_balancing_loss(probs: torch.Tensor, first: torch.Tensor) -> torch.Tenso
 
 def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.0) -> Routing:
     """Route one group's tokens: logits [T, E] -> `Routing` (conventions in the docstring)."""
+    if logits.dim() != 2:
+        raise ValueError(f"route: logits must be [tokens, experts]; got {tuple(logits.shape)}")
     tokens, num_experts = logits.shape
     cap = capacity(tokens, num_experts, k, capacity_factor)
     probs = torch.softmax(logits, dim=-1)
