@@ -127,3 +127,12 @@ def test_ties_keep_capacity_and_route_every_group_alike():
     assert (r.experts[:, 0] != r.experts[:, 1]).all()  # two different experts per token
     again = route(tied.clone(), k=2, capacity_factor=1.0)
     assert torch.equal(again.experts, r.experts) and torch.equal(again.kept, r.kept)
+
+
+@pytest.mark.parametrize("e", [1, 2, 4, 8])
+def test_balanced_routing_bytes_match_the_planning_formula(e):
+    tokens, k, h = 32, 2, 16
+    even = [[tokens * k // e] * e for _ in range(e)]  # send[i][j]: T·k/e to every rank
+    for rank in range(e):
+        got = sum(theory.all_to_all_bytes(even, rank, h).values())
+        assert got == theory.balanced_all_to_all_bytes(tokens, h, k, e)

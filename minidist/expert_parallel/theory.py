@@ -19,7 +19,10 @@ from __future__ import annotations
 from .. import comm
 from .routing import capacity, load_balancing_loss
 
-__all__ = ["capacity", "load_balancing_loss", "all_to_all_bytes", "bytes_sent_per_step"]
+__all__ = [
+    "capacity", "load_balancing_loss", "all_to_all_bytes", "bytes_sent_per_step",
+    "balanced_all_to_all_bytes", "counts_bytes",
+]  # fmt: skip
 
 
 def all_to_all_bytes(send, rank: int, hidden: int, element_size: int = 4) -> dict[str, float]:
@@ -55,3 +58,11 @@ def bytes_sent_per_step(
         + comm.ring_bytes("all_reduce", 4 * router_params, world)
         + comm.ring_bytes("all_reduce", 4 * expert_params, d)
     )
+
+
+def balanced_all_to_all_bytes(tokens: int, hidden: int, k: int, e: int,
+                              element_size: int = 4) -> float:  # fmt: skip
+    """What a planner can use before any routing is measured: every rank's T·k assignments
+    spread evenly over the e ranks and none dropped, so (e-1)/e of them leave: dispatch,
+    combine and their two gradients, 4 · T·k·(e-1)/e · h · element_size bytes per layer."""
+    return 4 * tokens * k * (e - 1) / e * hidden * element_size
