@@ -103,7 +103,7 @@ class ExpertParallelMoE(nn.Module):
         perm = torch.argsort(expert_of_row, stable=True)
         sizes = torch.bincount(expert_of_row, minlength=self.per).tolist()
         outs = [f(b) for f, b in zip(self.experts, rows[perm].split(sizes))]
-        done = torch.cat(outs)[torch.argsort(perm)] if outs else rows
+        done = torch.cat(outs)[torch.argsort(perm)]  # back to the order they arrived in
         back = _AllToAll.apply(done, send, recv, self.ep_group, "ep combine")
         y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
         return y, r.aux
