@@ -1,0 +1,124 @@
+"""Experts placed over ranks: dispatch and combine with all-to-all (Lepikhin et al. 2020,
+GShard, section 2.2-3.2; Fedus et al. 2021, Switch Transformer, section 2.2 and figure 3).
+
+E experts over the e ranks of `ep_group`, E/e each (rank r holds experts r·E/e ...). Every
+rank keeps a copy of the router and routes its own tokens (data parallel over tokens), with
+the capacity of its own group of tokens. Then:
+
+1. counts: how many of its kept assignments go to each expert, exchanged with a small
+   all-to-all so that every rank knows what it will receive: lesson 11's distributed
+   embedding does the same before its lookup (`embedding/distributed.py`, "embedding counts");
+2. dispatch: ONE all-to-all of the token rows, sorted by expert and, within an expert, by
+   priority (split sizes: the rows for each rank);
+3. the local experts run on the rows they received;
+4. combine: the reverse all-to-all brings each row home, where it is weighted by its gate
+   and summed into the token's output. Backward is the two all-to-alls reversed.
+
+Gradients: the router is replicated over the whole world, so its gradient is all-reduced
+over it; an expert's gradient already holds every token of its expert-parallel group (the
+all-to-all brought them), and is all-reduced over `dp_group`, the ranks holding the same
+expert (EP × DP).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from ..parallel import verify_same_model
+from .moe import MoE
+from .routing import Routing, route
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows of `x` split by `send` go out; rows split by `recv` come in. Backward reverses."""
+
+    @staticmethod
+    def forward(ctx, x, recv: list[int], send: list[int], group, tag: str):
+        ctx.recv, ctx.send, ctx.group, ctx.tag = recv, send, group, tag
+        return _all_to_all(x, recv, send, group, tag)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = _all_to_all(grad.contiguous(), ctx.send, ctx.recv, ctx.group, ctx.tag + " grad")
+        return out, None, None, None, None
+
+
+def _all_to_all(x, recv: list[int], send: list[int], group, tag: str) -> torch.Tensor:
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    comm.all_to_all(out, x.contiguous(), recv, send, group=group, tag=tag)
+    return out
+
+
+class ExpertParallelMoE(nn.Module):
+    """`moe`'s router on every rank, its experts spread over `ep_group`; `forward(x)` on
+    this rank's tokens -> (output, this group's aux loss), as `moe(x, groups=1)` would give."""
+
+    def __init__(self, moe: MoE, ep_group=None, dp_group=None):
+        super().__init__()
+        e, r = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+        if moe.num_experts % e:
+            raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
+                             f"divisible by the expert-parallel group's size {e}")  # fmt: skip
+        verify_same_model(moe, None, "ExpertParallelMoE")
+        self.per = moe.num_experts // e
+        self.first = r * self.per
+        self.router = copy.deepcopy(moe.router)
+        self.experts = copy.deepcopy(moe.experts[self.first : self.first + self.per])
+        self.num_experts, self.k, self.capacity_factor = moe.num_experts, moe.k, moe.capacity_factor
+        self.ep_group, self.dp_group, self.e = ep_group, dp_group, e
+        self.routing: Routing | None = None
+        self.sent_rows: list[int] = []  # kept assignments sent to each rank, last forward
+
+    def expert_names(self) -> dict[str, str]:
+        """{local parameter name: the reference MoE's name}."""
+        out = {}
+        for name, _ in self.experts.named_parameters():
+            i, rest = name.split(".", 1)
+            out[f"experts.{name}"] = f"experts.{self.first + int(i)}.{rest}"
+        return out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 2 or x.shape[1] != self.router.in_features:
+            raise ValueError(f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
+                             f" (this rank's tokens); got {tuple(x.shape)}")  # fmt: skip
+        r = self.routing = route(self.router(x), self.k, self.capacity_factor)
+        t, j = torch.nonzero(r.kept, as_tuple=True)
+        ex = r.experts[t, j]
+        order = torch.argsort(ex * r.capacity + r.slot[t, j])  # by expert, then priority
+        t, j, ex = t[order], j[order], ex[order]
+        counts = torch.bincount(ex, minlength=self.num_experts).view(self.e, self.per)
+        got = torch.empty_like(counts)
+        comm.all_to_all(got, counts.contiguous(), group=self.ep_group, tag="ep counts")
+        send, recv = counts.sum(1).tolist(), got.sum(1).tolist()
+        self.sent_rows = send
+        rows = _AllToAll.apply(x[t], recv, send, self.ep_group, "ep dispatch")
+        # received: by source rank, then local expert, then priority
+        local = torch.arange(self.per, device=x.device).repeat(self.e)
+        expert_of_row = torch.repeat_interleave(local, got.flatten())
+        perm = torch.argsort(expert_of_row, stable=True)
+        sizes = torch.bincount(expert_of_row, minlength=self.per).tolist()
+        outs = [f(b) for f, b in zip(self.experts, rows[perm].split(sizes))]
+        done = torch.cat(outs)[torch.argsort(perm)]  # back to the order they arrived in
+        back = _AllToAll.apply(done, send, recv, self.ep_group, "ep combine")
+        y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
+        return y, r.aux
+
+    def finish_gradient_sync(self) -> None:
+        """Router gradients summed over every rank; experts' over `dp_group`."""
+        for p in self.router.parameters():
+            if p.grad is not None:
+                comm.all_reduce(p.grad, tag="ep router grads")
+        if self.dp_group is None or dist.get_world_size(self.dp_group) == 1:
+            return
+        grads = [p.grad for p in self.experts.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        comm.all_reduce(flat, group=self.dp_group, tag="ep expert grads")
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

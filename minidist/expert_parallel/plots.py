@@ -1,0 +1,58 @@
+"""Lesson 16's figures: capacity and dropped tokens for one routing, and the load per expert
+trained with and without the auxiliary loss."""
+
+from __future__ import annotations
+
+import torch
+
+from .routing import tokens_per_expert
+
+
+def plot_capacity(routings: dict[float, object], num_experts: int):
+    """One group's assignments per expert, kept (solid) and dropped (hatched), with the
+    capacity C drawn, for each capacity factor in `routings` ({factor: Routing})."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(routings), figsize=(4 * len(routings), 3), sharey=True)
+    for ax, (cf, r) in zip(axes, routings.items()):
+        kept, dropped = tokens_per_expert(r, num_experts)
+        xs = range(num_experts)
+        ax.bar(xs, kept.tolist(), color="tab:blue", label="kept")
+        ax.bar(xs, dropped.tolist(), bottom=kept.tolist(), color="white", edgecolor="tab:red",
+               hatch="//", label="dropped")  # fmt: skip
+        ax.axhline(r.capacity, color="black", linestyle="--", linewidth=1)
+        ax.text(num_experts - 0.5, r.capacity, f" C = {r.capacity}", va="bottom", ha="right")
+        ax.set_xticks(list(xs))
+        ax.set_xlabel("expert")
+        ax.set_title(f"capacity factor {cf}: {int(dropped.sum())} dropped", fontsize=9)
+    axes[0].set_ylabel("tokens routed (one group)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_balance(runs: dict[float, object]):
+    """Left: tokens per expert (first choices) at the last step for each alpha; right: the
+    aux loss and the dropped tokens over the steps ({alpha: BalanceRun})."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    width = 0.8 / len(runs)
+    for i, (alpha, run) in enumerate(runs.items()):
+        counts = torch.tensor(run.first_choices[-1])
+        xs = [x + (i - (len(runs) - 1) / 2) * width for x in range(len(counts))]
+        left.bar(xs, counts.tolist(), width, label=f"α = {alpha}")
+        right.plot(run.aux, label=f"aux, α = {alpha}")
+        color = right.lines[-1].get_color()
+        frac = [d / sum(run.first_choices[0]) for d in run.dropped]
+        right.plot(frac, linestyle=":", color=color, label=f"dropped fraction, α = {alpha}")
+    left.set_xlabel("expert")
+    left.set_ylabel("tokens (first choice), last step")
+    left.set_title("load per expert after training", fontsize=9)
+    left.legend(fontsize=8)
+    right.axhline(1.0, color="gray", linewidth=0.8)
+    right.set_xlabel("step")
+    right.set_title("aux loss E·Σ f·P (1 = balanced, E = one expert) and drops", fontsize=9)
+    right.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig

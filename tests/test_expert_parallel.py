@@ -1,0 +1,138 @@
+"""Expert parallelism (lesson 16): the expert-parallel MoE equals the same MoE in one process
+(outputs, aux loss, routing, the same tokens dropped, gradients, parameters after training),
+alone and composed with data parallelism, and the ledger's bytes equal the theory for the
+measured routing (Lepikhin et al. 2020, GShard; Fedus et al. 2021, Switch Transformer)."""
+
+import pytest
+import torch
+
+import minidist
+from minidist.expert_parallel import MoE, theory
+from minidist.expert_parallel.fixture import TOKENS, reference, send_matrix, train_on_rank
+from minidist.expert_parallel.parallel import ExpertParallelMoE
+from minidist.expert_parallel.routing import dispatch, load_balancing_loss, route
+
+# Tolerance: float32; the ranks compute the same rows as the reference, batched differently
+# (an expert sees rows from several ranks), so sums may round differently: outputs, aux and
+# parameters within 1e-6 absolute (measured: under 1e-7); gradients (about 1e-4) within
+# 1e-5 relative + 1e-8 (measured: under 2e-9). Routing and drops must be EXACTLY equal.
+TOL = 1e-6
+
+CONFIGS = {2: [(2, 1, 1.0), (2, 2, 1.25)], 4: [(4, 1, 1.0), (4, 2, 1.0), (2, 1, 1.0), (2, 2, 1.5)]}
+
+
+def _world(configs):
+    """On a rank: every config trained, then what a bad placement is refused with."""
+    runs = [train_on_rank(*c) for c in configs]
+    refused = []
+    for bad in (lambda: ExpertParallelMoE(MoE(8, 8, 6)),
+                lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8))):  # fmt: skip
+        try:
+            bad()
+            refused.append("")
+        except ValueError as e:
+            refused.append(str(e))
+    return runs, refused
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
+    results = minidist.launch(_world, n, CONFIGS[n])
+    if n == 4:
+        assert "divisible by the expert-parallel group's size 4" in results[0][1][0]
+    assert "x must be [tokens, 8] (this rank's tokens); got (2, 3, 8)" in results[0][1][1]
+    for c, (e, k, cf) in enumerate(CONFIGS[n]):
+        ref, ref_params = reference(n, k, cf)
+        runs = [res[0][c] for res in results]
+        d = n // e
+        assert not bool(torch.cat([s.kept for s in ref]).all()), "no token was dropped"
+        for rank, run in enumerate(runs):
+            rows = slice(rank * TOKENS, (rank + 1) * TOKENS)
+            for step, (mine, want) in enumerate(zip(run.trace, ref)):
+                assert torch.equal(mine.experts, want.experts[rows])
+                assert torch.equal(mine.kept, want.kept[rows])  # the same tokens dropped
+                assert torch.allclose(mine.out, want.out[rows], atol=TOL)
+                assert float(mine.aux) == pytest.approx(float(want.aux[rank]), abs=TOL)
+                for name, g in mine.grads.items():
+                    full = want.grads[name][rows] if name == "input" else want.grads[name]
+                    assert torch.allclose(g, full, rtol=1e-5, atol=1e-8), (name, step)
+                # the ledger: this step's all-to-alls against the theory for the routing
+                send = send_matrix(runs, e, step, rank // e)
+                per = theory.all_to_all_bytes(send, rank % e, 16)
+                for tag, want_bytes in per.items():
+                    got = [r.ring_bytes for r in run.records if r.tag == tag]
+                    assert got[step] == want_bytes, (tag, step)
+            for name, p in run.params.items():
+                assert torch.allclose(p, ref_params[name], atol=TOL), name
+            total = sum(r.ring_bytes for r in run.records)
+            want_total = sum(
+                theory.bytes_sent_per_step(send_matrix(runs, e, s, rank // e), rank % e, 16, 8,
+                                           run.router_params, run.expert_params, n, d)
+                for s in range(len(run.trace))
+            )  # fmt: skip
+            assert total == pytest.approx(want_total)
+            grads = [r for r in run.records if r.tag == "ep expert grads"]
+            if d > 1:  # EP × DP: experts reduce over the ranks that hold them
+                assert all(r.group_ranks == tuple(range(rank % e, n, e)) for r in grads)
+            else:
+                assert not grads
+
+
+def test_capacity_priority_and_gates():
+    assert theory.capacity(10, 4, 1, 1.0) == 3  # ⌈2.5⌉
+    assert theory.capacity(10, 4, 2, 1.25) == 7  # ⌈6.25⌉
+    logits = torch.tensor([[3.0, 2.0, 0.0], [3.0, 0.0, 2.0], [0.0, 3.0, 2.0], [3.0, 2.0, 0.0]])
+    r = route(logits, k=2, capacity_factor=0.5)  # C = ⌈0.5·4·2/3⌉ = 2
+    assert r.capacity == 2
+    # expert 0 is first choice of tokens 0, 1, 3: token 3 dropped; expert 1 is the first
+    # choice of token 2, then second choice of tokens 0 and 3: token 3's dropped (priority)
+    assert r.kept.tolist() == [[True, True], [True, True], [True, True], [False, False]]
+    assert torch.allclose(r.gates.sum(-1), torch.ones(4))  # k = 2: renormalised (GShard)
+    r1 = route(logits, k=1)
+    assert torch.allclose(r1.gates[:, 0], torch.softmax(logits, -1).max(-1).values)  # Switch
+
+
+def test_dispatch_and_aux_loss():
+    ids = torch.tensor([0, 1, 0, 0, 2, 0, 1])
+    kept, dropped = dispatch(ids, 3, 1.0)[0]  # C = ⌈7/3⌉ = 3
+    assert kept.tolist() == [0, 2, 3] and dropped.tolist() == [5]
+    e = 4
+    uniform = torch.full((8, e), 1 / e)
+    assert float(load_balancing_loss(uniform, torch.arange(8) % e)) == pytest.approx(1.0)
+    one = torch.nn.functional.one_hot(torch.zeros(8, dtype=torch.long), e).float()
+    assert float(load_balancing_loss(one, torch.zeros(8, dtype=torch.long))) == pytest.approx(e)
+
+
+def test_dropped_tokens_add_nothing_and_bad_input_is_refused():
+    moe = MoE(8, 16, 4, k=1, capacity_factor=0.5)
+    x = torch.randn(16, 8)
+    y, _ = moe(x)
+    dropped = ~moe.routings[0].kept[:, 0]
+    assert dropped.any() and bool((y[dropped] == 0).all())
+    with pytest.raises(ValueError, match="divisible by groups=3"):
+        moe(x, groups=3)
+    with pytest.raises(ValueError, match="k=5"):
+        MoE(8, 16, 4, k=5)
+    with pytest.raises(ValueError, match="capacity_factor=0"):
+        theory.capacity(4, 2, 1, 0)
+    with pytest.raises(ValueError, match="logits must be"):
+        route(torch.zeros(2, 3, 4))
+
+
+def test_ties_keep_capacity_and_route_every_group_alike():
+    tied = torch.zeros(12, 4)  # every expert equally likely: torch.topk's order decides
+    r = route(tied, k=2, capacity_factor=1.0)
+    kept_per_expert = torch.bincount(r.experts[r.kept], minlength=4)
+    assert int(kept_per_expert.max()) <= r.capacity == 6
+    assert (r.experts[:, 0] != r.experts[:, 1]).all()  # two different experts per token
+    again = route(tied.clone(), k=2, capacity_factor=1.0)
+    assert torch.equal(again.experts, r.experts) and torch.equal(again.kept, r.kept)
+
+
+@pytest.mark.parametrize("e", [1, 2, 4, 8])
+def test_balanced_routing_bytes_match_the_planning_formula(e):
+    tokens, k, h = 32, 2, 16
+    even = [[tokens * k // e] * e for _ in range(e)]  # send[i][j]: T·k/e to every rank
+    for rank in range(e):
+        got = sum(theory.all_to_all_bytes(even, rank, h).values())
+        assert got == theory.balanced_all_to_all_bytes(tokens, h, k, e)
