@@ -6,6 +6,10 @@ Per block: `megatron.theory.activation_bytes_per_layer` (Korthikanti et al. 2022
 parallel regions, split inside), or with full recomputation only the block's input
 (Chen et al. 2016, `recompute.theory.saved_bytes`) plus one block rebuilt in backward. The
 peak comes from walking rank 0's steps of the pipeline lesson's `schedule`.
+
+Sequence parallelism (lesson 14) stores the blocks' replicated parts 1/t each
+(`sequence_parallel.theory.activation_bytes_per_layer`); context parallelism (lesson 15)
+keeps 1/c of every sequence's tokens on a rank, so every activation is 1/c.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from ..megatron import theory as tp_theory
 from ..pipeline import theory as pp_theory
 from ..pipeline.schedules import schedule
 from ..recompute import theory as recompute_theory
+from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from .spec import Layout, ModelSpec
 
@@ -69,15 +74,18 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
     over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
     chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
-    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`)."""
+    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
+    Sequence parallelism keeps each block's input 1/t (its sequence block); the embedding
+    and the head are planned as lesson 07's. Context parallelism: all of it over c."""
     if not model.has_config:
         return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    b, s, h = layout.micro_batch, model.seq, model.hidden
     e = layout.element_bytes
-    per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, e)
+    per_layer = layer_bytes(model, layout) * layout.cp  # all of it is divided by c below
     indices = embedding_index_bytes(layout.global_batch // layout.dp, s)
     if layout.recompute:
-        boundary = recompute_theory.boundary_bytes(s, b, h, e)
+        kept = s // layout.tp if layout.sp else s  # the block's input: this rank's block
+        boundary = recompute_theory.boundary_bytes(kept, b, h, e)
         held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
                 for n in chunk_layers(model, layout)]  # fmt: skip
     else:
@@ -85,15 +93,28 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     held[0] += indices
     if layout.pp == 1:
         held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e)
-    return peak_activation_bytes(layout, held) + recompute_working_bytes(model, layout)
+    peak = peak_activation_bytes(layout, held) / layout.cp
+    return peak + recompute_working_bytes(model, layout)
+
+
+def layer_bytes(model: ModelSpec, layout: Layout) -> float:
+    """What one block saves for backward per micro-batch on rank 0: lesson 07's
+    `megatron.theory.activation_bytes_per_layer`, lesson 14's
+    `sequence_parallel.theory.activation_bytes_per_layer` when `sp`, over c with `cp`."""
+    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    t, e = layout.tp, layout.element_bytes
+    if layout.sp:
+        per_layer = sp_theory.activation_bytes_per_layer(b, s, h, a, t, True, e)
+    else:
+        per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, t, e)
+    return per_layer / layout.cp
 
 
 def recompute_working_bytes(model: ModelSpec, layout: Layout) -> float:
     """What recomputation adds at the peak: one block's activations, rebuilt in backward."""
     if not (layout.recompute and model.has_config):
         return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
-    return tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, layout.element_bytes)
+    return layer_bytes(model, layout)
 
 
 def head_bytes(batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int) -> int:
