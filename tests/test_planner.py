@@ -342,6 +342,7 @@ def test_params_only_spec_refuses_tensor_parallelism():
 def test_sequence_parallelism_refuses_a_sequence_tp_does_not_divide():
     spec = ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=18)
     plan(spec, Layout(tp=4))  # plain tp: the sequence stays whole
+    plan(ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=17), Layout())  # odd: no cp
     with pytest.raises(ValueError, match=r"sp=True needs seq=18 divisible by tp=4"):
         plan(spec, Layout(tp=4, sp=True))
 

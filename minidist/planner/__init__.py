@@ -3,7 +3,8 @@ costs, check the prediction against a run, then extrapolate with published figur
 
 Memory per rank = model states (ZeRO, Rajbhandari et al. 2020, sections 3 and 5, per stage
 and precision) + activations (Korthikanti et al. 2022, section 4) + nothing else the course
-allocates between steps; bytes per step by collective and group (lessons 00-10); the
+allocates between steps; bytes per step by collective and group (lessons 00-10, sequence
+parallelism's (14) and ring attention's (15); Korthikanti et al. 2022, Liu et al. 2023); the
 pipeline bubble (Narayanan et al. 2021); a step time from a roofline per device (Williams
 et al. 2009) and an α-β model per link (Hockney 1994).
 

@@ -7,12 +7,10 @@ planned). With a configuration the planner builds the model on the `meta` device
 allocates nothing whatever its size, so bucket plans, FSDP units and frozen parameters are
 those of the real module, exactly.
 
-A `Layout` names every choice of lessons 01-10, 14 and 15: the degrees dp × tp × pp × cp, the
-ZeRO stage (3 = FSDP, with an optional hybrid shard group), micro-batches and the pipeline
-schedule, the precision, recomputation, where the optimizer lives (device, cpu, disk), and
-sequence parallelism inside tp. A technique is one field (its degree, or a switch), refused
-by name in `__post_init__` (values alone) or `check` (against the model) where the course
-does not run it, and one branch of `predict` / `activations` that calls its lesson's theory.
+A `Layout` names every choice of lessons 01-10, 14 and 15: dp × tp × pp × cp, the ZeRO stage
+(3 = FSDP, hybrid or not), micro-batches and schedule, precision, recomputation, offload, sp.
+Each technique is one field, refused by name (`__post_init__`, `check`) where the course does
+not run it, and one branch of `predict` / `activations` calling its lesson's theory.
 """
 
 from __future__ import annotations
@@ -162,10 +160,9 @@ class Layout:
     replicates across them, hybrid sharding). `microbatches` and `schedule` (one of the
     pipeline lesson's) for pp; `virtual` chunks per rank for "interleaved".
     `global_batch` sequences per step, split over dp replicas, then into micro-batches.
-    `sp`: sequence parallelism in the tp group (lesson 14; Korthikanti et al. 2022, section
-    4.2.2). `cp`: context-parallel ranks, each with 1/cp of every sequence in the zig-zag
-    split (lesson 15; Liu et al. 2023), composed with DDP across (Megatron-LM reduces the
-    gradients over the data × context ranks).
+    `sp`: sequence parallelism in tp (lesson 14; Korthikanti et al. 2022, section 4.2.2).
+    `cp`: ranks sharing each sequence, zig-zag split (lesson 15; Liu et al. 2023), with DDP
+    across (Megatron-LM reduces the gradients over the data × context ranks).
     """
 
     dp: int = 1
@@ -240,15 +237,10 @@ class Layout:
         """sp and cp: the combinations lessons 14 and 15 run, refused by name otherwise."""
         if not isinstance(self.sp, bool):
             raise ValueError(f"Layout: sp={self.sp!r} must be True or False")
-        if self.sp and self.tp == 1:
+        if self.sp and (self.tp == 1 or self.pp > 1):
             raise ValueError(
-                "Layout: sp=True needs tp > 1 (sequence parallelism splits the tensor-parallel "
-                "group's replicated parts along the sequence), not tp=1"
-            )
-        if self.sp and self.pp > 1:
-            raise ValueError(
-                f"Layout: sp=True with pp={self.pp}: lesson 14 runs sequence parallelism over "
-                "a whole model (tp, with dp across), not pipeline stages"
+                f"Layout: sp=True needs tp > 1 and pp=1, not tp={self.tp}, pp={self.pp}: lesson "
+                "14 splits the tensor-parallel group's replicated parts of a whole model"
             )
         if self.cp > 1 and (self.tp > 1 or self.pp > 1 or self.zero != 0):
             raise ValueError(
@@ -298,7 +290,7 @@ class Layout:
                 f"Layout: sp=True needs seq={model.seq} divisible by tp={self.tp} (each tp "
                 "rank keeps one block of the sequence)"
             )
-        if model.seq % (2 * self.cp):
+        if self.cp > 1 and model.seq % (2 * self.cp):
             raise ValueError(
                 f"Layout: cp={self.cp} needs seq={model.seq} divisible by 2·cp={2 * self.cp} "
                 "(the zig-zag split: two chunks per rank)"
