@@ -369,6 +369,37 @@ def test_sequence_parallelism_moves_the_same_activation_bytes_and_stores_less():
     assert sp.model_state_bytes == tp.model_state_bytes
 
 
+def _tp_saved_bytes(sequence_parallel: bool) -> int:
+    from minidist.megatron.fixture import build_dense
+    from minidist.megatron.model import TensorParallelGPT
+    from minidist.memory import SavedActivations
+
+    model, batches, _ = build_dense()
+    tp = TensorParallelGPT(model, None, sequence_parallel=sequence_parallel)
+    x, y = batches[0]
+    with SavedActivations(tp) as saved:
+        tp.loss(tp(x), y)
+    return saved.bytes
+
+
+def _tp_saved_both() -> list[int]:
+    return [_tp_saved_bytes(sp) for sp in (False, True)]
+
+
+def test_tensor_parallel_activations_equal_what_autograd_saves():
+    """The whole tensor-parallel GPT at t = 4, with and without sequence parallelism: its
+    blocks, the vocab-parallel embedding (shifted ids, mask; 1/t of the positions under sp)
+    and the head and vocab-parallel loss (the final norm 1/t under sp), to the byte."""
+    from minidist.megatron.fixture import build_dense
+
+    spec = ModelSpec.of(build_dense().model)
+    measured = minidist.launch(_tp_saved_both, 4)[0]
+    planned = [plan(spec, Layout(tp=4, sp=sp, optimizer="sgd")).memory["activations"]
+               for sp in (False, True)]  # fmt: skip
+    assert planned == measured
+    assert measured[1] < measured[0]
+
+
 def test_context_parallelism_composes_with_ddp():
     """cp × dp: the gradients are all-reduced over the d·c ranks that hold the whole model,
     the same all-reduce as DDP's over as many ranks; the ring over c, with each replica's
