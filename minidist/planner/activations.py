@@ -22,6 +22,8 @@ from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from .spec import Layout, ModelSpec
 
+MEAN_BYTES = 4  # the float32 scalar the cross entropy's mean saves (lesson 07's keeps none)
+
 
 def stage_layers(model: ModelSpec, layout: Layout) -> int:
     """Blocks on the first pipeline stage."""
@@ -76,7 +78,8 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
     that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
     Sequence parallelism keeps each block's input and the final norm's 1/t (its sequence
-    block); the embedding as lesson 07's. Context parallelism: all of it over c."""
+    block); the embedding as lesson 07's. Context parallelism: all of it over c (the loss's
+    mean scalar aside: one per rank)."""
     if not model.has_config:
         return 0.0
     b, s, h = layout.micro_batch, model.seq, model.hidden
@@ -93,7 +96,9 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     held[0] += indices
     if layout.pp == 1:
         held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e, layout.sp)
-    peak = peak_activation_bytes(layout, held) / layout.cp
+    # context parallelism: every activation is per token, 1/c, but the loss's mean scalar
+    scalar = MEAN_BYTES if layout.pp == 1 and layout.tp == 1 else 0
+    peak = (peak_activation_bytes(layout, held) - scalar) / layout.cp + scalar
     return peak + recompute_working_bytes(model, layout)
 
 
@@ -132,7 +137,7 @@ def head_bytes(
     norm = bs // tp if sp else bs
     padded_vocab = three_d_theory.padded_vocab(vocab, tp)
     logits = element_bytes * (norm * hidden + bs * hidden + bs * padded_vocab // tp)
-    loss = 8 * bs + (bs if tp > 1 else 4)
+    loss = 8 * bs + (bs if tp > 1 else MEAN_BYTES)
     return logits + 2 * 4 * norm + loss
 
 
