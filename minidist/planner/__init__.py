@@ -20,6 +20,11 @@ et al. 2009) and an α-β model per link (Hockney 1994).
   `divisors.py`: a world's divisors from its prime factors (sweeps of any world size)
 - `plots.py`, `lesson_plots.py`: the pictures
 - `fixture.py`, `lesson.py`, `check/`: lesson 13's notebook model, tour row and checkers
+
+A technique joins the planner as sp and cp did: a `Layout` field refused by name where the
+course does not run it (`spec.py`), a branch of `predict.traffic` / `activations` calling its
+lesson's theory, its group's span and calls in `plan.py`, and its tour row in `course.py`,
+planned = measured in `tests/test_planner.py`.
 """
 
 from .hardware import CLUSTERS, Cluster, Device
