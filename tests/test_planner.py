@@ -264,6 +264,9 @@ def test_sweep_best_and_frontier():
         (dict(tp=3), 3, ["tp=3", "heads=4"]),
         (dict(pp=9), 9, ["pp=9", "layers=2"]),
         (dict(tp=2, zero=2), 2, ["zero=2", "tp=2"]),
+        (dict(cp=2), 4, ["cp=2", "4"]),
+        (dict(tp=3, sp=True), 3, ["tp=3", "heads=4"]),
+        (dict(cp=16), 16, ["cp=16", "seq=16", "2·cp=32"]),
     ],
 )
 def test_bad_layout_is_named(kwargs, world, words):
@@ -285,6 +288,13 @@ def test_bad_layout_is_named(kwargs, world, words):
         (dict(dp=2.0, global_batch=8), ["dp=2.0", "must be an int"]),
         (dict(pp=2, virtual=2), ["virtual=2", "interleaved", "'1f1b'"]),
         (dict(bucket_cap_mb=float("nan")), ["bucket_cap_mb=nan", "finite"]),
+        (dict(sp=True), ["sp=True", "tp > 1", "tp=1"]),
+        (dict(sp=1, tp=2), ["sp=1", "True or False"]),
+        (dict(sp=True, tp=2, pp=2), ["sp=True", "pp=2"]),
+        (dict(cp=0), ["cp=0", ">= 1"]),
+        (dict(cp=2.0), ["cp=2.0", "must be an int"]),
+        (dict(cp=2, tp=2), ["cp=2", "tp=2", "DDP"]),
+        (dict(cp=2, dp=2, zero=1), ["cp=2", "zero=1", "DDP"]),
     ],
 )
 def test_bad_layout_fields_are_named(kwargs, words):
@@ -325,6 +335,119 @@ def test_layer_limit_is_the_boundary():
 def test_params_only_spec_refuses_tensor_parallelism():
     with pytest.raises(ValueError, match="tp=2"):
         plan(ModelSpec(params=10**6), Layout(tp=2))
+    with pytest.raises(ValueError, match="cp=2"):
+        plan(ModelSpec(params=10**6), Layout(cp=2))
+
+
+def test_sequence_parallelism_refuses_a_sequence_tp_does_not_divide():
+    spec = ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=18)
+    plan(spec, Layout(tp=4))  # plain tp: the sequence stays whole
+    plan(ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=17), Layout())  # odd: no cp
+    with pytest.raises(ValueError, match=r"sp=True needs seq=18 divisible by tp=4"):
+        plan(spec, Layout(tp=4, sp=True))
+
+
+def test_sequence_parallelism_moves_the_same_activation_bytes_and_stores_less():
+    """Each all-reduce becomes a reduce-scatter + all-gather (the same ring bytes) and backward
+    re-gathers the stored blocks: lesson 14's count is lesson 07's plus one all-gather per
+    region in backward, plus the replicated gradients' all-reduce. The blocks' replicated
+    parts are stored 1/t."""
+    from minidist import comm
+    from minidist.planner.activations import layer_bytes
+
+    spec = ModelSpec(layers=3, hidden=64, heads=8, vocab=50, seq=32)
+    t, b = 4, 8
+    tp, sp = (plan(spec, Layout(tp=t, dp=2, global_batch=2 * b, sp=on)) for on in (False, True))
+    regather = 2 * spec.layers * comm.ring_bytes("all_gather", 4 * b * spec.seq * spec.hidden, t)
+    assert sp.traffic[("reduce_scatter+all_gather", "tp")] == pytest.approx(
+        tp.traffic[("all_reduce", "tp")] + regather, rel=1e-12
+    )
+    assert sp.traffic[("all_reduce", "dp")] == tp.traffic[("all_reduce", "dp")]
+    assert sp.traffic[("all_reduce", "tp")] > 0  # the replicated parameters' gradients
+    assert layer_bytes(spec, sp.layout) < layer_bytes(spec, tp.layout)
+    assert sp.memory["activations"] < tp.memory["activations"]
+    assert sp.model_state_bytes == tp.model_state_bytes
+
+
+def _tp_saved_bytes(sequence_parallel: bool) -> int:
+    from minidist.megatron.fixture import build_dense
+    from minidist.megatron.model import TensorParallelGPT
+    from minidist.memory import SavedActivations
+
+    model, batches, _ = build_dense()
+    tp = TensorParallelGPT(model, None, sequence_parallel=sequence_parallel)
+    x, y = batches[0]
+    with SavedActivations(tp) as saved:
+        tp.loss(tp(x), y)
+    return saved.bytes
+
+
+def _tp_saved_both() -> list[int]:
+    return [_tp_saved_bytes(sp) for sp in (False, True)]
+
+
+def test_tensor_parallel_activations_equal_what_autograd_saves():
+    """The whole tensor-parallel GPT at t = 4, with and without sequence parallelism: its
+    blocks, the vocab-parallel embedding (shifted ids, mask; 1/t of the positions under sp)
+    and the head and vocab-parallel loss (the final norm 1/t under sp), to the byte."""
+    from minidist.megatron.fixture import build_dense
+
+    spec = ModelSpec.of(build_dense().model)
+    measured = minidist.launch(_tp_saved_both, 4)[0]
+    planned = [plan(spec, Layout(tp=4, sp=sp, optimizer="sgd")).memory["activations"]
+               for sp in (False, True)]  # fmt: skip
+    assert planned == measured
+    assert measured[1] < measured[0]
+
+
+def _cp_saved_bytes() -> int:
+    from minidist.context_parallel.model import ContextParallelGPT
+    from minidist.megatron.fixture import build_dense
+    from minidist.memory import SavedActivations
+
+    model, batches, _ = build_dense()
+    cp = ContextParallelGPT(model, None, "zigzag")
+    x, y = batches[0]
+    with SavedActivations(cp) as saved:
+        cp.loss(cp(x), y)
+    return saved.bytes
+
+
+def test_context_parallel_activations_equal_what_autograd_saves():
+    """The whole context-parallel GPT at c = 4 (zig-zag): 1/c of every activation of the
+    dense GPT, but the loss's mean scalar, to the byte."""
+    from minidist.megatron.fixture import build_dense
+
+    spec = ModelSpec.of(build_dense().model)
+    measured = minidist.launch(_cp_saved_bytes, 4)[0]
+    assert plan(spec, Layout(cp=4, optimizer="sgd")).memory["activations"] == measured
+
+
+def test_context_parallelism_composes_with_ddp():
+    """cp × dp: the gradients are all-reduced over the d·c ranks that hold the whole model,
+    the same all-reduce as DDP's over as many ranks; the ring over c, with each replica's
+    sequences; every activation and FLOP over c."""
+    spec = ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=16)
+    both = plan(spec, Layout(dp=2, cp=2, global_batch=8), CLUSTERS["dgx-h100"])
+    ddp = plan(spec, Layout(dp=4, global_batch=8))
+    alone = plan(spec, Layout(cp=2, global_batch=4))  # one replica's 4 sequences
+    assert both.layout.world == 4
+    assert both.traffic[("all_reduce", "dp-cp")] == ddp.traffic[("all_reduce", "dp")]
+    assert both.traffic[("p2p", "cp")] == alone.traffic[("p2p", "cp")] > 0
+    dense = plan(spec, Layout(global_batch=4))
+    assert alone.memory["activations"] < dense.memory["activations"] / 2 + 4
+    assert alone.flops == pytest.approx(dense.flops / 2)
+    assert alone.model_state_bytes == dense.model_state_bytes
+    assert both.time.cp_s > 0 and both.by_link["intra-node"] == both.bytes_sent
+
+
+def test_layouts_with_fixed_sp_or_cp():
+    spec = ModelSpec(layers=2, hidden=32, heads=4, vocab=30, seq=16)
+    sp = layouts(spec, 8, global_batch=8, sp=True)
+    assert sp and all(lay.tp > 1 and lay.sp and lay.world == 8 for lay in sp)
+    cp = layouts(spec, 8, global_batch=8, cp=4)
+    assert [(lay.dp, lay.cp, lay.world) for lay in cp] == [(2, 4, 8)]
+    assert layouts(spec, 8, global_batch=8, cp=3) == []
 
 
 def test_layouts_skip_what_cannot_run():

@@ -69,6 +69,14 @@ def _values(out: str) -> dict[str, str]:
          ["micro-batches of 1 sequence over"]),
         ([*GPT, "--world", "8", "--zero", "2", "--optimizer", "sgd"], ["zero=2", "Adam"]),
         ([*GPT, "--world", "8", "--schedule", "2f2b"], ["argument --schedule", "invalid choice"]),
+        ([*GPT, "--world", "8", "--sp"], ["--sp", "--tp > 1"]),
+        ([*GPT, "--world", "8", "--tp", "2", "--pp", "2", "--sp"], ["--sp", "--pp 2"]),
+        ([*GPT, "--world", "8", "--cp", "0"], ["argument --cp", ">= 1"]),
+        ([*GPT, "--world", "8", "--cp", "3"], ["--world 8", "--cp 3"]),
+        ([*GPT, "--world", "8", "--cp", "2", "--tp", "2"], ["--cp 2", "--tp 2", "DDP"]),
+        ([*GPT, "--world", "8", "--cp", "2", "--zero", "1"], ["--cp 2", "--zero 1"]),
+        ([*GPT, "--world", "8", "--dp", "2", "--cp", "2"], ["--dp 2", "--cp 2", "--world 8"]),
+        ([*GPT[:8], "--seq", "12", "--world", "8", "--cp", "8"], ["cp=8", "seq=12"]),
     ],
 )  # fmt: skip
 def test_bad_option_is_refused_in_argparse_format(capsys, args, words):
@@ -158,3 +166,17 @@ def test_pipeline_note_says_one_micro_batch(capsys):
     out, err = _run(capsys, *GPT, "--world", "4", "--pp", "4", "--microbatches", "1")
     assert _values(out)["bubble"] == "0.7500"
     assert "pp=4 with 1 micro-batch leaves" in err
+
+
+def test_sp_and_cp_are_planned_and_swept(capsys):
+    """--sp: reduce-scatters and all-gathers on tp, the sweep keeps sequence parallelism;
+    --cp: the ring on cp, the gradients over the data × context ranks."""
+    out, _ = _run(capsys, *GPT, "--world", "8", "--tp", "4", "--sp")
+    values = _values(out)
+    assert int(values["bytes_sent[reduce_scatter+all_gather@tp]"]) > 0
+    assert "layout=dp2.tp4.pp1.zero0.sp " in out
+    assert all(".sp " in line for line in out.splitlines() if line.startswith("layout="))
+    out, _ = _run(capsys, *GPT, "--world", "8", "--cp", "4")
+    values = _values(out)
+    assert int(values["bytes_sent[p2p@cp]"]) > 0 and int(values["bytes_sent[all_reduce@dp-cp]"]) > 0
+    assert "layout=dp2.tp1.pp1.zero0.cp4 " in out

@@ -3,7 +3,8 @@ costs, check the prediction against a run, then extrapolate with published figur
 
 Memory per rank = model states (ZeRO, Rajbhandari et al. 2020, sections 3 and 5, per stage
 and precision) + activations (Korthikanti et al. 2022, section 4) + nothing else the course
-allocates between steps; bytes per step by collective and group (lessons 00-10); the
+allocates between steps; bytes per step by collective and group (lessons 00-10, sequence
+parallelism's (14) and ring attention's (15); Korthikanti et al. 2022, Liu et al. 2023); the
 pipeline bubble (Narayanan et al. 2021); a step time from a roofline per device (Williams
 et al. 2009) and an α-β model per link (Hockney 1994).
 
@@ -19,6 +20,11 @@ et al. 2009) and an α-β model per link (Hockney 1994).
   `divisors.py`: a world's divisors from its prime factors (sweeps of any world size)
 - `plots.py`, `lesson_plots.py`: the pictures
 - `fixture.py`, `lesson.py`, `check/`: lesson 13's notebook model, tour row and checkers
+
+A technique joins the planner as sp and cp did: a `Layout` field refused by name where the
+course does not run it (`spec.py`), a branch of `predict.traffic` / `activations` calling its
+lesson's theory, its group's span and calls in `plan.py`, and its tour row in `course.py`,
+planned = measured in `tests/test_planner.py`.
 """
 
 from .hardware import CLUSTERS, Cluster, Device

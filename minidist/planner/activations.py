@@ -6,6 +6,10 @@ Per block: `megatron.theory.activation_bytes_per_layer` (Korthikanti et al. 2022
 parallel regions, split inside), or with full recomputation only the block's input
 (Chen et al. 2016, `recompute.theory.saved_bytes`) plus one block rebuilt in backward. The
 peak comes from walking rank 0's steps of the pipeline lesson's `schedule`.
+
+Sequence parallelism (lesson 14) stores the blocks' replicated parts 1/t each
+(`sequence_parallel.theory.activation_bytes_per_layer`); context parallelism (lesson 15)
+keeps 1/c of every sequence's tokens on a rank, so every activation is 1/c.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from ..megatron import theory as tp_theory
 from ..pipeline import theory as pp_theory
 from ..pipeline.schedules import schedule
 from ..recompute import theory as recompute_theory
+from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from .spec import Layout, ModelSpec
+
+MEAN_BYTES = 4  # the float32 scalar the cross entropy's mean saves (lesson 07's keeps none)
 
 
 def stage_layers(model: ModelSpec, layout: Layout) -> int:
@@ -70,45 +77,81 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
     over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
     chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
-    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`)."""
+    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
+    Sequence parallelism keeps each block's input and the final norm's 1/t (its sequence
+    block); the embedding as lesson 07's. Context parallelism: all of it over c (the loss's
+    mean scalar aside: one per rank)."""
     if not model.has_config:
         return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    b, s, h = layout.micro_batch, model.seq, model.hidden
     e = layout.element_bytes
-    per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, e)
-    indices = embedding_index_bytes(layout.global_batch // layout.dp, s)
+    per_layer = layer_bytes(model, layout) * layout.cp  # all of it is divided by c below
+    indices = embedding_index_bytes(layout.global_batch // layout.dp, s, b, layout.tp, layout.sp)
     if layout.recompute:
-        boundary = recompute_theory.boundary_bytes(s, b, h, e)
+        kept = s // layout.tp if layout.sp else s  # the block's input: this rank's block
+        boundary = recompute_theory.boundary_bytes(kept, b, h, e)
         held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
                 for n in chunk_layers(model, layout)]  # fmt: skip
     else:
         held = [n * per_layer for n in chunk_layers(model, layout)]
     held[0] += indices
     if layout.pp == 1:
-        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e)
-    return peak_activation_bytes(layout, held) + recompute_working_bytes(model, layout)
+        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e, layout.sp)
+    # context parallelism: every activation is per token, 1/c, but the loss's mean scalar
+    scalar = MEAN_BYTES if layout.pp == 1 and layout.tp == 1 else 0
+    peak = (peak_activation_bytes(layout, held) - scalar) / layout.cp + scalar
+    return peak + recompute_working_bytes(model, layout)
+
+
+def layer_bytes(model: ModelSpec, layout: Layout) -> float:
+    """What one block saves for backward per micro-batch on rank 0: lesson 07's
+    `megatron.theory.activation_bytes_per_layer`, lesson 14's
+    `sequence_parallel.theory.activation_bytes_per_layer` when `sp`, over c with `cp`."""
+    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
+    t, e = layout.tp, layout.element_bytes
+    if layout.sp:
+        per_layer = sp_theory.activation_bytes_per_layer(b, s, h, a, t, True, e)
+    else:
+        per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, t, e)
+    return per_layer / layout.cp
 
 
 def recompute_working_bytes(model: ModelSpec, layout: Layout) -> float:
     """What recomputation adds at the peak: one block's activations, rebuilt in backward."""
     if not (layout.recompute and model.has_config):
         return 0.0
-    b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
-    return tp_theory.activation_bytes_per_layer(b, s, h, a, layout.tp, layout.element_bytes)
+    return layer_bytes(model, layout)
 
 
-def head_bytes(batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int) -> int:
+def head_bytes(
+    batch: int, seq: int, hidden: int, vocab: int, tp: int, element_bytes: int, sp: bool = False
+) -> int:
     """What the final LayerNorm, the output head and the cross entropy save for b sequences:
     the norm's input and its output (the head's input), b·s·h each, the norm's fp32 mean and
     1/std per token, the log-softmax over the vocabulary (split t ways: vocab-parallel cross
-    entropy, Megatron-LM), the int64 targets, and the mean's 4-byte scalar."""
+    entropy, Megatron-LM), the int64 targets, and the mean's 4-byte scalar. With sequence
+    parallelism the norm runs on this rank's block of the sequence: its input and its
+    statistics are 1/t (the head's input is the all-gathered whole). With t > 1 the
+    vocab-parallel cross entropy keeps a bool mask of the targets in its shard, and no
+    mean scalar (its own backward)."""
     bs = batch * seq
+    norm = bs // tp if sp else bs
     padded_vocab = three_d_theory.padded_vocab(vocab, tp)
-    return element_bytes * (2 * bs * hidden + bs * padded_vocab // tp) + 2 * 4 * bs + 8 * bs + 4
+    logits = element_bytes * (norm * hidden + bs * hidden + bs * padded_vocab // tp)
+    loss = 8 * bs + (bs if tp > 1 else MEAN_BYTES)
+    return logits + 2 * 4 * norm + loss
 
 
-def embedding_index_bytes(replica_batch: int, seq: int) -> int:
+def embedding_index_bytes(
+    replica_batch: int, seq: int, micro_batch: int = 0, tp: int = 1, sp: bool = False
+) -> int:
     """What the token and position embeddings save per micro-batch: their int64 indices.
     A micro-batch's token ids are a view of its replica's batch, and autograd keeps the
-    whole storage: 8·B·s bytes for B sequences, plus the positions' 8·s."""
-    return 8 * replica_batch * seq + 8 * seq
+    whole storage: 8·B·s bytes for B sequences, plus the positions' 8·s (this rank's block
+    of them, s/t, with sequence parallelism). The vocab-parallel embedding (t > 1) looks
+    up its shifted ids instead, a new tensor of the micro-batch's b·s, and keeps a bool
+    mask of those outside its shard, b·s bytes."""
+    positions = 8 * (seq // tp if sp else seq)
+    if tp == 1:
+        return 8 * replica_batch * seq + positions
+    return 9 * micro_batch * seq + positions

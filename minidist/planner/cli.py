@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli_args import add_arguments, layout_error, model_spec, validate
+from .cli_args import add_arguments, dp_size, layout_error, model_spec, validate
 from .fixture import sweep_micro_batch
 from .hardware import CLUSTERS
 from .plan import Plan, best, plan, sweep
@@ -104,17 +104,23 @@ def _hint(plans: list[Plan], args, budget: float) -> str:
     )
 
 
+def layout_name(lay: Layout) -> str:
+    """dp.tp.pp.zero, with .sp and .cpC when those are set."""
+    name = f"dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero}"
+    return name + (".sp" if lay.sp else "") + (f".cp{lay.cp}" if lay.cp > 1 else "")
+
+
 def run_plan(args) -> int:
     validate(args)
     model = model_spec(args)
     cluster = CLUSTERS[args.cluster]
-    dp = args.dp if args.dp is not None else args.world // (args.tp * args.pp)
+    dp = dp_size(args)
     global_batch, microbatches, micro_batch = _batching(args, dp)
     args.global_batch_used = global_batch
     fixed = dict(
         schedule=args.schedule, virtual=args.virtual, precision=args.precision,
         optimizer=args.optimizer, recompute=args.recompute, global_batch=global_batch,
-        reduce_in_fp32=args.reduce_dtype != "bf16",
+        reduce_in_fp32=args.reduce_dtype != "bf16", sp=args.sp, cp=args.cp,
     )  # fmt: skip
     try:
         layout = Layout(
@@ -154,7 +160,7 @@ def run_plan(args) -> int:
     for p in ranked[: args.top]:
         lay = p.layout
         print(
-            f"layout=dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero} m={lay.microbatches} "
+            f"layout={layout_name(lay)} m={lay.microbatches} "
             f"memory_gib={p.memory_per_rank / GIB:.2f} step_time_s={p.time.total_s:.4g} "
             f"bound={p.time.bound}"
         )

@@ -80,7 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tp", type=count, default=1, help="tensor-parallel size t (lesson 07; default 1)"
     )
     lay.add_argument("--pp", type=count, default=1, help="pipeline stages p (lesson 09; default 1)")
-    lay.add_argument("--dp", type=count, help="data-parallel size d (default: world / (t·p))")
+    lay.add_argument(
+        "--sp", action="store_true",
+        help="sequence parallelism in the tp group (lesson 14; needs --tp > 1, --pp 1)",
+    )  # fmt: skip
+    lay.add_argument(
+        "--cp", type=count, default=1,
+        help="context-parallel size c (lesson 15, ring attention; with DDP only; default 1)",
+    )  # fmt: skip
+    lay.add_argument("--dp", type=count, help="data-parallel size d (default: world / (t·p·c))")
     lay.add_argument(
         "--zero", type=int, default=0, choices=(0, 1, 2, 3),
         help="ZeRO stage over dp: 0 = DDP, 1-2 (lesson 02), 3 = FSDP (lesson 03); default 0",
@@ -171,16 +179,35 @@ def validate(args) -> None:
         )
     if args.reduce_dtype == "bf16" and args.precision != "mixed":
         error("--reduce-dtype bf16 needs --precision mixed (fp32 training reduces in fp32)")
-    if args.dp is None and args.world % (args.tp * args.pp):
-        error(f"--world {args.world} is not divisible by --tp {args.tp} × --pp {args.pp}")
-    dp = args.dp if args.dp is not None else args.world // (args.tp * args.pp)
-    if dp * args.tp * args.pp != args.world:
+    if args.sp and args.tp == 1:
+        error("--sp needs --tp > 1: sequence parallelism splits the tensor-parallel group's "
+              "replicated parts along the sequence")  # fmt: skip
+    if args.sp and args.pp > 1:
+        error(f"--sp with --pp {args.pp}: lesson 14 runs sequence parallelism without a pipeline")
+    if args.cp > 1 and (args.tp > 1 or args.pp > 1 or args.zero != 0):
         error(
-            f"--dp {dp} × --tp {args.tp} × --pp {args.pp} = {dp * args.tp * args.pp} ranks, "
-            f"not --world {args.world}"
+            f"--cp {args.cp} with --tp {args.tp} --pp {args.pp} --zero {args.zero}: lesson 15 "
+            "composes context parallelism with DDP (--zero 0) only"
+        )
+    split = args.tp * args.pp * args.cp
+    if args.dp is None and args.world % split:
+        error(
+            f"--world {args.world} is not divisible by --tp {args.tp} × --pp {args.pp} × "
+            f"--cp {args.cp}"
+        )
+    dp = dp_size(args)
+    if dp * split != args.world:
+        error(
+            f"--dp {dp} × --tp {args.tp} × --pp {args.pp} × --cp {args.cp} = {dp * split} "
+            f"ranks, not --world {args.world}"
         )
     if args.shard_size is not None and (args.zero != 3 or dp % args.shard_size):
         error(f"--shard-size {args.shard_size} needs --zero 3 and must divide dp = {dp}")
+
+
+def dp_size(args) -> int:
+    """--dp, or what the world leaves after tp × pp × cp."""
+    return args.dp if args.dp is not None else args.world // (args.tp * args.pp * args.cp)
 
 
 def layout_error(args, err: ValueError) -> None:

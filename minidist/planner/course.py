@@ -1,5 +1,5 @@
 """The course's own layouts as the planner describes them: for each tour row of lessons
-01-10 the model, the layout, and which of the plan's numbers the row measures.
+01-10, 14 and 15 the model, the layout, and which of the plan's numbers the row measures.
 
 `course_plan("ZeRO-1", 4)` is the plan of what `minidist tour` runs under that name on 4
 ranks; `tests/test_planner.py` asserts each prediction equals the row's measurement.
@@ -135,6 +135,38 @@ def _three_d(n: int) -> CoursePlan:
     return _states(_gpt(**sizes), layout)
 
 
+def _split_sequences(model: ModelSpec, batch: int, **switch) -> CoursePlan:
+    """Lessons 14 and 15's rows: trained with SGD + momentum on the global batches of 8,
+    bytes per step; the memory column is one block's saved activations per rank for
+    `batch` sequences (`activations.layer_bytes`)."""
+    from .activations import layer_bytes
+
+    p = plan(model, Layout(optimizer="sgd", **switch))
+    return CoursePlan(p, layer_bytes(model, Layout(global_batch=batch, **switch)), p.bytes_sent)
+
+
+def _sequence_parallel(n: int) -> CoursePlan:
+    """Lesson 07's GPT (4 heads), `TensorParallelGPT(..., sequence_parallel=True)`."""
+    from ..megatron.fixture import TP_GPT
+    from ..megatron.lesson import tour_tp
+    from ..sequence_parallel.lesson import ACT_BATCH
+
+    return _split_sequences(_gpt(**TP_GPT), ACT_BATCH, tp=tour_tp(n), sp=True)
+
+
+def _context_parallel(n: int) -> CoursePlan:
+    """Lesson 07's GPT (4 heads), `ContextParallelGPT` (zig-zag), the activations measured
+    on `layer_activations_rank`'s default batch."""
+    import inspect
+
+    from ..context_parallel.fixture import layer_activations_rank
+    from ..context_parallel.lesson import tour_cp
+    from ..megatron.fixture import TP_GPT
+
+    batch = inspect.signature(layer_activations_rank).parameters["batch"].default
+    return _split_sequences(_gpt(**TP_GPT), batch, cp=tour_cp(n))
+
+
 COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "bucketed DDP": _ddp,
     "ZeRO-1": _zero(1),
@@ -151,6 +183,8 @@ COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "parallel layout": _parallel_layout,
     "pipeline 1F1B": _pipeline,
     "3D (TP x PP x DP)": _three_d,
+    "sequence parallel": _sequence_parallel,
+    "context parallel": _context_parallel,
 }
 
 

@@ -4,11 +4,11 @@
 Step time (Williams et al. 2009's roofline per device, Hockney's α-β per link):
 
     compute   = max(FLOPs / FLOP rate, HBM bytes / memory bandwidth)   (which one: the bound)
-    exposed   = tp all-reduces + pp sends (on the critical path)
+    exposed   = tp all-reduces + pp sends + cp ring sends (on the critical path)
               + max(0, dp-group collectives - the compute they overlap)
                 (backward for ZeRO 0-2's gradient reductions, all of it for FSDP's
                  prefetched gathers)
-    step      = (compute + tp + pp) / (1 - bubble) + exposed dp
+    step      = (compute + tp + pp + cp) / (1 - bubble) + exposed dp
 
 HBM bytes per step are a lower bound: parameters read in forward and backward, gradients
 written, the optimizer reading and writing its states once, activations written once and
@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..collectives.cost_model import CostModel
+from ..sequence_parallel import theory as sp_theory
 from . import activations, predict
 from .divisors import divisors
 from .hardware import Cluster
@@ -39,6 +40,7 @@ class StepTime:
     total_s: float
     bound: str  # "communication" when it outlasts the compute it should hide behind, else
     # "bubble" when idle time exceeds compute, else the larger roofline term: "compute"/"memory"
+    cp_s: float = 0.0  # context parallelism's ring (lesson 15), on the critical path as tp's
 
 
 @dataclass
@@ -137,20 +139,27 @@ def calls_per_step(model: ModelSpec, layout: Layout) -> dict[str, int]:
         per_layer = 6 if layout.recompute else 4  # recomputation repeats the forward's two
         last = layout.pp == 1  # rank 0 is the last stage too: head's f, the loss's three
         tp = (per_layer * layers + 1 + 4 * last) * m
+    if layout.sp:  # lesson 14's collectives per micro-batch, and the replicated gradients'
+        ops = sp_theory.collectives_per_step(model.layers, 1, model.seq, model.hidden)
+        tp = sum(count for _, _, count, _ in ops) * m + 1
     pp = 2 * m if layout.pp > 1 else 0
+    # the ring: c-1 sends of K, V forward, c-1 backward and c of their gradients, per layer
+    cp = (3 * layout.cp - 2) * model.layers * m if layout.cp > 1 else 0
     if layout.zero == 3:
         dp = 3 * len(model.fsdp_units())
     else:
         dp = len(predict.zero_buckets(model, layout)) * (1 if layout.zero == 0 else 2)
-    return {"tp": tp, "pp": pp, "dp": dp if layout.dp > 1 else 0}
+    return {"tp": tp, "pp": pp, "cp": cp, "dp": dp if layout.dp * layout.cp > 1 else 0}
 
 
 def _group_link(cluster: Cluster, layout: Layout, group: str) -> CostModel:
-    t, d = layout.tp, layout.dp
+    """The ranks a group spans, (stride, size), in Megatron-LM's order: tp innermost, then
+    cp, dp, pp ("dp-cp": the data × context ranks that reduce gradients together)."""
+    t, c, d = layout.tp, layout.cp, layout.dp
     f = predict.shard_group(layout)
     span = {
-        "tp": (1, t), "dp": (t, d), "shard": (t, f), "replicate": (t * f, d // f),
-        "pp": (t * d, layout.pp),
+        "tp": (1, t), "cp": (t, c), "dp": (t * c, d), "dp-cp": (t, c * d),
+        "shard": (t * c, f), "replicate": (t * c * f, d // f), "pp": (t * c * d, layout.pp),
     }[group]  # fmt: skip
     return cluster.link(*span)
 
@@ -173,38 +182,46 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     hbm = 4 * mem["params"] + 2 * mem["grads"] + 2 * mem["optimizer"] + 2 * mem["activations"]
     memory_s = hbm / dev.memory_bandwidth
     calls = calls_per_step(p.model, p.layout)
-    by_kind = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    by_kind = {"tp": 0.0, "pp": 0.0, "cp": 0.0, "dp": 0.0}
     sends = set()
     for (_, group), sent in p.traffic.items():
-        kind = group if group in ("tp", "pp") else "dp"
+        kind = group if group in ("tp", "pp", "cp") else "dp"
         link = _group_link(cluster, p.layout, group)
         by_kind[kind] += sent / link.bandwidth_bytes_per_s
         if sent > 0:
             sends.add(kind)
     for kind in sends:  # α once per call
-        by_kind[kind] += calls[kind] * _group_link(cluster, p.layout, kind).alpha_s
+        group = "dp-cp" if kind == "dp" and p.layout.cp > 1 else kind
+        by_kind[kind] += calls[kind] * _group_link(cluster, p.layout, group).alpha_s
     busy = max(compute, memory_s)
-    pipelined = (busy + by_kind["tp"] + by_kind["pp"]) / (1 - p.bubble)
+    critical = by_kind["tp"] + by_kind["pp"] + by_kind["cp"]  # the ring waits for its blocks
+    pipelined = (busy + critical) / (1 - p.bubble)
     # ZeRO 0-2 reduce gradients while backward (2/3 of the FLOPs) runs; FSDP also gathers
     # each unit's parameters while the previous one computes, forward included.
     hidden_by = busy if p.layout.zero == 3 else busy * 2 / 3
     exposed_dp = max(0.0, by_kind["dp"] - hidden_by)
     total = pipelined + exposed_dp
-    if by_kind["dp"] > hidden_by or by_kind["tp"] + by_kind["pp"] > busy:
+    if by_kind["dp"] > hidden_by or critical > busy:
         bound = "communication"  # "How to Scale Your Model"'s test: T_comm > T_math
     elif pipelined * p.bubble > busy:
         bound = "bubble"
     else:
         bound = "compute" if compute >= memory_s else "memory"
     return StepTime(
-        compute, memory_s, by_kind["tp"], by_kind["pp"], by_kind["dp"], p.bubble, total, bound
-    )
+        compute, memory_s, by_kind["tp"], by_kind["pp"], by_kind["dp"], p.bubble, total, bound,
+        by_kind["cp"],
+    )  # fmt: skip
 
 
 def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
     """Every dp × tp × pp of `world` with ZeRO 0-3 (0-1 with tp or pp) the model allows;
-    `fixed` sets the other fields (global_batch, microbatches, precision, ...)."""
+    `fixed` sets the other fields (global_batch, microbatches, precision, ...). A fixed
+    `cp=c` leaves world / c ranks to the sweep; a fixed `sp=True` keeps the tp > 1 ones."""
     out = []
+    cp = fixed.get("cp", 1)
+    if not isinstance(cp, int) or cp < 1 or world % cp:
+        return out
+    world //= cp  # the others split what context parallelism leaves
     sizes = divisors(world)
     tps, pps = [1], [1]  # a spec without configuration: data parallelism only
     if model.has_config:  # what `Layout.check` allows, before building any layout
@@ -217,7 +234,7 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
         for zero in (0, 1) if tp > 1 or pp > 1 else (0, 1, 2, 3):
             try:
                 layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, **fixed)
-                layout.check(model, world)
+                layout.check(model, world * cp)
             except ValueError:
                 continue
             out.append(layout)

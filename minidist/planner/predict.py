@@ -3,8 +3,9 @@
 Nothing here restates a formula: each term calls the lesson that teaches it (ZeRO's
 sharded model states, FSDP's units, mixed precision's (2 + 2 + 12)Ψ, offload's tiers,
 Megatron's split parameters and all-reduces, the pipeline's bubble and p2p bytes, 3D's
-composition, Korthikanti et al.'s activations). This module chooses which, and fills in
-the arguments from the `ModelSpec` and the `Layout`.
+composition, Korthikanti et al.'s activations, sequence parallelism's reduce-scatters and
+all-gathers, context parallelism's ring). This module chooses which, and fills in the
+arguments from the `ModelSpec` and the `Layout`.
 
 The rank described is rank 0: the first pipeline stage (which holds the most 1F1B
 activations, and the token embedding), first tp and dp rank. The course's own choices are
@@ -15,6 +16,7 @@ and pipeline parallelism, Adam for ZeRO and FSDP, float32 unless `precision="mix
 from __future__ import annotations
 
 from .. import comm
+from ..context_parallel import theory as cp_theory
 from ..data_parallel import theory as dp_theory
 from ..data_parallel.buckets import MiB, plan_buckets
 from ..fsdp import theory as fsdp_theory
@@ -22,6 +24,7 @@ from ..megatron import theory as tp_theory
 from ..mixed_precision import theory as mp_theory
 from ..offload import theory as offload_theory
 from ..pipeline import theory as pp_theory
+from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
 from .activations import stage_layers
@@ -133,6 +136,8 @@ def _need_adam(layout: Layout) -> None:
 def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     """{(collective, group): bytes} rank 0 sends per step on a ring (`comm.ring_bytes`)."""
     n, z, e, r = layout.dp, layout.zero, layout.element_bytes, layout.reduce_bytes
+    if layout.cp > 1:
+        return context_parallel_traffic(model, layout)
     if layout.tp > 1 or layout.pp > 1:
         cfg = model.layers, layout.global_batch, model.seq, model.hidden, model.vocab
         frozen = model.frozen_numel
@@ -142,6 +147,9 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
         scale = e / 4  # the lessons count float32; every term is linear in the element size
         tp = scale * by_kind["tp"] + recompute_tp_bytes(model, layout)
         out = {("all_reduce", "tp"): tp, ("p2p", "pp"): scale * by_kind["pp"]}
+        if layout.sp:
+            del out[("all_reduce", "tp")]
+            out.update(sequence_parallel_tp_traffic(model, layout))
         if z == 0:
             _, trainable = _stage_params(model, layout)
             out[("all_reduce", "dp")] = dp_theory.bytes_sent_per_step(trainable, n, r)
@@ -169,6 +177,45 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     if "all_reduce" in reduces:
         out[("all_reduce", "replicate")] = reduces["all_reduce"]
     return out
+
+
+def sequence_parallel_tp_traffic(model: ModelSpec, layout: Layout) -> dict:
+    """The tp group's bytes per step with sequence parallelism (lesson 14, pp = 1): each
+    all-reduce becomes a reduce-scatter and an all-gather, and backward re-gathers the
+    stored blocks (`sequence_parallel.theory.bytes_sent_per_step`, the cross entropy's three
+    small all-reduces included; linear in the element size), plus the all-reduce of the
+    gradients of the parameters every tp rank holds whole (`megatron.theory.
+    replicated_params` less the frozen ones): under sp each rank's covers only its block.
+    Recomputation repeats the forward's reduce-scatters and all-gathers: the bytes of the
+    all-reduces they replace (`recompute_tp_bytes`)."""
+    b = layout.global_batch // layout.dp
+    s, h, t = model.seq, model.hidden, layout.tp
+    acts = sp_theory.bytes_sent_per_step(model.layers, b, s, h, t) * layout.element_bytes / 4
+    replicated = tp_theory.replicated_params(model.layers, h, s) - model.frozen_numel
+    return {
+        ("reduce_scatter+all_gather", "tp"): acts + recompute_tp_bytes(model, layout),
+        ("all_reduce", "tp"): dp_theory.bytes_sent_per_step(replicated, t, layout.reduce_bytes),
+    }
+
+
+def context_parallel_traffic(model: ModelSpec, layout: Layout) -> dict:
+    """Bytes per step with context parallelism (lesson 15) and DDP across: the ring's K and V
+    blocks and their gradients per layer (`context_parallel.theory.ring_bytes_per_layer`,
+    the replica's b sequences), the loss value's all-reduce over the c ranks
+    (`context_parallel.theory.bytes_sent_per_step` with no layers and no gradients), and
+    the gradients' all-reduce over the d·c ranks that hold the whole model (Megatron-LM's
+    data × context group; `data_parallel.theory.bytes_sent_per_step`)."""
+    b = layout.global_batch // layout.dp
+    s, h, c, e = model.seq, model.hidden, layout.cp, layout.element_bytes
+    ring = sum(cp_theory.ring_bytes_per_layer(b, s, h, c, e).values())
+    d_c = layout.dp * c
+    return {
+        ("p2p", "cp"): model.layers * ring,
+        ("all_reduce", "cp"): cp_theory.bytes_sent_per_step(0, b, s, h, c, 0),
+        ("all_reduce", "dp-cp"): dp_theory.bytes_sent_per_step(
+            model.trainable, d_c, layout.reduce_bytes
+        ),
+    }
 
 
 def recompute_tp_bytes(model: ModelSpec, layout: Layout) -> float:
@@ -208,7 +255,9 @@ def flops_per_step(model: ModelSpec, layout: Layout) -> float:
     """FLOPs rank 0 computes per step: its stage's layers for its replica's sequences, split
     t ways (`megatron.theory.transformer_layer_flops`, 3x the forward; 4x with
     recomputation, which runs the forward twice), plus the output head's 6·b·s·h·V/t on
-    the stage that has it (all of them when pp = 1)."""
+    the stage that has it (all of them when pp = 1); over c with context parallelism (the
+    zig-zag split gives every rank 1/c of the causal work, `context_parallel.theory.
+    causal_work`)."""
     if not model.has_config:
         return 0.0
     b = layout.global_batch // layout.dp
@@ -217,4 +266,4 @@ def flops_per_step(model: ModelSpec, layout: Layout) -> float:
     if layout.recompute:
         layer *= 4 / 3
     head = 6 * b * s * h * model.vocab if layout.pp == 1 else 0.0
-    return (stage_layers(model, layout) * layer + head) / layout.tp
+    return (stage_layers(model, layout) * layer + head) / (layout.tp * layout.cp)

@@ -7,9 +7,10 @@ planned). With a configuration the planner builds the model on the `meta` device
 allocates nothing whatever its size, so bucket plans, FSDP units and frozen parameters are
 those of the real module, exactly.
 
-A `Layout` names every choice of lessons 01-10: the degrees dp × tp × pp, the ZeRO stage
-(3 = FSDP, with an optional hybrid shard group), micro-batches and the pipeline schedule,
-the precision, recomputation and where the optimizer lives (device, cpu, disk).
+A `Layout` names every choice of lessons 01-10, 14 and 15: dp × tp × pp × cp, the ZeRO stage
+(3 = FSDP, hybrid or not), micro-batches and schedule, precision, recomputation, offload, sp.
+Each technique is one field, refused by name (`__post_init__`, `check`) where the course does
+not run it, and one branch of `predict` / `activations` calling its lesson's theory.
 """
 
 from __future__ import annotations
@@ -152,13 +153,16 @@ def _meta_gpt(layers, hidden, heads, vocab, seq, frozen) -> GPT:
 
 @dataclass(frozen=True)
 class Layout:
-    """dp × tp × pp ranks and how each lesson's technique is configured.
+    """dp × tp × pp × cp ranks and how each lesson's technique is configured.
 
     `zero`: 0 (DDP), 1 and 2 (ZeRO stages, optimizer states and gradients sharded over
     dp), 3 (FSDP: parameters too; `shard_size` F < dp shards over groups of F and
     replicates across them, hybrid sharding). `microbatches` and `schedule` (one of the
     pipeline lesson's) for pp; `virtual` chunks per rank for "interleaved".
     `global_batch` sequences per step, split over dp replicas, then into micro-batches.
+    `sp`: sequence parallelism in tp (lesson 14; Korthikanti et al. 2022, section 4.2.2).
+    `cp`: ranks sharing each sequence, zig-zag split (lesson 15; Liu et al. 2023), with DDP
+    across (Megatron-LM reduces the gradients over the data × context ranks).
     """
 
     dp: int = 1
@@ -177,9 +181,11 @@ class Layout:
     offload: str = "device"
     global_batch: int = 8
     bucket_cap_mb: float = 25.0
+    sp: bool = False
+    cp: int = 1
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "microbatches", "virtual", "global_batch"):
+        for name in ("dp", "tp", "pp", "cp", "microbatches", "virtual", "global_batch"):
             if not _whole(getattr(self, name)):
                 raise ValueError(f"Layout: {name}={getattr(self, name)!r} must be an int")
             if getattr(self, name) < 1:
@@ -225,10 +231,26 @@ class Layout:
             )
         if not self.bucket_cap_mb > 0 or self.bucket_cap_mb == float("inf"):
             raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be finite and > 0")
+        self._check_sequence_splits()
+
+    def _check_sequence_splits(self) -> None:
+        """sp and cp: the combinations lessons 14 and 15 run, refused by name otherwise."""
+        if not isinstance(self.sp, bool):
+            raise ValueError(f"Layout: sp={self.sp!r} must be True or False")
+        if self.sp and (self.tp == 1 or self.pp > 1):
+            raise ValueError(
+                f"Layout: sp=True needs tp > 1 and pp=1, not tp={self.tp}, pp={self.pp}: lesson "
+                "14 splits the tensor-parallel group's replicated parts of a whole model"
+            )
+        if self.cp > 1 and (self.tp > 1 or self.pp > 1 or self.zero != 0):
+            raise ValueError(
+                f"Layout: cp={self.cp} with tp={self.tp}, pp={self.pp}, zero={self.zero}: "
+                "lesson 15 composes context parallelism with DDP (zero=0) only"
+            )
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def micro_batch(self) -> int:
@@ -249,19 +271,29 @@ class Layout:
         """Raise (naming the values) if this layout cannot run `model` on `world` ranks."""
         if world is not None and self.world != world:
             raise ValueError(
-                f"Layout: dp={self.dp} × tp={self.tp} × pp={self.pp} = {self.world} ranks, "
-                f"not the world of {world}"
+                f"Layout: dp={self.dp} × tp={self.tp} × pp={self.pp} × cp={self.cp} = "
+                f"{self.world} ranks, not the world of {world}"
             )
-        if (self.tp > 1 or self.pp > 1) and not model.has_config:
+        if (self.tp > 1 or self.pp > 1 or self.cp > 1) and not model.has_config:
             raise ValueError(
-                f"Layout: tp={self.tp}, pp={self.pp} need a model configuration, not only "
-                f"params={model.params}"
+                f"Layout: tp={self.tp}, pp={self.pp}, cp={self.cp} need a model configuration, "
+                f"not only params={model.params}"
             )
         if not model.has_config:
             return
         if model.heads % self.tp or model.hidden % self.tp:
             raise ValueError(
                 f"Layout: tp={self.tp} must divide heads={model.heads} and hidden={model.hidden}"
+            )
+        if self.sp and model.seq % self.tp:
+            raise ValueError(
+                f"Layout: sp=True needs seq={model.seq} divisible by tp={self.tp} (each tp "
+                "rank keeps one block of the sequence)"
+            )
+        if self.cp > 1 and model.seq % (2 * self.cp):
+            raise ValueError(
+                f"Layout: cp={self.cp} needs seq={model.seq} divisible by 2·cp={2 * self.cp} "
+                "(the zig-zag split: two chunks per rank)"
             )
         if self.pp > model.layers:
             raise ValueError(f"Layout: pp={self.pp} exceeds layers={model.layers}")
