@@ -186,18 +186,16 @@ def _eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(F.mse_loss(out, y))
 
 
-def _tp_bench_rank(rounds: int, steps: int) -> dict:
-    h, layers, b, s = (BENCH[k] for k in ("hidden", "layers", "batch", "seq"))
-    torch.manual_seed(0)
-    dense = MLPStack(h, layers)
-    g = torch.Generator().manual_seed(1)  # the same data on every rank: TP replicates it
-    x, y, x_eval = (torch.randn(b, s, h, generator=g) for _ in range(3))
-    y_eval = torch.randn(b, s, h, generator=g)
-    ours = _minidist_tp(copy.deepcopy(dense))
+def ab_against_torch(ours, make_native, data, rounds: int, steps: int) -> dict:
+    """On a rank: SGD steps of `ours` and of `make_native()` (torch's version of the same
+    blocks) on `data` = (x, y, x_eval, y_eval), interleaved; their step times and eval
+    losses, or `torch_error` and our time alone when torch's side fails on this machine.
+    Lesson 14's `sp` bench uses it too."""
+    x, y, x_eval, y_eval = data
     step_ours = _stepper(ours, x, y)
-    out: dict = {"params": sum(p.numel() for p in dense.parameters())}
+    out: dict = {"params": sum(p.numel() for p in ours.parameters())}
     try:
-        native = _torch_tp(copy.deepcopy(dense))
+        native = make_native()
         step_native = _stepper(native, x, y)
         step_native()  # fails here, before any timing, if the backend lacks something
     except Exception as e:  # any failure here means: no torch baseline on this machine
@@ -207,37 +205,52 @@ def _tp_bench_rank(rounds: int, steps: int) -> dict:
         return out
     step_ours()  # the native side took one extra step above: keep the two in step
     ab = interleaved_ab(step_ours, step_native, rounds, steps)
-    out |= {
+    return out | {
         "ratio": ab.ratio,
         "ms_ours": 1e3 * statistics.median(ab.seconds_a),
         "ms_torch": 1e3 * statistics.median(ab.seconds_b),
         "loss_ours": _eval_loss(ours, x_eval, y_eval),
         "loss_torch": _eval_loss(native, x_eval, y_eval),
     }
-    return out
+
+
+def ab_report(prefix: str, results: list[dict], world_size: int, params: int) -> dict:
+    """The bench's name=value lines from every rank's `ab_against_torch`."""
+    r = results[0]
+    if "torch_error" in r:
+        return {
+            f"{prefix}_torch_baseline": "unavailable",
+            f"{prefix}_torch_error": r["torch_error"],
+            f"{prefix}_step_ms_minidist": r["ms_ours"],
+            f"{prefix}_params": params,
+            "world_size": world_size,
+        }
+    diff = max(abs(x["loss_ours"] - x["loss_torch"]) for x in results)
+    return {
+        f"{prefix}_step_ratio_vs_torch": r["ratio"],
+        f"{prefix}_step_ms_minidist": r["ms_ours"],
+        f"{prefix}_step_ms_torch": r["ms_torch"],
+        f"{prefix}_same_loss": diff <= LOSS_RTOL * abs(r["loss_torch"]),
+        f"{prefix}_loss_max_abs_diff": diff,
+        f"{prefix}_loss": r["loss_torch"],
+        f"{prefix}_params": params,
+        "world_size": world_size,
+    }
+
+
+def _tp_bench_rank(rounds: int, steps: int) -> dict:
+    h, layers, b, s = (BENCH[k] for k in ("hidden", "layers", "batch", "seq"))
+    torch.manual_seed(0)
+    dense = MLPStack(h, layers)
+    g = torch.Generator().manual_seed(1)  # the same data on every rank: TP replicates it
+    data = tuple(torch.randn(b, s, h, generator=g) for _ in range(4))
+    ours = _minidist_tp(copy.deepcopy(dense))
+    out = ab_against_torch(ours, lambda: _torch_tp(copy.deepcopy(dense)), data, rounds, steps)
+    return out | {"params": sum(p.numel() for p in dense.parameters())}
 
 
 @bench("tp")
 def bench_tp(world_size: int, rounds: int, steps: int) -> dict[str, float]:
     """minidist's tensor-parallel MLP blocks vs torch's DTensor TP: same model, data, world."""
     results = launch(_tp_bench_rank, world_size, rounds, steps, timeout_s=1800)
-    r = results[0]
-    if "torch_error" in r:
-        return {
-            "tp_torch_baseline": "unavailable",
-            "tp_torch_error": r["torch_error"],
-            "tp_step_ms_minidist": r["ms_ours"],
-            "tp_params": r["params"],
-            "world_size": world_size,
-        }
-    diff = max(abs(x["loss_ours"] - x["loss_torch"]) for x in results)
-    return {
-        "tp_step_ratio_vs_torch": r["ratio"],
-        "tp_step_ms_minidist": r["ms_ours"],
-        "tp_step_ms_torch": r["ms_torch"],
-        "tp_same_loss": diff <= LOSS_RTOL * abs(r["loss_torch"]),
-        "tp_loss_max_abs_diff": diff,
-        "tp_loss": r["loss_torch"],
-        "tp_params": r["params"],
-        "world_size": world_size,
-    }
+    return ab_report("tp", results, world_size, results[0]["params"])

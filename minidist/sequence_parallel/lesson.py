@@ -13,16 +13,13 @@
 from __future__ import annotations
 
 import copy
-import statistics
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from ..bench import interleaved_ab
 from ..megatron.fixture import STEPS, build_dense, compare, matches, reference
-from ..megatron.lesson import BENCH, SGD, MLPStack, tour_tp
+from ..megatron.lesson import BENCH, MLPStack, ab_against_torch, ab_report, tour_tp
 from ..megatron.sequence import allreduce_replicated_grad, split_sequence
 from ..registry import TourRow, bench, tour_row
 from ..runtime import launch
@@ -94,70 +91,19 @@ def _torch_sp(model: MLPStack) -> MLPStack:
     return parallelize_module(model, mesh, plan)
 
 
-def _stepper(model, x, y):
-    opt = torch.optim.SGD(model.parameters(), **SGD)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.mse_loss(model(x), y).backward()
-        opt.step()
-
-    return step
-
-
-@torch.no_grad()
-def _eval_loss(model, x, y) -> float:
-    return float(F.mse_loss(model(x), y))
-
-
 def _sp_bench_rank(rounds: int, steps: int) -> dict:
     h, layers, b, s = (BENCH[k] for k in ("hidden", "layers", "batch", "seq"))
     torch.manual_seed(0)
     dense = MLPStack(h, layers)
-    g = torch.Generator().manual_seed(1)
-    x, y, x_eval, y_eval = (split_sequence(torch.randn(b, s, h, generator=g), None) for _ in "xyXY")
+    g = torch.Generator().manual_seed(1)  # every rank its block of the same sequences
+    data = tuple(split_sequence(torch.randn(b, s, h, generator=g), None) for _ in range(4))
     ours = _minidist_sp(copy.deepcopy(dense))
-    step_ours = _stepper(ours, x, y)
-    out: dict = {"params": sum(p.numel() for p in dense.parameters())}
-    try:
-        native = _torch_sp(copy.deepcopy(dense))
-        step_native = _stepper(native, x, y)
-        step_native()  # fails here, before any timing, if the backend lacks something
-    except Exception as e:  # any failure here means: no torch baseline on this machine
-        out["torch_error"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-        ab = interleaved_ab(step_ours, lambda: None, rounds, steps)
-        out["ms_ours"] = 1e3 * statistics.median(ab.seconds_a)
-        return out
-    step_ours()  # the native side took one extra step above: keep the two in step
-    ab = interleaved_ab(step_ours, step_native, rounds, steps)
-    return out | {
-        "ratio": ab.ratio,
-        "ms_ours": 1e3 * statistics.median(ab.seconds_a),
-        "ms_torch": 1e3 * statistics.median(ab.seconds_b),
-        "loss_ours": _eval_loss(ours, x_eval, y_eval),
-        "loss_torch": _eval_loss(native, x_eval, y_eval),
-    }
+    out = ab_against_torch(ours, lambda: _torch_sp(copy.deepcopy(dense)), data, rounds, steps)
+    return out | {"params": sum(p.numel() for p in dense.parameters())}
 
 
 @bench("sp")
 def bench_sp(world_size: int, rounds: int, steps: int) -> dict[str, float]:
     """minidist's sequence-parallel MLP blocks vs torch's DTensor `SequenceParallel`."""
     results = launch(_sp_bench_rank, world_size, rounds, steps, timeout_s=1800)
-    r = results[0]
-    if "torch_error" in r:
-        return {
-            "sp_torch_baseline": "unavailable",
-            "sp_torch_error": r["torch_error"],
-            "sp_step_ms_minidist": r["ms_ours"],
-            "world_size": world_size,
-        }
-    diff = max(abs(x["loss_ours"] - x["loss_torch"]) for x in results)
-    return {
-        "sp_step_ratio_vs_torch": r["ratio"],
-        "sp_step_ms_minidist": r["ms_ours"],
-        "sp_step_ms_torch": r["ms_torch"],
-        "sp_same_loss": diff <= 1e-4 * abs(r["loss_torch"]),
-        "sp_loss_max_abs_diff": diff,
-        "sp_params": r["params"],
-        "world_size": world_size,
-    }
+    return ab_report("sp", results, world_size, results[0]["params"])
