@@ -151,3 +151,91 @@ def test_each_block_mistake_is_named(name):
 
 def test_catalogues_have_at_least_eight():
     assert len(MERGE_MISTAKES) >= 8 and len(BLOCK_MISTAKES) >= 8
+
+
+def _unshifted(o, lse, o_blk, lse_blk):
+    e1, e2 = torch.exp(lse).unsqueeze(-1), torch.exp(lse_blk).unsqueeze(-1)
+    return torch.nan_to_num((o * e1 + o_blk * e2) / (e1 + e2)), torch.logaddexp(lse, lse_blk)
+
+
+def _zero_empty(o, lse, o_blk, lse_blk):
+    new_o, new_l = merge(o, lse, o_blk, lse_blk)
+    return new_o, new_l.masked_fill(new_l == NEG, 0.0)
+
+
+def _no_unsqueeze(o, lse, o_blk, lse_blk):
+    new = torch.logaddexp(lse, lse_blk)
+    return o * torch.exp(lse - new) + o_blk * torch.exp(lse_blk - new), new
+
+
+MORE_MERGE_MISTAKES = {
+    "e^lse unshifted": (_unshifted, "overflows"),
+    "lse' = 0 on empty rows": (_zero_empty, "keep lse' = -inf"),
+    "no unsqueeze(-1)": (_no_unsqueeze, "unsqueeze"),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE_MERGE_MISTAKES))
+def test_more_merge_mistakes_found_by_a_fresh_learner_are_named(name):
+    fn, words = MORE_MERGE_MISTAKES[name]
+    with pytest.raises(CheckFailed, match=words):
+        check_merge(fn)
+
+
+def _fill(value):
+    def fn(q, k, v, qp, kp, sc):
+        return _masked_fill(q, k, v, qp, kp, sc, value)
+
+    return fn
+
+
+def _masked_fill(q, k, v, qp, kp, sc, value):
+    s = ((q @ k.transpose(-2, -1)) * sc).masked_fill(kp[None, :] > qp[:, None], value)
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def _in_place_q(q, k, v, qp, kp, sc):
+    q.mul_(sc)
+    return block_attention(q, k, v, qp, kp, 1.0)
+
+
+def _lse_before_mask(q, k, v, qp, kp, sc):
+    o, _ = block_attention(q, k, v, qp, kp, sc)
+    return o, torch.logsumexp((q @ k.transpose(-2, -1)) * sc, -1)
+
+
+def _unnormalised(q, k, v, qp, kp, sc):
+    s = ((q @ k.transpose(-2, -1)) * sc).masked_fill(kp[None, :] > qp[:, None], NEG)
+    return torch.exp(s) @ v, torch.logsumexp(s, -1)
+
+
+MORE_BLOCK_MISTAKES = {
+    "float32 out": (
+        lambda q, k, v, qp, kp, sc: tuple(t.float() for t in block_attention(q, k, v, qp, kp, sc)),
+        "keep the inputs' dtype",
+    ),
+    "keepdim lse": (
+        lambda q, k, v, qp, kp, sc: (
+            block_attention(q, k, v, qp, kp, sc)[0],
+            block_attention(q, k, v, qp, kp, sc)[1].unsqueeze(-1),
+        ),
+        "no keepdim",
+    ),
+    "in-place q": (_in_place_q, "in place"),
+    "-1e9 fill": (_fill(-1e9), "large negative number"),
+    "0 fill": (_fill(0.0), "set to 0"),
+    "unnormalised": (_unnormalised, "not normalised"),
+    "lse before mask": (_lse_before_mask, "before the mask"),
+    "divided by the scale": (
+        lambda q, k, v, qp, kp, sc: block_attention(q, k, v, qp, kp, 1 / sc),
+        "division by the scale",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE_BLOCK_MISTAKES))
+def test_more_block_mistakes_found_by_a_fresh_learner_are_named(name):
+    fn, words = MORE_BLOCK_MISTAKES[name]
+    with pytest.raises(CheckFailed, match=words):
+        check_block_attention(fn)

@@ -186,3 +186,54 @@ def test_an_unknown_formula_gets_where_and_how_much():
 def test_a_crashing_formula_is_a_message():
     with pytest.raises(CheckFailed, match="ZeroDivisionError"):
         check_sp_activation_bytes(lambda s, b, h, a, t: 1 / (t - 1))
+
+
+def _shaped_output(x, g):
+    n = dist.get_world_size(g)
+    b, s, h = x.shape
+    out = torch.empty(b, s // n, h, dtype=x.dtype)  # shaped, not flat: gloo refuses it
+    comm.reduce_scatter(out, _blocks(x, g), group=g)
+    return out
+
+
+def _float32_buffer(x, g):
+    n = dist.get_world_size(g)
+    b, s, h = x.shape
+    out = torch.empty(b * (s // n) * h, dtype=torch.float32)
+    comm.reduce_scatter(out, _blocks(x, g), group=g)
+    return out.view(b, s // n, h).to(x.dtype)
+
+
+def _hang(x, g):
+    if dist.get_rank(g) == 0:
+        return _reduce_scatter(x, g)
+    return _reduce_scatter(x, g) if False else x[:, : x.shape[1] // dist.get_world_size(g)] * 0
+
+
+FRESH_LEARNER = {
+    "shaped output buffer": (_variant(_shaped_output), "buffers do not fit"),
+    "float32 buffer for float64": (_variant(_float32_buffer), "different dtypes"),
+    "collective on rank 0 only": (_variant(_hang), r"still waiting|same collectives"),
+}
+
+
+@pytest.mark.parametrize("name", list(FRESH_LEARNER))
+def test_what_a_fresh_learner_tried_is_named(name):
+    cls, words = FRESH_LEARNER[name]
+    with pytest.raises(CheckFailed, match=words) as info:
+        check_reduce_scatter_to_sequence(cls)
+    assert "rank None" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * s * b) // t, "known mistake"),
+        (lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * b) / t, "s × s per head"),
+        (lambda s, b, h, a, t: (34 * s * b * h + 5 * h * s * s * b) / t, "heads"),
+        (lambda s, b, h, a, t: None, "return the number of bytes"),
+    ],
+)
+def test_formula_mistakes_a_fresh_learner_made_are_named(fn, words):
+    with pytest.raises(CheckFailed, match=words):
+        check_sp_activation_bytes(fn)

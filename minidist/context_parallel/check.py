@@ -62,7 +62,13 @@ def _call(fn, args, what: str):
     except NotImplementedError:
         raise
     except Exception as exc:  # a learner's crash becomes a message
-        fail(f"{what} raised {type(exc).__name__}: {exc}")
+        hint = ""
+        if "must match the size of tensor" in str(exc):
+            hint = (
+                " Likely cause: lse has one dimension less than o ([..., rows] against "
+                "[..., rows, d]): weight o by e^(...).unsqueeze(-1)."
+            )
+        fail(f"{what} raised {type(exc).__name__}: {exc}.{hint}")
 
 
 def _pair(got, what: str):
@@ -106,6 +112,15 @@ def _merge_diagnosis(case, o, lse) -> str | None:
         )
     if _same(lse, l1 + l2, dtype):
         return "lse' = lse + lse_blk multiplies the two sums; the union's sum is e^lse + e^lse_blk."
+    if (
+        both_empty.any()
+        and _same(lse.masked_fill(both_empty, NEG), want_l, dtype)
+        and not _same(lse, want_l, dtype)
+    ):
+        return (
+            "rows where neither side has seen a key must keep lse' = -inf (e^-inf = 0: no "
+            "weight), not a finite value: a later block merged into them would be weighed wrong."
+        )
     if not _same(lse, want_l, dtype):
         bad = ~torch.isclose(lse, want_l, equal_nan=True)
         return (
@@ -127,6 +142,13 @@ def _merge_diagnosis(case, o, lse) -> str | None:
         )
     if _same(o, o1 * torch.exp(safe - l1.clamp_min(-1e30)).unsqueeze(-1), dtype):
         return "the weights are inverted: e^(lse - lse'), not e^(lse' - lse)."
+    e1, e2 = torch.exp(l1).unsqueeze(-1), torch.exp(l2).unsqueeze(-1)
+    unshifted = torch.nan_to_num((o1 * e1 + o2 * e2) / (e1 + e2))
+    if _same(o, unshifted, dtype) or not torch.isfinite(e1 + e2).all():
+        return (
+            "o' is computed with e^lse itself, which overflows for large scores (e^100 is "
+            "inf in float32): weight by e^(lse - lse'), at most 1, instead."
+        )
     diff = (o - want_o).abs()
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
     return (
@@ -198,9 +220,20 @@ def _block_diagnosis(case, o, lse) -> str | None:
     q, k, v, qp, kp, scale = case
     want_o, want_l = _block_ref(q, k, v, qp, kp, scale)
     dt = q.dtype
+    where = f"queries at positions {qp.tolist()}, keys at {kp.tolist()}"
+    for name, got, want in (("o", o, want_o), ("lse", lse, want_l)):
+        if not isinstance(got, torch.Tensor):
+            return f"{where}: {name} is a {type(got).__name__}; return tensors."
+        if got.dtype != dt:
+            return f"{where}: {name} is {got.dtype} for {dt} inputs; keep the inputs' dtype."
+        if got.shape != want.shape:
+            return (
+                f"{where}: {name} has shape {tuple(got.shape)}, want {tuple(want.shape)}"
+                + (" (no keepdim: one value per row)" if name == "lse" else "")
+                + "."
+            )
     if _same(o, want_o, dt) and _same(lse, want_l, dt):
         return None
-    where = f"queries at positions {qp.tolist()}, keys at {kp.tolist()}"
     if torch.isnan(o).any() or torch.isnan(lse).any():
         return (
             f"{where}: NaN in rows that see no key of this block (every score masked to -inf): "
@@ -223,7 +256,26 @@ def _block_diagnosis(case, o, lse) -> str | None:
     full = _block_ref(q, k, v, qp, torch.full_like(kp, -1), scale)
     if _same(o, full[0], dt) and not _same(o, want_o, dt):
         return f"{where}: no causal mask at all: mask scores where k_pos > q_pos to -inf."
-    for name, sc in (("no 1/√d scale", 1.0), ("1/d instead of 1/√d", scale * scale)):
+    scores = (q @ k.transpose(-2, -1)) * scale
+    masked = kp[None, :] > qp[:, None]
+    o_right = _same(o, want_o, dt)
+    finite_fill = _fill(scores, masked, -1e9, v)
+    if not o_right and _same(o, finite_fill[0], dt):
+        return (
+            f"{where}: masked scores set to a large negative number, not -inf: a row that "
+            "sees no key of the block gets a plain average of V instead of o = 0, lse = -inf."
+        )
+    if not o_right and _same(o, _fill(scores, masked, 0.0, v)[0], dt):
+        return f"{where}: masked scores set to 0, not -inf: a masked key still gets weight e^0."
+    if not o_right and _same(o, torch.exp(scores.masked_fill(masked, NEG)) @ v, dt):
+        return f"{where}: o = e^S·V is not normalised: divide by the row's Σ e^S (e^lse)."
+    if o_right and _same(lse, torch.logsumexp(scores, -1), dt):
+        return f"{where}: lse was taken over all the block's keys, before the mask: mask first."
+    for name, sc in (
+        ("no 1/√d scale", 1.0),
+        ("1/d instead of 1/√d", scale * scale),
+        ("a division by the scale (×√d) instead of a multiplication", 1 / scale),
+    ):
         alt_o, alt_l = _block_ref(q, k, v, qp, kp, sc)
         if _same(o, alt_o, dt):
             return f"{where}: the scores use {name}: multiply QKᵀ by scale (1/√d, given)."
@@ -235,6 +287,12 @@ def _block_diagnosis(case, o, lse) -> str | None:
         return f"{where}: o is right but lse differs: return logsumexp of the masked scores."
     diff = (o - want_o).abs()
     return f"{where}: o differs by up to {float(diff.max()):.3g} from the block's attention."
+
+
+def _fill(scores, masked, value: float, v):
+    filled = scores.masked_fill(masked, value)
+    lse = torch.logsumexp(filled, -1)
+    return torch.exp(filled - lse.unsqueeze(-1)) @ v, lse
 
 
 def _anti_causal(q, k, v, qp, kp, scale):
@@ -253,6 +311,14 @@ def check_block_attention(block_attention) -> None:
         problem = _block_diagnosis(case, *got)
         if problem:
             fail(problem)
+    q, k, v, qp, kp, scale = cases[0]
+    args = [q.clone(), k.clone(), v.clone(), qp.clone(), kp.clone()]
+    block_attention(*args, scale)
+    if not all(torch.equal(a, b) for a, b in zip(args, (q, k, v, qp, kp))):
+        fail(
+            "block_attention changed its inputs in place: the ring reuses the same q for "
+            "every key block, so an in-place scale or mask compounds. Return new tensors."
+        )
     passed(
         f"one block's causal attention on {len(cases)} zig-zag block pairs (c = 2, 3): fully "
         "seen, the diagonal, and unseen blocks (o = 0, lse = -inf)"

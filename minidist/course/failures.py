@@ -125,6 +125,30 @@ def parse_traceback(text: str) -> Failure:
     return Failure(kind, (match.group(2) or "").strip(), where, source)
 
 
+# A collective that refuses this rank's own arguments before sending anything: the cause is
+# in this rank's buffers, not in a peer (what gloo says, and what it means).
+LOCAL_COLLECTIVE_HINTS: dict[str, str] = {
+    r"outputShape\[0\] \* worldSize == inputShape\[0\] \((\d+) vs\. (\d+)\)": "this rank's "
+    "buffers do not fit the collective: output elements × group size ({0}) != input elements "
+    "({1}). comm.reduce_scatter and comm.all_gather take flat (1-D) tensors, the whole one "
+    "exactly t times the part",
+    r"dtype\(\) == .*\((\w+) vs\. (\w+)\)": "the output buffer and the input have different "
+    "dtypes ({0} vs {1}): make the buffer with dtype=x.dtype",
+    r"invalid tensor size at index \d+ \(expected \(([^)]*)\), got \(([^)]*)\)\)": "the "
+    "buffers' shapes do not fit: the collective expected ({0}) and got ({1}); flatten both "
+    "(.reshape(-1)) so that the whole holds t times the part's elements",
+}
+
+
+def local_collective_cause(text: str) -> str | None:
+    """What a collective's refusal of its own arguments means, or None."""
+    for pattern, cause in LOCAL_COLLECTIVE_HINTS.items():
+        m = re.search(pattern, text)
+        if m:
+            return cause.format(*m.groups())
+    return None
+
+
 Hints = Mapping[str, str] | Callable[[Failure], str | None] | None
 
 
@@ -157,6 +181,14 @@ def explain_rank_failure(
     world = f"on a world of {world_size}, " if world_size else ""
     others = f"; ranks {after.group(1)} failed after it" if after else ""
     said = failure.text if failure.kind else text
+    local = local_collective_cause(said)
+    if local and not likely_cause(failure, hints, generic=False):
+        where = f" in {failure.where}" if failure.where else ""
+        message = (
+            f"{world}rank {exc.rank}: a collective{where} refused this rank's own arguments "
+            f"before sending anything: {local}{others}."
+        )
+        return LearnerFailed(exc.rank, message)
     if in_collective(said) and not likely_cause(failure, hints, generic=False):
         where = f" in {failure.where}" if failure.where else ""
         message = (

@@ -22,7 +22,8 @@ import re
 import torch
 
 from .. import comm
-from ..course.check import close, fail, passed, run_on_world
+from ..course.check import CheckFailed, close, fail, passed, run_on_world
+from ..course.failures import local_collective_cause
 from ..megatron.layout import ParallelLayout
 from ..runtime import RankFailedError
 
@@ -268,10 +269,13 @@ _CRASHES = (
 
 def _explain_crash(exc: RankFailedError) -> str:
     text = str(exc)
+    local = local_collective_cause(text)
     for pattern, hint in _CRASHES:
         m = re.search(pattern, text)
-        if m:
+        if m and not (local and "Connection" in pattern):
             return f"rank {exc.rank} raised: {hint.format(*m.groups())}"
+    if isinstance(exc, CheckFailed):  # the course's message already names what happened
+        return str(exc)
     last = [line for line in text.strip().splitlines() if line.strip()][-1]
     return f"your code raised on rank {exc.rank}: {last.strip()}"
 
@@ -282,7 +286,7 @@ def check_reduce_scatter_to_sequence(cls: type) -> None:
         try:
             results = run_on_world(_sp_rank, world, cls, tp, hang_hint=SP_HANG_HINT)
         except RankFailedError as exc:
-            fail(_explain_crash(exc))
+            raise CheckFailed(_explain_crash(exc)) from None
         for rank, cases in enumerate(results):
             for res in cases:
                 problem = (
@@ -306,6 +310,7 @@ ACT_GRID = [
     (2048, 4, 4096, 32, 4),
     (1024, 2, 1536, 16, 2),
     (512, 3, 1000, 10, 3),  # t that divides nothing evenly
+    (500, 1, 1000, 7, 3),  # a total that is not a multiple of t either
     (128, 1, 64, 4, 1),
 ]
 
@@ -326,6 +331,9 @@ _MISTAKE_NAMES = (
     "bytes per score)",
     "s² where the formula has s (5·a·s²·b is the scores' bytes, s·b·h·5·a·s/h)",
     "integer division (//) somewhere: the sizes need not divide",
+    "the total divided by t with // (an integer): the bytes need not be a multiple of t",
+    "5·a·s·b for the scores: they are s × s per head and sequence, 5·a·s²·b bytes",
+    "h where the scores need a (heads): 5·a·s²·b, one s × s matrix per head",
 )
 _MISTAKE_FNS = (
     lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
@@ -337,6 +345,9 @@ _MISTAKE_FNS = (
     lambda s, b, h, a, t: s * b * h * (34 / t + a * s / (h * t)),
     lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s * s / (h * t)),
     lambda s, b, h, a, t: s * b * h * (34 // t + 5 * a * s // (h * t)),
+    lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * s * b) // t,
+    lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * b) / t,
+    lambda s, b, h, a, t: (34 * s * b * h + 5 * h * s * s * b) / t,
 )
 ACT_MISTAKES = dict(zip(_MISTAKE_NAMES, _MISTAKE_FNS))
 
@@ -346,11 +357,16 @@ def check_sp_activation_bytes(fn) -> None:
     got = {}
     for case in ACT_GRID:
         try:
-            got[case] = float(fn(*case))
+            value = fn(*case)
         except NotImplementedError:
             raise
         except Exception as exc:  # a learner's crash becomes a message
             fail(f"fn{case} raised {type(exc).__name__}: {exc}")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            fail(f"fn{case} returned {value!r}; return the number of bytes (an int or float).")
+        got[case] = float(value)
     wrong = [c for c in ACT_GRID if not math.isclose(got[c], _right(*c), rel_tol=1e-9)]
     if not wrong:
         passed(
