@@ -474,3 +474,30 @@ def test_average_dp_gradients_names_the_mistake(name):
 def test_average_dp_gradients_stub_is_not_implemented():
     with pytest.raises(NotImplementedError):
         check_average_dp_gradients(average_stub)
+
+
+def _ce_no_group(logits, targets, group, start, vocab_size):
+    return ce(logits, targets, None, start, vocab_size)
+
+
+def _ce_in_place(logits, targets, group, start, vocab_size):
+    columns = start + torch.arange(logits.shape[-1])
+    logits.masked_fill_(columns >= vocab_size, float("-inf"))  # the caller's tensor
+    return ce(logits, targets, group, start, vocab_size)
+
+
+def _ce_keepdim(logits, targets, group, start, vocab_size):
+    return ce(logits, targets, group, start, vocab_size).reshape(1)
+
+
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (_ce_no_group, "pass group=group"),
+        (_ce_in_place, "in place"),
+        (_ce_keepdim, "0-dim tensor"),
+    ],
+)
+def test_cross_entropy_false_passes_a_fresh_learner_found_are_named(fn, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_vocab_parallel_cross_entropy(fn)

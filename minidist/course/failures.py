@@ -175,11 +175,15 @@ def explain_rank_failure(
 ) -> LearnerFailed:
     """The checker message for a rank that raised or died on a world."""
     text = str(exc).split("\n", 1)[-1]
+    # The runtime's notes on the other ranks follow the first failure's traceback.
     after = re.search(r"\(ranks (\[[\d, ]*\]) failed after it\)", text)
-    text = text[: after.start()] if after else text
+    lost = re.search(r"\(ranks (\[[\d, ]*\]) lost their peer[^)]*\)", text)
+    notes = [m.start() for m in (after, lost) if m]
+    text = text[: min(notes)] if notes else text
     failure = parse_traceback(text)
     world = f"on a world of {world_size}, " if world_size else ""
     others = f"; ranks {after.group(1)} failed after it" if after else ""
+    others += f"; ranks {lost.group(1)} lost their peer" if lost else ""
     said = failure.text if failure.kind else text
     local = local_collective_cause(said)
     if local and not likely_cause(failure, hints, generic=False):

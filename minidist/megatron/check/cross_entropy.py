@@ -62,12 +62,34 @@ def _ce_rank(fn: Callable, case: str) -> dict:
     rank = dist.get_rank()
     logits, targets, _, per = _case_inputs(case)
     mine = logits[:, rank * per : (rank + 1) * per].clone()
+    before = mine.clone()
     with comm.record() as ledger:
         loss = fn(mine, targets.clone(), None, rank * per, CE_CASES[case][1])
     value = loss.detach().clone().float() if isinstance(loss, torch.Tensor) else loss
     return dict(
         value=value if isinstance(value, torch.Tensor) else type(value).__name__,
         records=[(r.op, r.payload_bytes) for r in ledger.records],
+        mutated=not torch.equal(mine, before),
+    )
+
+
+CE_GROUP_CASE = "ordinary logits"  # also run on 4 ranks as two tp groups of 2
+
+
+def _ce_group_rank(fn: Callable) -> dict:
+    """The ordinary case on a tp group of 2 inside a world of 4: the group is not the world."""
+    from ..layout import ParallelLayout
+
+    layout = ParallelLayout(tp=2)
+    q = layout.tp_rank
+    logits, targets, _, per = _case_inputs(CE_GROUP_CASE)
+    with comm.record() as ledger:
+        loss = fn(logits[:, q * per : (q + 1) * per].clone(), targets.clone(),
+                  layout.group("tp"), q * per, CE_CASES[CE_GROUP_CASE][1])  # fmt: skip
+    return dict(
+        value=float(loss.detach()) if isinstance(loss, torch.Tensor) else None,
+        groups={r.group_ranks for r in ledger.records},
+        tp=tuple(layout.mine["tp"]),
     )
 
 
@@ -194,10 +216,10 @@ def _diagnose_ce(case: str, results: list[dict]) -> str | None:
         v = res["value"]
         if not isinstance(v, torch.Tensor):
             return f"{where}: rank {rank} returned a {v}; return the loss as a tensor."
-        if v.numel() != 1:
+        if v.numel() != 1 or v.dim() != 0:
             return (
                 f"{where}: rank {rank} returned shape {tuple(v.shape)}; return the mean over "
-                "tokens, one number (a 0-dim tensor), as F.cross_entropy does."
+                "tokens, one number (a 0-dim tensor: no keepdim), as F.cross_entropy does."
             )
         values.append(v.reshape(()))
 
@@ -233,6 +255,12 @@ def _diagnose_ce(case: str, results: list[dict]) -> str | None:
 def _diagnose_ce_ledger(case: str, results: list[dict]) -> str | None:
     world = CE_CASES[case][0]
     for rank, res in enumerate(results):
+        if res.get("mutated"):
+            return (
+                f"{case}, rank {rank}: the loss is right, but your code changed the caller's "
+                "logits in place (e.g. masked_fill_): the model's output is still needed (its "
+                "backward, other losses): mask a copy (masked_fill, not masked_fill_)."
+            )
         ops = [op for op, _ in res["records"]]
         sizes = {n for _, n in res["records"]}
         where = f"{case}, rank {rank}"
@@ -292,6 +320,21 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
             problem = diagnose(case, results[case])
             if problem:
                 fail(problem)
+    try:
+        grouped = run_on_world(_ce_group_rank, 4, fn, hang_hint=CE_HANG_HINT)
+    except RankFailedError as exc:
+        fail(_ce_crash(CE_GROUP_CASE, exc))
+    right = float(_ce_variants(CE_GROUP_CASE)["right"][0])
+    for rank, res in enumerate(grouped):
+        wrong_group = [g for g in res["groups"] if g != res["tp"]]
+        value_off = res["value"] is None or not math.isclose(res["value"], right, rel_tol=1e-4)
+        if wrong_group or value_off:
+            fail(
+                f"on 4 ranks as two tp groups of 2, rank {rank} (tp group {list(res['tp'])}) "
+                f"made collectives over ranks {sorted(map(list, res['groups']))}"
+                f" and returned {res['value']} (want {right:.6g}): pass group=group to every "
+                "comm.all_reduce; the other tp group holds another copy of the vocabulary."
+            )
     passed(
         "the vocab-parallel cross entropy equals F.cross_entropy on the full logits (ordinary, "
         "padded vocabulary, logits around 1000, a rank holding no target) with three "
