@@ -24,9 +24,9 @@ from ..data import shard_batch
 from ..data_parallel.fixture import STEPS, build
 from ..fsdp.fixture import UNITS
 from ..fsdp.fully_sharded import FullyShardedDataParallel
+from ..policy import MixedPrecision
 from ..training import train
 from ..zero.fixture import ADAM
-from .policy import MixedPrecision
 from .scaler import DynamicLossScaler
 
 

@@ -19,6 +19,7 @@ import torch
 from ..data_parallel.fixture import build
 from ..fsdp import fixture as fsdp_fixture
 from ..fsdp import theory as fsdp_theory
+from ..policy import MixedPrecision
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from ..training import TrainTrace
@@ -26,7 +27,6 @@ from ..zero import fixture as zero_fixture
 from ..zero.lesson import TOUR_BUCKET_MB
 from ..zero.lesson import memory_theory as zero_layout
 from . import theory
-from .policy import MixedPrecision
 
 MODEL = "gpt"
 # bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 2e-3 per operation), fp16 11 bits:

@@ -25,8 +25,8 @@ import torch
 
 from .. import comm
 from ..fsdp import theory as fsdp_theory
+from ..policy import MixedPrecision
 from ..zero import theory as zero_theory
-from .policy import MixedPrecision
 
 FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 FOUND_INF_BYTES = 4  # the scaler's flag: one float32

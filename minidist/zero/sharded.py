@@ -37,13 +37,13 @@ import torch.nn as nn
 
 from .. import comm
 from ..data_parallel.buckets import MiB, plan_buckets
-from ..mixed_precision.policy import (
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..policy import (
     MixedPrecision,
     cast_floating,
     cast_module_state,
     divide_factors,
 )
-from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .flat import FlatShard
 from .sharded_optimizer import ShardedOptimizer, _group_index, clip_sharded_grad_norm_
 
@@ -140,7 +140,9 @@ class ZeroDataParallel(ParallelModule):
             for g in range(len(options))
             if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
         ]
-        self.optimizer = ShardedOptimizer(self, optimizer_class(inner_groups, **defaults))
+        self.optimizer = ShardedOptimizer(
+            optimizer_class(inner_groups, **defaults), module, self.buckets, self._after_step
+        )
         self.pre_divide, self.post_divide = (
             divide_factors(self.world) if mixed_precision else (float(self.world), 1.0)
         )
@@ -221,6 +223,13 @@ class ZeroDataParallel(ParallelModule):
 
     # -- the step -------------------------------------------------------------------------------
     @torch.no_grad()
+    def _after_step(self) -> None:
+        """The updated chunks are gathered now, or before the next forward."""
+        if self.gather_weights == "after_step":
+            self.gather_parameters()
+        else:
+            self._gather_pending = True
+
     def gather_parameters(self) -> None:
         """All-gather every bucket's updated chunks into the full parameters."""
         works = [
