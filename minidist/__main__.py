@@ -1,4 +1,4 @@
-"""`python -m minidist tour | bench NAME | plan ... | exercises [--check]`."""
+"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | gpucheck`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--exercises", default="exercises")
     ex.add_argument("--check", action="store_true", help="only report stale notebooks")
 
+    sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
+
     args = parser.parse_args(argv)
+    if args.command == "gpucheck":
+        from .gpucheck import main as gpucheck
+
+        return gpucheck()
     if args.command == "tour":
         from .tour import run_tour
 

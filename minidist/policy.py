@@ -19,6 +19,7 @@ its buffers, shards and flags for that module (`cuda:i` on a GPU rank, else the 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -80,9 +81,20 @@ def cast_module_state(module, dtype: torch.dtype) -> None:
             t.data = t.data.to(dtype)
 
 
+def to_device(tree, device):
+    """Tensors in a (nested) tuple/list/dict moved to `device`; the rest as is. What a loop
+    does to a batch built on the CPU before it meets a module on a GPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(to_device(t, device) for t in tree)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    return tree
+
+
 def module_device(module) -> torch.device:
     """Where a wrapper allocates for `module`: the device of its first parameter or buffer
     (the CPU for a module with neither)."""
-    for t in [*module.parameters(), *module.buffers()][:1]:
-        return t.device
-    return torch.device("cpu")
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")

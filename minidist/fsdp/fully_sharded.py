@@ -182,7 +182,7 @@ class FullyShardedDataParallel(ParallelModule):
         if policy is not None:
             grad = grad.to(policy.reduce_dtype)
         grad.div_(pre)  # the sum of the pre-divided parts, post-divided, is the mean
-        chunk = torch.empty(unit.layout.chunk, dtype=grad.dtype)
+        chunk = torch.empty(unit.layout.chunk, dtype=grad.dtype, device=grad.device)
         work = comm.reduce_scatter(
             chunk, grad, group=self.shard_group, async_op=True, tag=f"unit{unit.index}-grads"
         )

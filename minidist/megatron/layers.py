@@ -58,7 +58,7 @@ def gather_split(local: torch.Tensor, split: tuple[int, int, int], group) -> tor
     """The dense tensor from every rank's part (`split` = (dim, blocks, full size))."""
     dim, blocks, size = split
     n = dist.get_world_size(group)
-    out = torch.empty(n * local.numel(), dtype=local.dtype)
+    out = torch.empty(n * local.numel(), dtype=local.dtype, device=local.device)
     comm.all_gather(out, local.contiguous().reshape(-1), group=group, tag="full-state")
     parts = [p.view(local.shape).chunk(blocks, dim) for p in out.chunk(n)]
     full = torch.cat([torch.cat([p[b] for p in parts], dim) for b in range(blocks)], dim)

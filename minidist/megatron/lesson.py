@@ -191,8 +191,8 @@ def _tp_bench_rank(rounds: int, steps: int) -> dict:
     torch.manual_seed(0)
     dense = MLPStack(h, layers)
     g = torch.Generator().manual_seed(1)  # the same data on every rank: TP replicates it
-    x, y, x_eval = (torch.randn(b, s, h, generator=g) for _ in range(3))
-    y_eval = torch.randn(b, s, h, generator=g)
+    x, y, x_eval = (torch.randn(b, s, h, device="cpu", generator=g) for _ in range(3))
+    y_eval = torch.randn(b, s, h, device="cpu", generator=g)
     ours = _minidist_tp(copy.deepcopy(dense))
     step_ours = _stepper(ours, x, y)
     out: dict = {"params": sum(p.numel() for p in dense.parameters())}

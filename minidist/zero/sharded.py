@@ -193,7 +193,7 @@ class ZeroDataParallel(ParallelModule):
             if self.mixed_precision is not None:
                 grad = grad.to(self.mixed_precision.reduce_dtype)
             grad.div_(self.pre_divide)  # the sum of the pre-divided parts, post-divided: mean
-            ready.reduced = torch.empty(ready.layout.chunk, dtype=grad.dtype)
+            ready.reduced = grad.new_empty(ready.layout.chunk)
             ready.work = comm.reduce_scatter(
                 ready.reduced, grad, group=self.group, async_op=True,
                 tag=f"grad-bucket{self.next_bucket}",
@@ -275,6 +275,6 @@ class ZeroDataParallel(ParallelModule):
 
     @torch.no_grad()
     def _gathered(self, b: _Bucket, chunk: torch.Tensor) -> list[torch.Tensor]:
-        full = torch.empty(b.layout.padded, dtype=torch.float32)
+        full = torch.empty(b.layout.padded, dtype=torch.float32, device=chunk.device)
         comm.all_gather(full, chunk.detach().float(), group=self.group, tag="full-grads")
         return [v.clone() for v in b.layout.views(full)]

@@ -42,10 +42,11 @@ def clip_sharded_grad_norm_(
     """
     if max_norm <= 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    partial = torch.zeros(())
+    dev = next((g.device for _, g in chunks if g is not None), comm.group_device(group))
+    partial = torch.zeros((), device=dev)
     for layout, grad in chunks:
         if grad is not None:
-            partial += grad[layout.valid()].float().pow(2).sum()
+            partial += grad[layout.valid(dev)].float().pow(2).sum()
     comm.all_reduce(partial, group=group, tag="grad-norm")
     norm = math.sqrt(float(partial))
     if norm > max_norm:

@@ -34,7 +34,7 @@ def _want_dedup(rows: torch.Tensor):
 
 def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
     for case in (EXAMPLE, [7], [3, 3, 3], [9, 0, 9, 2, 0, 9, 11, 2]):
-        rows = torch.tensor(case)
+        rows = torch.tensor(case, device="cpu")
         got = sort_and_dedup(rows.clone())
         if not isinstance(got, tuple) or len(got) != 3:
             return "sort_and_dedup must return a tuple (order, unique_rows, run_offsets)."
@@ -76,17 +76,17 @@ def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
 
 def _grad_case(seed: int, n: int, bags: int, dim: int, table: int):
     g = torch.Generator().manual_seed(seed)
-    rows = torch.randint(0, table, (n,), generator=g)
-    bag = torch.sort(torch.randint(0, bags, (n,), generator=g)).values
+    rows = torch.randint(0, table, (n,), device="cpu", generator=g)
+    bag = torch.sort(torch.randint(0, bags, (n,), device="cpu", generator=g)).values
     counts = torch.bincount(bag, minlength=bags).clamp(min=1)
     weights = 1.0 / counts[bag].float()  # the mean combiner's weights
-    grad = torch.randn(bags, dim, generator=g)
+    grad = torch.randn(bags, dim, device="cpu", generator=g)
     return rows, bag, grad, weights
 
 
 def _want_grads(rows, bag, grad, weights, loss_scale, table):
-    dense = torch.zeros(table, grad.shape[1], requires_grad=True)
-    pooled = torch.zeros(grad.shape[0], grad.shape[1]).index_add(
+    dense = torch.zeros(table, grad.shape[1], requires_grad=True, device="cpu")
+    pooled = torch.zeros(grad.shape[0], grad.shape[1], device="cpu").index_add(
         0, bag, dense[rows] * weights[:, None]
     )
     (pooled * grad).sum().backward()
@@ -98,7 +98,7 @@ def _variants(rows, bag, grad, weights, loss_scale):
     """What common mistakes compute, by name."""
     unique = rows.unique()
     index = {int(r): u for u, r in enumerate(unique)}
-    last = torch.zeros(unique.numel(), grad.shape[1])
+    last = torch.zeros(unique.numel(), grad.shape[1], device="cpu")
     plain = torch.zeros_like(last)
     for i, r in enumerate(rows.tolist()):
         last[index[r]] = weights[i] * grad[bag[i]] / loss_scale
@@ -115,7 +115,7 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
     for seed, (n, bags, dim, scale) in enumerate([(10, 4, 3, 1.0), (30, 7, 2, 8.0)]):
         rows, bag, grad, weights = _grad_case(seed, n, bags, dim, table)
         if seed == 0:
-            rows = torch.tensor(EXAMPLE)
+            rows = torch.tensor(EXAMPLE, device="cpu")
         try:
             got = row_gradients(rows.clone(), bag.clone(), grad.clone(), weights.clone(), scale)
         except IndexError as exc:
@@ -171,7 +171,7 @@ def check_dedup_backward(sort_and_dedup: Callable, row_gradients: Callable) -> N
     problem = _diagnose_dedup(sort_and_dedup) or _diagnose_grads(row_gradients)
     if problem:
         fail(problem)
-    order, unique, offsets = sort_and_dedup(torch.tensor(EXAMPLE))
+    order, unique, offsets = sort_and_dedup(torch.tensor(EXAMPLE, device="cpu"))
     passed(
         f"rows {EXAMPLE} -> sorted {[EXAMPLE[i] for i in as_list(order)]}, run_offsets "
         f"{as_list(offsets)}, {len(as_list(unique))} unique rows; row gradients equal the "

@@ -143,7 +143,7 @@ def check_linear_probing(insert: Callable, find: Callable) -> None:
     g = torch.Generator().manual_seed(0)
     for trial in range(20):  # random keys, negative too, against a Python dict
         table, want = ProbeTable(16), {}
-        for k in torch.randint(-40, 40, (30,), generator=g).tolist():
+        for k in torch.randint(-40, 40, (30,), device="cpu", generator=g).tolist():
             if k not in want and len(want) == table.capacity:
                 break
             want.setdefault(k, len(want))

@@ -16,12 +16,14 @@ import torch
 from ...course.check import fail, passed
 from ..distributed import key_owner
 
-OWNER_KEYS = torch.tensor([0, 1, 5, 7, -1, -2, -5, -8, 1 << 40, -(1 << 40) - 3, 12, -13])
+OWNER_KEYS = torch.tensor(
+    [0, 1, 5, 7, -1, -2, -5, -8, 1 << 40, -(1 << 40) - 3, 12, -13], device="cpu"
+)
 
 
 def _batches(world: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(world)
-    return [torch.randint(-50, 50, (5 + 3 * r,), generator=g) for r in range(world)]
+    return [torch.randint(-50, 50, (5 + 3 * r,), device="cpu", generator=g) for r in range(world)]
 
 
 def _right_splits(batches, rank, world) -> tuple[list[int], list[int]]:

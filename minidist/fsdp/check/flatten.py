@@ -23,7 +23,7 @@ def _flat_params(shapes) -> list[torch.nn.Parameter]:
     out, start = [], 1
     for shape in shapes:
         n = _numel(shape)
-        values = torch.arange(start, start + n, dtype=torch.float32).reshape(shape)
+        values = torch.arange(start, start + n, dtype=torch.float32, device="cpu").reshape(shape)
         out.append(torch.nn.Parameter(values))
         start += n
     return out
@@ -71,8 +71,8 @@ def _diagnose_flatten(out, shapes, rank: int, world: int) -> str | None:
             f"the chunk has {got.numel()} elements; every rank's chunk has "
             f"ceil({total} / {world}) = {c} (the flat buffer padded to {full}, cut in {world})."
         )
-    flat = torch.zeros(full)
-    flat[:total] = torch.arange(1, total + 1, dtype=torch.float32)
+    flat = torch.zeros(full, device="cpu")
+    flat[:total] = torch.arange(1, total + 1, dtype=torch.float32, device="cpu")
     want = flat[rank * c : (rank + 1) * c]
     if torch.equal(got, want):
         return None

@@ -29,10 +29,10 @@ def _ce_inputs(world: int, vocab: int, scale: float, offset: float):
     ones), targets covering every rank's range, V' and columns per rank."""
     g = torch.Generator().manual_seed(7 + world + vocab)
     padded = -(-vocab // world) * world
-    logits = offset + scale * torch.randn(CE_TOKENS, padded, generator=g)
+    logits = offset + scale * torch.randn(CE_TOKENS, padded, device="cpu", generator=g)
     logits[:, vocab:] += 3 * scale  # vocab padding: not part of the vocabulary
     per = padded // world
-    targets = torch.tensor([(i * per + i % per) % vocab for i in range(CE_TOKENS)])
+    targets = torch.tensor([(i * per + i % per) % vocab for i in range(CE_TOKENS)], device="cpu")
     return logits, targets, padded, per
 
 
@@ -52,7 +52,7 @@ def _ce_rank(fn: Callable, case: str) -> dict:
 def _ce_variants(world: int, vocab: int, scale: float, offset: float) -> dict:
     """{variant: the loss on each rank} for the right answer and the named mistakes."""
     logits, targets, padded, per = _ce_inputs(world, vocab, scale, offset)
-    real = logits.masked_fill(torch.arange(padded) >= vocab, float("-inf"))
+    real = logits.masked_fill(torch.arange(padded, device="cpu") >= vocab, float("-inf"))
     parts = [real[:, r * per : (r + 1) * per] for r in range(world)]
     peak = real.max(dim=-1).values
     total = (real - peak[:, None]).exp().sum(-1)
@@ -71,7 +71,7 @@ def _ce_variants(world: int, vocab: int, scale: float, offset: float) -> dict:
 
     local_peaks = torch.stack([p.max(dim=-1).values for p in parts])
     local_total = sum((p - m[:, None]).exp().sum(-1) for p, m in zip(parts, local_peaks))
-    owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS)]
+    owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS, device="cpu")]
     lse_all = logits.logsumexp(-1)  # padding columns included
     same = {
         "sum_not_mean": right * CE_TOKENS,

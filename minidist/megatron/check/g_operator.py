@@ -20,12 +20,12 @@ G_HANG_HINT = (
 
 def _g_input(tp_rank: int) -> torch.Tensor:
     """(i + 1) + 100·2^q at element i on tp rank q: every sum and every rank recognisable."""
-    return torch.arange(1, G_NUMEL + 1, dtype=torch.float32) + 100 * 2**tp_rank
+    return torch.arange(1, G_NUMEL + 1, dtype=torch.float32, device="cpu") + 100 * 2**tp_rank
 
 
 def _g_upstream() -> torch.Tensor:
     """The gradient arriving at g's output: the same on every rank (after g all is replicated)."""
-    return torch.tensor([1.0, -2.0, 3.0, 0.5, -1.5, 2.0])[:G_NUMEL]
+    return torch.tensor([1.0, -2.0, 3.0, 0.5, -1.5, 2.0], device="cpu")[:G_NUMEL]
 
 
 def _g_rank(cls: type) -> dict:

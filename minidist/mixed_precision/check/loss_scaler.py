@@ -24,12 +24,12 @@ COEF = (0.5, 1.0, -1.0, 2.0)  # the gradient of the loss (p · COEF).sum()
 
 def _drive_scaler(cls: type) -> list[dict]:
     scaler = cls(**SCALER_ARGS)
-    p = nn.Parameter(torch.tensor(START))
+    p = nn.Parameter(torch.tensor(START, device="cpu"))
     opt = torch.optim.SGD([p], lr=LR)
     out = []
     for step in range(SCALER_STEPS):
         opt.zero_grad()
-        scaler.scale((p * torch.tensor(COEF)).sum()).backward()
+        scaler.scale((p * torch.tensor(COEF, device="cpu")).sum()).backward()
         if step in OVERFLOWS:
             p.grad[0] = OVERFLOWS[step]
         stepped = scaler.step(opt)
@@ -39,10 +39,10 @@ def _drive_scaler(cls: type) -> list[dict]:
 
 
 def _right_params() -> list[torch.Tensor]:
-    p, out = torch.tensor(START), []
+    p, out = torch.tensor(START, device="cpu"), []
     for step in range(SCALER_STEPS):
         if step not in OVERFLOWS:
-            p = p - LR * torch.tensor(COEF)
+            p = p - LR * torch.tensor(COEF, device="cpu")
         out.append(p.clone())
     return out
 
@@ -157,9 +157,9 @@ def check_loss_scaler(scaler_cls: type) -> None:
                 "gradient holds inf or NaN (after dividing it by the scale)."
             )
         if not torch.allclose(g["p"], want, rtol=1e-5, atol=1e-6):
-            before = got[step - 1]["p"] if step else torch.tensor(START)
+            before = got[step - 1]["p"] if step else torch.tensor(START, device="cpu")
             moved = g["p"] - before
-            expected = -LR * torch.tensor(COEF)
+            expected = -LR * torch.tensor(COEF, device="cpu")
             c = best_scale(moved, expected)
             used = scales[step - 1] if step else SCALER_ARGS["init_scale"]
             if abs(c - used) < 1e-3 * used:
