@@ -155,7 +155,12 @@ def tour_rows(world_size: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         for name, row_fn in registered().items():
             key = "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
-            row = row_fn(world_size, Path(folder))
+            try:
+                row = row_fn(world_size, Path(folder))
+            except Exception as exc:  # one row's failure is reported, the others still run
+                out[key] = f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+                ok = False
+                continue
             theory_ok = row.bytes_theory is None or abs(row.bytes_per_rank - row.bytes_theory) <= (
                 1e-6 * max(1.0, row.bytes_theory)
             )
@@ -185,22 +190,23 @@ def main(emit: Callable[[str], None] = print) -> int:
         emit("gpu=none")
         emit("gpucheck=skipped (no GPU on this machine; `make test` runs the CPU worlds)")
         return 0
-    emit(f"gpu={torch.cuda.get_device_name(0)}")
     emit(f"gpus={gpus}")
     emit(f"torch={torch.__version__}")
     emit(f"cuda={torch.version.cuda}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         emit("gpucheck=refused (TRITON_INTERPRET=1 is set: the kernels would not compile)")
         return 1
-    ok = section("triton", triton_vs_torch, emit)
+    ok = True
+    if gpus == 1:  # first, while CUDA is not initialised here: the CPU worlds can fork
+        ok &= section("cpu_tour", lambda: tour_rows(4), emit)
+    emit(f"gpu={torch.cuda.get_device_name(0)}")
+    ok &= section("triton", triton_vs_torch, emit)
     from .embedding.bench import gpu_figures
 
     ok &= section("embedding", lambda: gpu_figures(rounds=3), emit)
     for case in WRAPPERS:
         ok &= section(f"world1_{case[0]}", lambda c=case: wrapper_in_world_of_one(c, "cuda"), emit)
-    if gpus == 1:
-        ok &= section("cpu_tour", lambda: tour_rows(4), emit)
-    else:
+    if gpus > 1:
         os.environ["MINIDIST_BACKEND"] = "nccl"  # every world of the rows and benches
         world = min(gpus, 4)
         ok &= section("nccl_tour", lambda: tour_rows(world), emit)

@@ -52,3 +52,26 @@ def test_triton_against_torch_runs_on_the_interpreter():
 def test_a_wrapper_in_a_world_of_one_against_itself_on_cpus(case):
     figures = gpucheck.wrapper_in_world_of_one(case, "cpu")
     assert figures == {"loss_diff": 0.0, "param_diff": 0.0, "ok": True}
+
+
+def test_tour_rows_reports_each_row_and_survives_a_broken_one(monkeypatch):
+    from minidist import registry
+
+    def good(world, folder):
+        return registry.TourRow("good", True, 1e-7, 100, 100, 8.0, 8.0)
+
+    def off_theory(world, folder):
+        return registry.TourRow("off", True, 0.0, 120, 100, None, None)
+
+    def broken(world, folder):
+        raise ValueError(f"world_size={world} must be >= 8")
+
+    rows = {"Good row": good, "off theory": off_theory, "3D (t x p)": broken}
+    monkeypatch.setattr(registry, "tour_rows", lambda: rows)
+    out = gpucheck.tour_rows(2)
+    assert out["good_row"] == "yes/1.0e-07" and out["good_row_memory"] == "100/100"
+    assert out["off_theory_memory"] == "120/100"
+    assert out["3d__t_x_p"] == "error: ValueError: world_size=2 must be >= 8"
+    assert out["ok"] is False
+    del rows["off theory"], rows["3D (t x p)"]
+    assert gpucheck.tour_rows(2)["ok"] is True
