@@ -2,7 +2,10 @@
 
 CI runs on CPUs; this is the script to run on a machine with one or more NVIDIA GPUs (under
 10 minutes on one). It prints `name=value` lines, one per figure, and exits 1 if a check
-failed. On a machine without a GPU it prints `gpu=none` and exits 0. What it runs:
+failed. On a machine without a GPU it prints `gpu=none` and exits 0. In an image that
+already holds torch and triton (no virtual environment to build), run it from the
+repository root as `PYTHONPATH=. python -m minidist gpucheck` (TRITON_INTERPRET unset).
+What it runs:
 
 - `triton_*`: the Triton kernels compiled on the GPU against the torch back end on 10^6
   keys: the same keys found after insert, grow and insert again, the same vector per key
