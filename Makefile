@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean
+.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,8 +67,17 @@ notebooks: $(STAMP)
 	done
 	$(PY) -m minidist exercises
 
+# The course website, from the notebooks' committed outputs (nothing re-executed), into
+# build/site/ (ignored); offline: nbconvert's own template, MathJax copied in. Its browser
+# test (tests/test_site.py, part of test-unit) needs Chromium: apt-get install -y chromium.
+site: $(STAMP)
+	$(PY) -m minidist site --out build/site
+
+test-site: $(STAMP)
+	$(PY) -m pytest -p no:nbval -q tests/test_site.py
+
 bench: $(STAMP)
 	$(PY) -m minidist bench ddp
 
 clean:
-	rm -rf $(VENV) $(TRITON_LATEST) minidist_tour .pytest_cache
+	rm -rf $(VENV) $(TRITON_LATEST) minidist_tour .pytest_cache build/site build/site-screenshots

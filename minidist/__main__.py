@@ -1,4 +1,5 @@
-"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | gpucheck`."""
+"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | grade ... | site |
+gpucheck`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--exercises", default="exercises")
     ex.add_argument("--check", action="store_true", help="only report stale notebooks")
 
+    grade = sub.add_parser("grade", help="run exercise notebooks headless, PASS/FAIL per exercise")
+    grade.add_argument("notebooks", nargs="*", help="exercise notebooks to grade")
+    grade.add_argument("--all", metavar="DIR", help="grade every DIR/*.ipynb")
+    grade.add_argument("--timeout", type=float, default=120.0, help="seconds per cell")
+    grade.add_argument("--json", action="store_true", help="JSON instead of the table")
+
+    site = sub.add_parser("site", help="build the course website from notebooks/")
+    site.add_argument("--out", default="build/site", help="output folder (replaced)")
+
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
     args = parser.parse_args(argv)
@@ -39,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         from .gpucheck import main as gpucheck
 
         return gpucheck()
+    if args.command == "grade":
+        from .course.grade import run_grade
+
+        return run_grade(args.notebooks, args.all, args.timeout, args.json)
+    if args.command == "site":
+        from .course.site import run_site
+
+        return run_site(Path("."), Path(args.out))
     if args.command == "tour":
         from .tour import run_tour
 

@@ -37,7 +37,8 @@ def _check_devices(op: str, tensors, group, tag: str) -> None:
     backend = group_backend(group)
     if backend not in ("gloo", "nccl"):
         return
-    for t in tensors:
+    flat = [x for t in tensors for x in (t if isinstance(t, list | tuple) else [t])]
+    for t in flat:  # (torch.distributed's list forms give lists of tensors)
         kind = t.device.type
         if backend == "nccl":
             ok, rule = kind == "cuda", "NCCL moves only CUDA tensors"

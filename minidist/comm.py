@@ -38,6 +38,10 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _active_ledgers: list[Ledger] = []
+# On a rank that `minidist.launch` started: its slot of the world's call board
+# (`runtime/board.py`), where the call this rank is inside is written for the parent to read
+# when the world hangs.
+_board = None
 
 RING_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -143,12 +147,15 @@ def _group_ranks(group) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def _log(op: str, tensor: torch.Tensor, group, tag: str = "") -> CommRecord | None:
-    """Append a record to the open ledgers (the caller stamps its end time)."""
+def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
+    """Append a record to the open ledgers (the caller stamps its end time); `tensor` may be
+    a list of tensors (torch's list form), whose sizes add up."""
     if not _active_ledgers:
         return None
     ranks = _group_ranks(group)
-    payload = tensor.numel() * tensor.element_size()
+    parts = list(tensor) if isinstance(tensor, list | tuple) else [tensor]
+    payload = sum(t.numel() * t.element_size() for t in parts)
+    tensor = parts[0] if parts else _NO_PAYLOAD
     rec = CommRecord(
         op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
         start=time.perf_counter(), tag=tag,
@@ -164,8 +171,20 @@ def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag="", oth
     if tensor is not _NO_PAYLOAD:
         _check_devices(op, (tensor, *others), group, tag)
     rec = _log(op, tensor, group, tag=tag)
-    work = call()
+    work = _on_board(op, tag, group, call, async_op)
     return _stamp_end(rec, work if async_op else None) or work
+
+
+def _on_board(op: str, tag: str, group, call, async_op: bool = False):
+    """`call()`, with this rank's call board saying it is inside `op` meanwhile (and, for an
+    asynchronous op, that its work may still be pending after)."""
+    if _board is None:
+        return call()
+    _board.enter(op, tag, dist.get_world_size(group))
+    try:
+        return call()
+    finally:
+        _board.leave(async_op)
 
 
 class _StampOnWait:
@@ -218,10 +237,12 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, t
 
 
 def all_gather(output, input, group=None, async_op=False, tag=""):
-    """`output` (N times `input`) receives every rank's `input`, in rank order."""
+    """`output` (N times `input`) receives every rank's `input`, in rank order; or, in
+    torch.distributed's list form, `output[r]` receives rank r's `input`."""
+    gather = dist.all_gather if isinstance(output, list | tuple) else _all_gather_flat
     return _run(
         "all_gather", output, group, async_op,
-        lambda: _all_gather_flat(output, input, group=group, async_op=async_op), tag, (input,),
+        lambda: gather(output, input, group=group, async_op=async_op), tag, (input,),
     )  # fmt: skip
 
 
@@ -259,9 +280,13 @@ def all_to_all(
             row = math.prod(input.shape[1:])  # elements per first-dimension entry
             own = input_split_sizes[dist.get_rank(group)] * row
         rec.ring_bytes = float((input.numel() - own) * input.element_size())
-    work = dist.all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
-    )
+    work = _on_board(
+        "all_to_all", tag, group,
+        lambda: dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        ),
+        async_op,
+    )  # fmt: skip
     return _stamp_end(rec, work if async_op else None) or work
 
 
@@ -295,15 +320,18 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
     Returns the works to wait on. Posting both directions together is what keeps a ring or a
     pipeline from deadlocking when every rank sends before it receives.
     """
-    p2p = []
-    for kind, tensor, *_ in ops:
+    ranks = _group_ranks(group)
+    for kind, tensor, peer, *_ in ops:  # every op checked before any is posted or recorded
         if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
+        if peer not in ranks:
+            raise ValueError(f"batch_isend_irecv: peer={peer} of a {kind} is not in {ranks}")
         _check_devices(f"batch_isend_irecv ({kind})", (tensor,), group, tag)
+    p2p = []
     for kind, tensor, peer, *message_tag in ops:
         fn = dist.isend if kind == "send" else dist.irecv
         p2p.append(
             dist.P2POp(fn, tensor, peer, group=group, tag=message_tag[0] if message_tag else 0)
         )
         _stamp_end(_log(kind, tensor, group, tag=tag), None)
-    return dist.batch_isend_irecv(p2p)
+    return _on_board("batch_isend_irecv", tag, group, lambda: dist.batch_isend_irecv(p2p), True)

@@ -87,10 +87,11 @@ def broadcast_parameters(module: nn.Module, group=None) -> None:
 def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> None:
     """Raise on every rank unless every rank's `module` has the same parameters and shapes.
 
-    Each rank all-gathers the length of its description (names and shapes of parameters and
-    buffers, in order), then the descriptions themselves padded to the longest, so a mismatch
-    costs two small collectives and never a hang. The error names the first entry that
-    differs and which ranks hold which version.
+    Each rank all-gathers the length of its description (names, shapes, dtypes of parameters
+    and buffers in order, and which parameters are frozen: a parameter trainable on one rank
+    only would give the ranks gradients of different sizes), then the descriptions themselves
+    padded to the longest, so a mismatch costs two small collectives and never a hang. The
+    error names the first entry that differs and which ranks hold which version.
     """
     mine = _describe(module)
     n, dev = dist.get_world_size(group), comm.group_device(group)  # where the backend sends
@@ -130,6 +131,9 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
 
 
 def _describe(module: nn.Module) -> str:
-    params = [f"parameter {n} {tuple(p.shape)} {p.dtype}" for n, p in module.named_parameters()]
+    params = [
+        f"parameter {n} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
+        for n, p in module.named_parameters()
+    ]
     buffers = [f"buffer {n} {tuple(b.shape)} {b.dtype}" for n, b in module.named_buffers()]
     return "\n".join(params + buffers)

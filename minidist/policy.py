@@ -10,8 +10,8 @@ matters. `MixedPrecision` mirrors `torch.distributed.fsdp.MixedPrecision`'s name
   (half the bytes of fp32);
 - `reduce_dtype`: the dtype of the gradient reduction. In fp16 a sum over N ranks can
   overflow and the mean of small gradients underflow, so the division by N is split into a
-  pre-divide before the reduction and a post-divide after it (`divide_factors`, as PyTorch
-  FSDP does: about √N each).
+  pre-divide before the reduction and a post-divide after it (`divide_factors`: about √N
+  each, as in PyTorch FSDP, which rounds the other way when N is not a power of 4).
 
 Device: tensors follow their module. `module_device(module)` is where a wrapper allocates
 its buffers, shards and flags for that module (`cuda:i` on a GPU rank, else the CPU).
@@ -54,7 +54,13 @@ class MixedPrecision:
 def divide_factors(world_size: int) -> tuple[float, float]:
     """(pre, post) with pre · post = N: pre is the largest power of 2 dividing N with
     pre² ≤ N, so neither the sum of N pre-divided values nor their post-divided mean leaves
-    the fp16 range needlessly."""
+    the fp16 range needlessly.
+
+    PyTorch FSDP's `_get_gradient_predivide_factor` rounds the other way: for N = 4^k both
+    give (√N, √N); for N = 2·4^k torch's pre is the larger factor, (2, 1), (4, 2), (16, 8)
+    for N = 2, 8, 128, where this gives (1, 2), (2, 4), (8, 16), leaving more headroom to
+    small gradients and less to large sums. For N not a power of 2 torch's pre need not
+    divide N (N = 3 gives (2, 1.5)); this pre always does (N = 3 gives (1, 3))."""
     pre = 1
     while world_size % (pre * 2) == 0 and world_size / (pre * 2) >= pre * 2:
         pre *= 2

@@ -62,7 +62,7 @@ def test_every_lesson_registers_a_row_in_lesson_order():
         "parallel layout", "pipeline 1F1B", "3D (TP x PP x DP)", "hash embedding (HugeCTR)",
         "Wide&Deep (hash emb. + DDP)",
         "parameter server (BSP)", "2D torus all-reduce", "hierarchical all-reduce", "GeePS cache",
-        "planner",
+        "planner", "sequence parallel", "context parallel",
     ]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from minidist import comm
 from minidist.collectives import ring_all_reduce
 from minidist.collectives.check import check_ring_all_gather, check_ring_all_reduce
-from minidist.course.check import CheckFailed
+from minidist.course.check import CheckFailed, Mistake, catalogue_messages, names_mistake
 
 
 def _ring_all_reduce(
@@ -128,34 +128,51 @@ def _all_gather_own_chunk(chunk):
     return out.reshape(-1)
 
 
-def test_all_reduce_checker_passes_correct(capsys):
-    check_ring_all_reduce(_ring_all_reduce)
-    check_ring_all_reduce(ring_all_reduce)
-    assert "PASSED" in capsys.readouterr().out
+ALL_REDUCE_MISTAKES = [
+    Mistake("right", (_ring_all_reduce,), ""),
+    Mistake("library answer", (ring_all_reduce,), ""),
+    Mistake("no all-gather phase", (_forgot_all_gather,), "Forgot the all-gather phase"),
+    Mistake(
+        "all-gather chunk off by one",
+        (lambda t: _ring_all_reduce(t, all_gather_offset=2),),
+        "off-by-one chunk index",
+    ),
+    Mistake("rotated", (_rotated,), "rotated"),
+    Mistake("averaged", (_averaged,), "divided by N"),
+    Mistake("through dist", (_uses_dist,), "no send/recv"),
+    # copies the incoming chunk of all-gather step s into (r-s-1) instead of (r-s)
+    Mistake(
+        "stored one chunk off",
+        (lambda t: _ring_all_reduce(t, store_offset=1),),
+        r"at all-gather step 0 rank \d received chunk \d's complete sum and copied it into "
+        r"chunk \d; it belongs in chunk \(r - s\) % N = \d",
+    ),
+    Mistake(
+        "N steps in both phases",
+        (lambda t: _ring_all_reduce(t, steps_extra=(1, 1)),),
+        "both phases ran N = 2 steps",
+    ),
+    Mistake(
+        "N steps in one phase",
+        (lambda t: _ring_all_reduce(t, steps_extra=(0, 1)),),
+        "one phase ran N = 2 steps",
+    ),
+    Mistake("no padding", (_no_padding,), r"sent chunks of \[2, 3\] elements.*pad with zeros to 9"),
+]
 
 
-@pytest.mark.parametrize(
-    "fn, hint",
-    [
-        (_forgot_all_gather, "Forgot the all-gather phase"),
-        (lambda t: _ring_all_reduce(t, all_gather_offset=2), "off-by-one chunk index"),
-        (_rotated, "rotated"),
-        (_averaged, "divided by N"),
-        (_uses_dist, "no send/recv"),
-        # copies the incoming chunk of all-gather step s into (r-s-1) instead of (r-s)
-        (
-            lambda t: _ring_all_reduce(t, store_offset=1),
-            r"at all-gather step 0 rank \d received chunk \d's complete sum and copied it into "
-            r"chunk \d; it belongs in chunk \(r - s\) % N = \d",
-        ),
-        (lambda t: _ring_all_reduce(t, steps_extra=(1, 1)), "both phases ran N = 2 steps"),
-        (lambda t: _ring_all_reduce(t, steps_extra=(0, 1)), "one phase ran N = 2 steps"),
-        (_no_padding, r"sent chunks of \[2, 3\] elements.*pad with zeros to 9"),
-    ],
-)
-def test_all_reduce_checker_names_the_mistake(fn, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_ring_all_reduce(fn)
+@pytest.fixture(scope="module")
+def all_reduce_messages():
+    return catalogue_messages(check_ring_all_reduce, ALL_REDUCE_MISTAKES)
+
+
+def test_all_reduce_checker_passes_correct(all_reduce_messages):
+    assert all_reduce_messages["right"] is None and all_reduce_messages["library answer"] is None
+
+
+@pytest.mark.parametrize("mistake", ALL_REDUCE_MISTAKES[2:], ids=lambda m: m.name)
+def test_all_reduce_checker_names_the_mistake(mistake, all_reduce_messages):
+    assert names_mistake(mistake, all_reduce_messages[mistake.name]) is None
 
 
 @pytest.mark.parametrize("world, length", [(3, 9), (4, 10)])
@@ -198,17 +215,120 @@ def _all_gather_wrong_block(chunk):
     return out.reshape(-1)
 
 
-def test_all_gather_checker(capsys):
-    check_ring_all_gather(_ring_all_gather)
-    assert "PASSED" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match="rotated|wrong order"):
-        check_ring_all_gather(_all_gather_in_arrival_order)
-    with pytest.raises(CheckFailed, match="left neighbour"):
-        check_ring_all_gather(_all_gather_own_chunk)
-    with pytest.raises(
-        CheckFailed, match=r"at step 0 rank \d received rank \d's chunk; it belongs in block"
-    ):
-        check_ring_all_gather(_all_gather_wrong_block)
+def _all_gather_extra_step(chunk):
+    """N steps instead of N-1: the last one sends a chunk the neighbour already has."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    out = torch.empty(n, chunk.numel())
+    out[rank] = chunk
+    for s in range(n):
+        send, recv = out[(rank - s) % n], torch.empty_like(chunk)
+        for w in comm.batch_isend_irecv(
+            [("send", send.clone(), (rank + 1) % n), ("recv", recv, (rank - 1) % n)]
+        ):
+            w.wait()
+        out[(rank - s - 1) % n] = recv
+    return out.reshape(-1)
+
+
+def _all_gather_2d(chunk):
+    return _ring_all_gather(chunk).reshape(dist.get_world_size(), -1)
+
+
+def _all_gather_through_dist(chunk):
+    out = torch.empty(dist.get_world_size() * chunk.numel())
+    dist.all_gather_into_tensor(out, chunk)
+    return out
+
+
+def _all_gather_recv_from_right(chunk):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    out = torch.empty(n, chunk.numel())
+    out[rank] = chunk
+    for s in range(n - 1):
+        send, recv = out[(rank - s) % n].clone(), torch.empty_like(chunk)
+        for w in comm.batch_isend_irecv(
+            [("send", send, (rank + 1) % n), ("recv", recv, (rank + 1) % n)]
+        ):
+            w.wait()
+        out[(rank - s - 1) % n] = recv
+    return out.reshape(-1)
+
+
+def _all_gather_no_modulo(chunk):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    blocks = [None] * n
+    blocks[rank] = chunk
+    for s in range(n - 1):
+        recv = torch.empty_like(chunk)
+        sent = blocks[rank - s]  # negative indices wrap in Python: right by luck
+        for w in comm.batch_isend_irecv(
+            [("send", sent.clone(), rank + 1), ("recv", recv, (rank - 1) % n)]  # no % N
+        ):
+            w.wait()
+        blocks[(rank - s - 1) % n] = recv
+    return torch.cat(blocks)
+
+
+def _all_gather_wrong_size(chunk):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    out = torch.empty(n, chunk.numel())
+    out[rank] = chunk
+    for s in range(n - 1):
+        send, recv = out[(rank - s) % n].clone(), torch.empty(max(1, chunk.numel() - 1))
+        for w in comm.batch_isend_irecv(
+            [("send", send, (rank + 1) % n), ("recv", recv, (rank - 1) % n)]
+        ):
+            w.wait()
+        out[(rank - s - 1) % n, : recv.numel()] = recv
+    return out.reshape(-1)
+
+
+ALL_GATHER_MISTAKES = [
+    Mistake("right", (_ring_all_gather,), ""),
+    Mistake("arrival order", (_all_gather_in_arrival_order,), "rotated|wrong order"),
+    Mistake("own chunk again", (_all_gather_own_chunk,), "left neighbour"),
+    Mistake(
+        "wrong block",
+        (_all_gather_wrong_block,),
+        r"at step 0 rank \d received rank \d's chunk; it belongs in block",
+    ),
+    Mistake("N steps", (_all_gather_extra_step,), "made 2 ring steps.*needs N-1 = 1"),
+    Mistake("2-D result", (_all_gather_2d,), r"returned shape \(2, 3\).*one flat tensor"),
+    Mistake("through dist", (_all_gather_through_dist,), "no send/recv"),
+    Mistake(
+        "receives from the right",
+        (_all_gather_recv_from_right,),
+        r"still waiting after .*\(r \+ 1\) % N",
+        alone=True,
+    ),
+    Mistake(
+        "peer without % N",
+        (_all_gather_no_modulo,),
+        r"rank 1: your code raised ValueError: batch_isend_irecv: peer=2 .*"
+        r"_all_gather_no_modulo.*\(r \+ 1\) % N",
+        alone=True,
+    ),
+    Mistake(
+        "receive of another size",
+        (_all_gather_wrong_size,),
+        "a send and its receive had different sizes|receive of the same size",
+        alone=True,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def all_gather_messages():
+    return catalogue_messages(check_ring_all_gather, ALL_GATHER_MISTAKES)
+
+
+def test_all_gather_checker_passes(all_gather_messages):
+    assert all_gather_messages["right"] is None
+
+
+@pytest.mark.parametrize("mistake", ALL_GATHER_MISTAKES[1:], ids=lambda m: m.name)
+def test_all_gather_checker_names_the_mistake(mistake, all_gather_messages):
+    assert names_mistake(mistake, all_gather_messages[mistake.name]) is None
 
 
 def test_stub_surfaces_as_not_implemented():

@@ -1,5 +1,8 @@
 """The tensor-parallel and layout checkers pass right answers and name the mistake in wrong ones."""
 
+import functools
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -7,6 +10,7 @@ import torch.distributed as dist
 from minidist import comm
 from minidist.course.check import CheckFailed
 from minidist.megatron.check import (
+    average_dp_verdicts,
     check_average_dp_gradients,
     check_parallel_groups,
     check_reduce_from_tp,
@@ -99,6 +103,59 @@ class GTorchDirectly(GRight):
         return out
 
 
+class GBackwardTorchMean(GRight):
+    """Averages the gradient over the group through torch.distributed: invisible to the ledger."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return GRight.forward(ctx, x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad / dist.get_world_size(ctx.group), None
+
+
+class GBackwardCommMean(GBackwardTorchMean):
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        comm.all_reduce(grad, group=ctx.group)
+        return grad / dist.get_world_size(ctx.group), None
+
+
+class GBackwardDivides(GBackwardTorchMean):
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / dist.get_world_size(ctx.group), None
+
+
+class GBackwardBroadcast(GBackwardTorchMean):
+    """The same value everywhere by a broadcast from the group's first rank, via torch."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.broadcast(grad, src=dist.get_process_group_ranks(ctx.group)[0], group=ctx.group)
+        return grad, None
+
+
+class GNoGradient(GRight):
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None
+
+
+class GNeverWaits(GRight):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        comm.all_reduce(out, group=group, async_op=True)
+        return out
+
+
 class GStub(GRight):
     @staticmethod
     def forward(ctx, x, group):
@@ -120,7 +177,13 @@ def test_reduce_from_tp_passes(capsys):
         (GWholeWorld, "sum over all 4 ranks of the world"),
         (GMean, "returns the SUM"),
         (GOneGradient, r"wrong number of gradients: .* None for `group`"),
-        (GTorchDirectly, "the ledger saw no collective"),
+        (GTorchDirectly, "forward called torch.distributed directly"),
+        (GBackwardTorchMean, "backward averaged the gradient over the tp\\s+group"),
+        (GBackwardCommMean, "backward averaged the gradient over the tp\\s+group"),
+        (GBackwardDivides, "backward divided the gradient by t=2"),
+        (GBackwardBroadcast, r"backward called torch.distributed's \['broadcast'\]"),
+        (GNoGradient, "no gradient reached x"),
+        (GNeverWaits, "nobody called wait\\(\\) on the work"),
     ],
 )
 def test_reduce_from_tp_names_the_mistake(impl, hint):
@@ -137,7 +200,9 @@ def test_reduce_from_tp_stub_is_not_implemented():
 
 
 def ce(logits, targets, group, start, vocab_size, *, max_op="global", mask_target="zero",
-       sum_exp=True, reduce_target=True, mask_padding=True, mean=True, gather=False):  # fmt: skip
+       sum_exp=True, reduce_target=True, mask_padding=True, mean=True, gather=False,
+       padding_op="ge", range_op="lt", low_op="ge", shift_target=True,
+       target_if_any=False):  # fmt: skip
     """The right answer by default; each keyword makes one mistake."""
     if gather:
         n = dist.get_world_size(group)
@@ -147,7 +212,8 @@ def ce(logits, targets, group, start, vocab_size, *, max_op="global", mask_targe
         return torch.nn.functional.cross_entropy(full, targets)
     columns = start + torch.arange(logits.shape[-1])
     if mask_padding:
-        logits = logits.masked_fill(columns >= vocab_size, float("-inf"))
+        pad = columns >= vocab_size if padding_op == "ge" else columns > vocab_size
+        logits = logits.masked_fill(pad, float("-inf"))
     peak = logits.max(dim=-1).values
     if max_op == "global":
         comm.all_reduce(peak, op=comm.ReduceOp.MAX, group=group)
@@ -158,14 +224,17 @@ def ce(logits, targets, group, start, vocab_size, *, max_op="global", mask_targe
     if sum_exp:
         comm.all_reduce(total, group=group)
     local = targets - start
-    inside = (local >= 0) & (local < logits.shape[-1])
+    low = local >= 0 if low_op == "ge" else local > 0
+    inside = low & ((local < logits.shape[-1]) if range_op == "lt" else (local <= logits.shape[-1]))
     if mask_target == "clamp":
         index = local.clamp(0, logits.shape[-1] - 1)
     else:
         index = local.masked_fill(~inside, 0)
-    target = shifted.gather(1, index[:, None]).squeeze(1)
+    target = (shifted if shift_target else logits).gather(1, index[:, None]).squeeze(1)
     if mask_target == "zero":
         target = target.masked_fill(~inside, 0.0)
+    if target_if_any and not inside.any():
+        reduce_target = False
     if reduce_target:
         comm.all_reduce(target, group=group)
     loss = total.log() - target
@@ -197,6 +266,11 @@ def test_vocab_parallel_cross_entropy_passes(capsys):
         (dict(mask_padding=False), "the vocabulary padding took part"),
         (dict(mean=False), "you summed over the 8 tokens"),
         (dict(gather=True), "gathering the logits forms the"),
+        (dict(padding_op="gt"), "the padding mask is off by one"),
+        (dict(range_op="le"), r"index 6 is out of bounds.*\(not <=\)"),
+        (dict(low_op="gt"), "off by one at the start"),
+        (dict(shift_target=False), "off by the row maximum M"),
+        (dict(target_if_any=True), "a rank that holds none of the targets"),
     ],
 )
 def test_vocab_parallel_cross_entropy_names_the_mistake(mistake, hint):
@@ -260,6 +334,31 @@ def groups_no_dp(world_size, tp, pp):
     return out
 
 
+def groups_tp_strided(world_size, tp, pp):
+    stride = world_size // tp
+    return groups_right(world_size, tp, pp) | {
+        "tp": [list(range(i, world_size, stride)) for i in range(stride)]
+    }
+
+
+def groups_tp_off_by_one(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "tp": [list(range(i, i + tp - 1)) for i in range(0, world_size, tp)]
+    }
+
+
+def groups_dp_flat(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "dp": [r for g in groups_right(world_size, tp, pp)["dp"] for r in g]
+    }
+
+
+def groups_pp_first_stage_only(world_size, tp, pp):
+    return groups_right(world_size, tp, pp) | {
+        "pp": [list(range(i, world_size, world_size // pp)) for i in range(tp)]
+    }
+
+
 def groups_stub(world_size, tp, pp):
     raise NotImplementedError("exercise: replace this line with your code")
 
@@ -275,7 +374,14 @@ def test_parallel_groups_passes(capsys):
         (groups_dp_contiguous, r"DP groups are blocks of 2 consecutive ranks \(here the TP"),
         (groups_pp_contiguous, "pipeline groups are blocks of 4 consecutive ranks"),
         (groups_swapped, "tp and pp are swapped"),
-        (groups_dp_whole_world_stride, r"rank 0's group is \[0, 8\], Megatron-LM's is \[0, 2\]"),
+        (groups_dp_whole_world_stride, r"your DP group \[0, 8\] spans pipeline stages \[0, 2\]"),
+        (groups_tp_strided, "your TP groups take every 8-th rank"),
+        (
+            groups_tp_off_by_one,
+            r"\['tp'\]: your groups have 1 ranks .* one short of 2: an off-by-one",
+        ),
+        (groups_dp_flat, r"\['dp'\] is not a list of lists of ranks"),
+        (groups_pp_first_stage_only, r"ranks \[2, 3, 6, 7, 10, 11, 14, 15\] are in none"),
         (groups_repeated_rank, r"ranks \[0, 1\] appear more than once; ranks \[2, 3\] are in"),
         (groups_no_dp, "return a dict with the keys"),
     ],
@@ -293,14 +399,26 @@ def test_parallel_groups_stub_is_not_implemented():
 # -- exercise 4: data parallelism across tensor-parallel groups ------------------------------
 
 
-def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=False):
+def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=False,
+            skip_split=False, torch_directly=False, copy=False, before_too=False,
+            no_wait=False):  # fmt: skip
     """The right answer by default; each keyword makes one mistake."""
     reduce_over = {"dp": dp_group, "world": None}.get(group, group)
-    n = {"dp": dist.get_world_size(dp_group), "world": dist.get_world_size(), "none": 1}
+    d = dist.get_world_size(dp_group)
+    n = {"dp": d, "world": dist.get_world_size(), "none": 1, "d-1": d - 1}
+    n["tp"] = dist.get_world_size(model.group)
     for p in model.parameters():
         if p.grad is None or (skip_replicated and not hasattr(p, "tp_split")):
             continue
-        comm.all_reduce(p.grad, group=reduce_over)
+        if skip_split and hasattr(p, "tp_split"):
+            continue
+        if before_too:
+            p.grad /= d
+        grad = p.grad.clone() if copy else p.grad
+        if no_wait:  # the work is dropped: nobody waits for it
+            comm.all_reduce(grad, group=reduce_over, async_op=True)
+        else:
+            (dist if torch_directly else comm).all_reduce(grad, group=reduce_over)
         p.grad /= n[divide_by]
 
 
@@ -323,20 +441,34 @@ def test_average_dp_gradients_passes(capsys):
     assert "PASSED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (average_with(group="world"), "you reduced over the whole world"),
-        (average_with(group="world", divide_by="world"), "you reduced over the whole world"),
-        (average_over_tp, r"you reduced over the tp group \[0, 1\]"),
-        (average_with(divide_by="none"), "did not divide by its size"),
-        (average_with(divide_by="world"), "2x too small: you divided by 2 twice, or by the"),
-        (average_with(skip_replicated=True), "they were skipped"),
-    ],
-)
-def test_average_dp_gradients_names_the_mistake(impl, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_average_dp_gradients(impl)
+# a wrong answer -> the words its message must contain (all run in one world launch per layout)
+DP_MISTAKES = {
+    "world": (average_with(group="world"), "you reduced over the whole world"),
+    "world_mean": (average_with(group="world", divide_by="world"), "reduced over the whole world"),
+    "tp_group": (average_over_tp, r"you reduced over the tp group \[0, 1\]"),
+    "no_divide": (average_with(divide_by="none"), "did not divide by its size"),
+    "by_world": (average_with(divide_by="world"), "divided by the world size n instead of the dp"),
+    "skip_replicated": (average_with(skip_replicated=True), "they were skipped"),
+    "by_tp": (average_with(divide_by="tp"), "divided by the tp group's size t instead of the dp"),
+    "d_minus_1": (average_with(divide_by="d-1"), "divided by d - 1 instead of"),
+    "twice": (average_with(before_too=True), "divided by d twice"),
+    "skip_split": (average_with(skip_split=True), "they were skipped"),
+    "torch": (average_with(torch_directly=True), "torch.distributed was called directly"),
+    "copy": (average_with(copy=True), "never reached p.grad"),
+    "no_wait": (average_with(no_wait=True), "async\\s+all-reduces were never waited for"),
+}
+
+
+@functools.cache
+def dp_verdicts() -> dict:
+    names = list(DP_MISTAKES)
+    return dict(zip(names, average_dp_verdicts([DP_MISTAKES[n][0] for n in names])))
+
+
+@pytest.mark.parametrize("name", DP_MISTAKES)
+def test_average_dp_gradients_names_the_mistake(name):
+    verdict = dp_verdicts()[name]
+    assert verdict is not None and re.search(DP_MISTAKES[name][1], verdict), verdict
 
 
 def test_average_dp_gradients_stub_is_not_implemented():

@@ -229,6 +229,16 @@ def file_overwrites(directory, name, like):
     return torch.from_file(path, shared=True, size=like.numel()).view(like.shape)
 
 
+def file_like_dtype(directory, name, like):
+    path = os.path.join(directory, name)
+    open(path, "xb").close()
+    return torch.from_file(path, shared=True, size=like.numel(), dtype=like.dtype).view(like.shape)
+
+
+def file_in_memory(directory, name, like):
+    return torch.zeros(like.shape)
+
+
 def file_stub(directory, name, like):
     raise NotImplementedError("exercise: replace this line with your code")
 
@@ -250,6 +260,8 @@ def test_state_file_passes(impl, capsys):
         (file_flat, r"has shape \(15,\); Adam needs it shaped like the parameter"),
         (file_reuses, "you mapped it: your Adam would start from another model's moments"),
         (file_overwrites, "you overwrote it"),
+        (file_like_dtype, r"2 per element: the state is torch.bfloat16 .* took like's dtype"),
+        (file_in_memory, "there is no file 0.exp_avg in the directory"),
     ],
 )
 def test_state_file_names_the_mistake(impl, hint):

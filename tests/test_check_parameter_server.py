@@ -52,20 +52,37 @@ def test_may_proceed_passes(capsys):
     check_may_proceed(rule_right)
     out = capsys.readouterr().out
     assert "PASSED" in out and "for s = 0, 1, 2: [0, 1, 2]" in out
+    assert "on 1220 cases" in out  # the same count a failure reports
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (rule_off_by_one, r"off by one: .* c - slowest < s"),
-        (rule_fastest, r"always says yes(.|\n)*the fastest worker, c - max\(clocks\) <= s"),
-        (rule_fastest_gap, "you compared with the fastest worker"),
-        (rule_no_staleness, "you ignored the staleness s"),
-        (rule_async, "always says yes: that is the asynchronous"),
-        (rule_int, "returned 1; return a bool"),
-        (rule_other, r"e.g. a worker at clock \d"),
-    ],
-)
+def test_may_proceed_catalogue_is_large_enough():
+    assert len(RULE_MISTAKES) >= 8
+
+
+RULE_MISTAKES = [
+    (rule_off_by_one, r"off by one: .* c - slowest < s"),
+    (rule_fastest, r"always says yes(.|\n)*the fastest worker, c - max\(clocks\) <= s"),
+    (rule_fastest_gap, "behind the fastest"),
+    (lambda c, clocks, s: c - max(clocks) < s, "you compared with the fastest worker"),
+    (rule_no_staleness, "you ignored the staleness s"),
+    (rule_async, "always says yes: that is the asynchronous"),
+    (rule_int, "returned 1; return a bool"),
+    (rule_other, r"one clock too many.*E.g. a worker at clock \d"),
+    (lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s, "average clock"),
+    (lambda c, clocks, s: c <= s, "with s alone"),
+    (lambda c, clocks, s: max(clocks) - min(clocks) <= s, "bounded the spread"),
+    (lambda c, clocks, s: c - min(clocks) > s, "inverted"),
+    (lambda c, clocks, s: min(clocks) - c <= s, "the wrong way round"),
+    (
+        lambda c, clocks, s: c - min(clocks) <= s if s < 3 else c - min(clocks) <= 2,
+        r"too strict\), for s in \[3\]",
+    ),  # fmt: skip
+    (lambda c, clocks, s: c - clocks[0] <= s, r"of 1220 cases differ"),
+    (lambda c, clocks: True, "TypeError.*an int, a list of ints"),
+]
+
+
+@pytest.mark.parametrize("impl, hint", RULE_MISTAKES)
 def test_may_proceed_names_the_mistake(impl, hint):
     with pytest.raises(CheckFailed, match=hint):
         check_may_proceed(impl)
@@ -150,21 +167,64 @@ def test_link_class_bytes_passes(capsys):
     assert "I = 8, O = 4, 4096 float32: inner 28672 B, outer 3072 B" in out
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (bytes_no_1_over_i, "the outer links: .* only\nthat chunk|the outer links"),
-        (bytes_all_gather_twice, "you counted the all-gather twice"),
-        (
-            bytes_reduce_scatter_only,
-            "off by 2x on the inner links: they carry the reduce-scatter and the all-gather",
-        ),
-        (bytes_reduce_scatter_only_whole_outer, r"off by 2x on the inner(.|\n)*outer links differ"),
-        (bytes_swapped, "group sizes are swapped"),
-        (bytes_tuple, r"returned \("),
-        (bytes_flat_inner, "e.g. I = "),
-    ],
-)
+def test_link_class_bytes_catalogue_is_large_enough():
+    assert len(LINK_MISTAKES) >= 8
+
+
+def bytes_with(inner, outer):
+    """A two-level answer from formulas of (I, O, M bytes, numel, element size)."""
+
+    def link_class_bytes(numel, inner_size, outer_size, element_size):
+        args = (inner_size, outer_size, numel * element_size, numel, element_size)
+        return {"inner": inner(*args), "outer": outer(*args)}
+
+    return link_class_bytes
+
+
+def ring(k, n, m):
+    return k * (n - 1) / n * m
+
+
+RIGHT_INNER = lambda i, o, m, n, e: ring(2, i, m)  # noqa: E731
+RIGHT_OUTER = lambda i, o, m, n, e: ring(2, o, m / i)  # noqa: E731
+LINK_MISTAKES = [
+    (bytes_no_1_over_i, "the outer links: you counted an all-reduce of the whole tensor"),
+    (bytes_all_gather_twice, "you counted the all-gather twice"),
+    (bytes_reduce_scatter_only, "inner links: off by 2x"),
+    (bytes_reduce_scatter_only_whole_outer, r"inner links: off by 2x.*outer links: you counted"),
+    (
+        bytes_swapped,
+        "inner links: the inner and outer group sizes are swapped.*outer links: the "
+        "inner and outer",
+    ),  # fmt: skip
+    (bytes_tuple, r"returned \("),
+    (bytes_flat_inner, "flat all-reduce over all.*outer links: 0 on every mesh"),
+    (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / o)), "not 1/O"),
+    (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(1, o, m / i)), "you counted half"),
+    (bytes_with(lambda i, o, m, n, e: 2 * m, RIGHT_OUTER), "inner links: you counted the payload"),
+    (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: 2 * m / i), "outer links: you counted the pay"),
+    (
+        bytes_with(lambda i, o, m, n, e: ring(2, i, n), lambda i, o, m, n, e: ring(2, o, n / i)),
+        "inner links: elements, not bytes.*outer links: elements",
+    ),  # fmt: skip
+    (bytes_with(lambda i, o, m, n, e: ring(2, i, 4 * n), RIGHT_OUTER), "4-byte elements"),
+    (bytes_with(lambda i, o, m, n, e: ring(2, i, 8 * m), RIGHT_OUTER), "bits, not bytes"),
+    (bytes_with(lambda i, o, m, n, e: ring(2, i, m / i), RIGHT_OUTER), "only the outer"),
+    (
+        bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, i, m) + ring(2, o, m / i)),
+        "you added the inner bytes to the outer",
+    ),  # fmt: skip
+    (bytes_with(lambda i, o, m, n, e: m / (i - 1), RIGHT_OUTER), "ZeroDivisionError.*one rank"),
+    (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / (i * o))), "divided\\s+by I·O"),
+    (bytes_with(lambda i, o, m, n, e: 2 * ((i - 1) // i) * m, RIGHT_OUTER), "integer division"),
+    (
+        bytes_with(RIGHT_INNER, lambda i, o, m, n, e: 2 * ((o - 1) // o) * m / i),
+        "O-1\\)//O, an integer division",
+    ),
+]
+
+
+@pytest.mark.parametrize("impl, hint", LINK_MISTAKES)
 def test_link_class_bytes_names_the_mistake(impl, hint):
     with pytest.raises(CheckFailed, match=hint):
         check_link_class_bytes(impl)

@@ -190,7 +190,7 @@ def test_checkpoint_passes(capsys):
     "impl, hint",
     [
         (NoRngRestore, "with dropout .* they differ: the recomputation drew other dropout masks"),
-        (NoFork, "random number generator is where block 0's forward began"),
+        (NoFork, "random number generator is where block 1's forward began"),
         (UnderNoGrad, "torch.enable_grad"),
         (NoDetach, "Recompute from a detached copy"),
         (DetachWithoutRequiresGrad, "blocks 0 to 2 got none .*requires_grad_"),

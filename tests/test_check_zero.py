@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import comm
-from minidist.course.check import CheckFailed
+from minidist.course.check import Mistake, catalogue_messages, names_mistake
 from minidist.zero.check import (
     check_reduce_scatter_bucket,
     check_shard_with_padding,
@@ -72,32 +72,66 @@ def shard_keeps_a_dimension(tensor, rank, world_size):
     return shard_right(tensor, rank, world_size).unsqueeze(0)
 
 
+def shard_view(tensor, rank, world_size):
+    flat = tensor.view(-1)  # refuses a transposed weight
+    chunk = -(-flat.numel() // world_size)
+    return F.pad(flat, (0, chunk * world_size - flat.numel()))[rank * chunk : (rank + 1) * chunk]
+
+
+def shard_fp32_padding(tensor, rank, world_size):
+    flat = tensor.reshape(-1)
+    chunk = -(-flat.numel() // world_size)
+    padded = torch.cat([flat, torch.zeros(chunk * world_size - flat.numel())])  # float32 zeros
+    return padded[rank * chunk : (rank + 1) * chunk]
+
+
+def shard_refuses_uneven(tensor, rank, world_size):
+    if tensor.numel() % world_size:
+        raise ValueError(f"{tensor.numel()} elements do not divide by {world_size}")
+    return shard_right(tensor, rank, world_size)
+
+
+def shard_off_by_one(tensor, rank, world_size):
+    flat = tensor.reshape(-1)
+    chunk = -(-flat.numel() // world_size)
+    padded = F.pad(flat, (0, chunk * world_size - flat.numel()))
+    return padded[rank * chunk + 1 : (rank + 1) * chunk + 1]
+
+
 def shard_stub(tensor, rank, world_size):
     raise NotImplementedError("exercise: replace this line with your code")
 
 
-def test_shard_with_padding_passes(capsys):
-    check_shard_with_padding(shard_right)
-    assert "PASSED" in capsys.readouterr().out
+SHARD_MISTAKES = [
+    Mistake("right", (shard_right,), ""),
+    Mistake("no padding", (shard_no_padding,), r"chunks have \[2, 1\] elements: without padding"),
+    Mistake("torch.chunk", (shard_torch_chunk,), "torch.chunk"),
+    Mistake("floor division", (shard_floor,), "belong to no rank"),
+    Mistake("wrong rank", (shard_wrong_index,), "rank 0 returned chunk 1"),
+    Mistake("pads with ones", (shard_pad_with_ones,), r"padding holds \[1.0\] instead of zeros"),
+    Mistake("strided", (shard_strided,), "strided split"),
+    Mistake("pads in front", (shard_pad_in_front,), "padding went in front"),
+    Mistake("always pads", (shard_always_pads,), "already divides by 2: pad"),
+    Mistake("keeps a dimension", (shard_keeps_a_dimension,), "flatten first"),
+    Mistake("view on a transposed weight", (shard_view,), r"view size.*transposed.*reshape\(-1\)"),
+    Mistake("float32 padding", (shard_fp32_padding,), "float32 chunk: keep the tensor's dtype"),
+    Mistake("own ValueError", (shard_refuses_uneven,), r"raised ValueError.*shard_refuses_uneven"),
+    Mistake("off by one", (shard_off_by_one,), "starts 1 element.s. late.*off-by-one"),
+]
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (shard_no_padding, r"chunks have \[2, 1\] elements: without padding"),
-        (shard_torch_chunk, "torch.chunk"),
-        (shard_floor, "belong to no rank"),
-        (shard_wrong_index, "rank 0 returned chunk 1"),
-        (shard_pad_with_ones, r"padding holds \[1.0\] instead of zeros"),
-        (shard_strided, "strided split"),
-        (shard_pad_in_front, "padding went in front"),
-        (shard_always_pads, "already divides by 2: pad"),
-        (shard_keeps_a_dimension, "flatten first"),
-    ],
-)
-def test_shard_with_padding_names_the_mistake(impl, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_shard_with_padding(impl)
+@pytest.fixture(scope="module")
+def shard_messages():
+    return catalogue_messages(check_shard_with_padding, SHARD_MISTAKES)
+
+
+def test_shard_with_padding_passes(shard_messages):
+    assert shard_messages["right"] is None
+
+
+@pytest.mark.parametrize("mistake", SHARD_MISTAKES[1:], ids=lambda m: m.name)
+def test_shard_with_padding_names_the_mistake(mistake, shard_messages):
+    assert names_mistake(mistake, shard_messages[mistake.name]) is None
 
 
 def test_shard_with_padding_stub_is_not_implemented():
@@ -168,31 +202,78 @@ def rs_twice(flat_grad):
     return out.div_(world)
 
 
+def rs_input_is_a_chunk(flat_grad):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = flat_grad.numel() // world
+    out = torch.empty(chunk)
+    comm.reduce_scatter(out, flat_grad[rank * chunk : (rank + 1) * chunk])  # input: 1/N only
+    return out.div_(world)
+
+
+def rs_n_minus_1(flat_grad):
+    world = dist.get_world_size()
+    out = torch.empty(flat_grad.numel() // world)
+    comm.reduce_scatter(out, flat_grad)
+    return out.div_(world - 1)
+
+
+def rs_rank0_only(flat_grad):
+    world = dist.get_world_size()
+    out = torch.empty(flat_grad.numel() // world)
+    if dist.get_rank() == 0:
+        comm.reduce_scatter(out, flat_grad)
+    return out.div_(world)
+
+
+def rs_through_dist(flat_grad):
+    world = dist.get_world_size()
+    out = torch.empty(flat_grad.numel() // world)
+    dist.reduce_scatter_tensor(out, flat_grad)
+    return out.div_(world)
+
+
 def rs_stub(flat_grad):
     raise NotImplementedError("exercise: replace this line with your code")
 
 
-def test_reduce_scatter_bucket_passes(capsys):
-    check_reduce_scatter_bucket(rs_right)
-    assert "PASSED" in capsys.readouterr().out
+RS_MISTAKES = [
+    Mistake("right", (rs_right,), ""),
+    Mistake("no divide", (rs_no_divide,), "forgot to divide by the world size N=3"),
+    Mistake("divide twice", (rs_divide_twice,), "divided by N=3 twice"),
+    Mistake("all-reduce", (rs_all_reduce,), r"ledger shows \['all_reduce'\].*twice the reduce-s"),
+    Mistake("wrong chunk", (rs_all_reduce_wrong_chunk,), "rank 0 holds chunk 1.s mean"),
+    Mistake("whole bucket", (rs_all_reduce_whole,), "returned the whole bucket .* An all-reduce"),
+    Mistake("output too big", (rs_output_too_big,), "output must hold 1/N of its input"),
+    Mistake("own chunk", (rs_own_chunk,), "still holds its own gradient"),
+    Mistake("twice", (rs_twice,), "call it once"),
+    Mistake("by N-1", (rs_n_minus_1,), "by N-1 = 2; divide by the world size N = 3"),
+    Mistake(
+        "input is a chunk",
+        (rs_input_is_a_chunk,),
+        r"rs_input_is_a_chunk.*The input is the whole bucket, flat_grad \(12 elements\)",
+    ),
+    Mistake(
+        "rank 0 only",
+        (rs_rank0_only,),
+        "rank . failed first, inside a collective.*same collectives",
+        alone=True,
+    ),
+    Mistake("through dist", (rs_through_dist,), "no reduce-scatter went through minidist.comm"),
+]
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (rs_no_divide, "forgot to divide by the world size N=2"),
-        (rs_divide_twice, "divided by N=2 twice"),
-        (rs_all_reduce, r"ledger shows \['all_reduce'\].*twice the reduce-scatter's"),
-        (rs_all_reduce_wrong_chunk, "rank 0 holds chunk 1's mean"),
-        (rs_all_reduce_whole, "returned the whole bucket .* An all-reduce"),
-        (rs_output_too_big, "output must hold 1/N of its input"),
-        (rs_own_chunk, "still holds its own gradient"),
-        (rs_twice, "call it once"),
-    ],
-)
-def test_reduce_scatter_bucket_names_the_mistake(impl, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_reduce_scatter_bucket(impl)
+@pytest.fixture(scope="module")
+def rs_messages():
+    return catalogue_messages(check_reduce_scatter_bucket, RS_MISTAKES)
+
+
+def test_reduce_scatter_bucket_passes(rs_messages):
+    assert rs_messages["right"] is None
+
+
+@pytest.mark.parametrize("mistake", RS_MISTAKES[1:], ids=lambda m: m.name)
+def test_reduce_scatter_bucket_names_the_mistake(mistake, rs_messages):
+    assert names_mistake(mistake, rs_messages[mistake.name]) is None
 
 
 def test_reduce_scatter_bucket_stub_is_not_implemented():
@@ -283,31 +364,76 @@ class Stage1Rebinds(Stage1Right):
         self.flat_param = full
 
 
+class Stage1CopyShard(Stage1Right):
+    """A copy, not a view: the values come out right through the all-gather."""
+
+    def make_shard(self):
+        start = self.rank * self.chunk
+        return nn.Parameter(self.flat_param[start : start + self.chunk].clone())
+
+
+class Stage1GatherBeforeStep(Stage1Right):
+    def step(self, flat_grad):
+        self.shard.grad = self.reduce(flat_grad)
+        self.gather()
+        self.optimizer.step()
+
+
+class Stage1StepBeforeGrad(Stage1Right):
+    def step(self, flat_grad):
+        self.optimizer.step()
+        self.shard.grad = self.reduce(flat_grad)
+        self.gather()
+
+
+class Stage1DivideTwice(Stage1Right):
+    def reduce(self, flat_grad):
+        return super().reduce(flat_grad / self.world)
+
+
+class Stage1ByNMinus1(Stage1Right):
+    def reduce(self, flat_grad):
+        out = torch.empty(self.chunk)
+        comm.reduce_scatter(out, flat_grad)
+        return out.div_(self.world - 1)
+
+
 class Stage1Stub(Stage1Right):
     def step(self, flat_grad):
         raise NotImplementedError("exercise: replace this line with your code")
 
 
-def test_zero_stage1_passes(capsys):
-    check_zero_stage1(Stage1Right)
-    assert "PASSED" in capsys.readouterr().out
+STAGE1_MISTAKES = [
+    Mistake("right", (Stage1Right,), ""),
+    Mistake("no divide", (Stage1NoDivide,), "forgot to divide by the world size N=3"),
+    Mistake("no all-gather", (Stage1NoGather,), "forgot the all-gather"),
+    Mistake("copy, no all-gather", (Stage1CopyNoGather,), "self.shard .* is a copy"),
+    Mistake("full parameters", (Stage1Full,), "You stepped the full parameters"),
+    Mistake(
+        "all-reduce", (Stage1AllReduce,), r"the values are right, but the ledger shows \['all_r"
+    ),
+    Mistake("wrong shard", (Stage1WrongShard,), "self.shard is chunk 1 of flat_param"),
+    Mistake("rebinds flat_param", (Stage1Rebinds,), "write into it in place"),
+    Mistake("copy shard", (Stage1CopyShard,), "right values but is a copy.*must be a view"),
+    Mistake("gather before step", (Stage1GatherBeforeStep,), "all-gather ran before self.optim"),
+    Mistake("step before grad", (Stage1StepBeforeGrad,), "ran before self.shard.grad was set"),
+    Mistake("divide twice", (Stage1DivideTwice,), "divided by N=3 twice"),
+    Mistake("by N-1", (Stage1ByNMinus1,), "by N-1 = 2; divide by the world size N = 3"),
+]
 
 
-@pytest.mark.parametrize(
-    "impl, hint",
-    [
-        (Stage1NoDivide, "forgot to divide by the world size N=2"),
-        (Stage1NoGather, "forgot the all-gather"),
-        (Stage1CopyNoGather, "flat_param did not change at all"),
-        (Stage1Full, "You stepped the full parameters"),
-        (Stage1AllReduce, r"the values are right, but the ledger shows \['all_reduce'"),
-        (Stage1WrongShard, "self.shard is chunk 1 of flat_param"),
-        (Stage1Rebinds, "write into it in place"),
-    ],
-)
-def test_zero_stage1_names_the_mistake(impl, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_zero_stage1(impl)
+@pytest.fixture(scope="module")
+def stage1_messages():
+    return catalogue_messages(check_zero_stage1, STAGE1_MISTAKES)
+
+
+def test_zero_stage1_passes(stage1_messages):
+    assert stage1_messages["right"] is None
+
+
+@pytest.mark.parametrize("mistake", STAGE1_MISTAKES[1:], ids=lambda m: m.name)
+def test_zero_stage1_names_the_mistake(mistake, stage1_messages):
+    assert names_mistake(mistake, stage1_messages[mistake.name]) is None
 
 
 def test_zero_stage1_stub_is_not_implemented():

@@ -1,12 +1,17 @@
 """Sharded checkpoints (DCP): resume on another world or in one process loses nothing; a
 checkpoint of another model is refused untouched; an interrupted save never loads."""
 
+import json
 import os
+import pickle
+import re
+import shutil
 from unittest import mock
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
@@ -14,10 +19,13 @@ from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 from torch.distributed.tensor import Shard
 
 import minidist
-from minidist import comm
+from minidist import checkpoint_files, comm
+from minidist.checkpoint_files import CHECKSUMS, CheckpointError, file_record, read_json, write_json
 from minidist.data import shard_batch
 from minidist.data_parallel.fixture import build
 from minidist.fsdp import FullyShardedDataParallel, checkpoint
+from minidist.fsdp.checkpoint_layout import FORMAT, LAYOUT_KEY
+from minidist.fsdp.checkpoint_safe import write_checksums
 from minidist.fsdp.fixture import UNITS
 from minidist.training import max_abs_diff, train
 from minidist.zero import FlatShard, ZeroDataParallel
@@ -334,3 +342,111 @@ def test_an_interrupted_save_never_loads(tmp_path, how):
     assert set(os.listdir(tmp_path)) == {".ckpt.unfinished", "ckpt", "expected.pt"} | (
         {".new.unfinished"} if how == "raise" else set()
     )
+
+
+# -- a checkpoint is data: never run, every byte verified ----------------------------------------
+class _Payload:
+    """Unpickled, it would create `marker` (what a crafted checkpoint could do)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _copy(saved, tmp_path, name="copy"):
+    root, _, _ = saved
+    copy = tmp_path / name
+    shutil.copytree(root / "on2", copy)
+    return copy
+
+
+def _reseal(path):
+    """Rewrite the checksums to match the tampered files: an attacker can do that too."""
+    write_checksums(path, FORMAT)
+
+
+def test_a_crafted_checkpoint_never_runs_its_payload(saved, tmp_path):
+    marker = tmp_path / "ran"
+    crafted = _copy(saved, tmp_path)
+    (crafted / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    write_json(crafted / CHECKSUMS, {"files": {".metadata": file_record(crafted / ".metadata")}})
+    with pytest.raises(CheckpointError, match=r"refers to io\.open.*refused unread"):
+        checkpoint.load_full(crafted)
+    assert not marker.exists()
+    # a crafted non-tensor entry: DCP itself would torch.load it with weights_only=False
+    layout = {"format": FORMAT, "units": [], "aliases": {}, "optimizer": None}
+    evil = {LAYOUT_KEY: json.dumps(layout), "model.extra": _Payload(marker)}
+    dcp.save(evil, checkpoint_id=tmp_path / "evil", no_dist=True)
+    _reseal(tmp_path / "evil")
+    with pytest.raises(CheckpointError, match="reading failed"):
+        checkpoint.load_full(tmp_path / "evil")
+    assert not marker.exists()
+
+
+def _damage(path, how):
+    """Damage one file of the checkpoint at `path` as a disk, a copy or a person might."""
+    shard = sorted(path.glob("*.distcp"))[-1]
+    if how == "one float":  # the middle of a chunk's bytes; sealed checksums stay as saved
+        entry = next(e for e in read_json(path / CHECKSUMS)["entries"] if e["length"] > 64)
+        shard = path / entry["file"]
+        data = bytearray(shard.read_bytes())
+        data[entry["start"] + entry["length"] // 2] ^= 0x40
+        shard.write_bytes(bytes(data))
+        return shard.name, "tensor "
+    if how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-10])
+    elif how == "empty":
+        shard.write_bytes(b"")
+    elif how == "missing":
+        shard.unlink()
+    elif how == "empty metadata":
+        (path / ".metadata").write_bytes(b"")
+        return ".metadata", "empty"
+    return shard.name, how
+
+
+@pytest.mark.parametrize("how", ["one float", "truncated", "empty", "missing", "empty metadata"])
+def test_a_damaged_checkpoint_is_named_before_anything_loads(saved, tmp_path, how):
+    damaged = _copy(saved, tmp_path)
+    name, what = _damage(damaged, how)
+    with pytest.raises(CheckpointError, match=f"{re.escape(name)}.*{what}") as info:
+        checkpoint.load_full(damaged)
+    assert isinstance(info.value, Exception)
+
+
+def die_at_second_rename():
+    renames = []
+
+    def dying_rename(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:  # `ckpt` moved aside, the new one not yet in place
+            os._exit(1)
+        os.rename(src, dst)
+
+    mock.patch.object(checkpoint_files, "_rename", dying_rename).start()
+
+
+def killed_between_renames(root):
+    """Save twice; the third save's rank 0 dies between its two renames."""
+    wrapper, opt, local, loss_fn = wrapped("mlp")
+    for step in range(3):
+        train(wrapper, local[step : step + 1], loss_fn, opt)
+        params = wrapper.full_parameters()  # every rank: it gathers
+        if step == 2 and dist.get_rank() == 0:
+            torch.save(params, root / "expected.pt")
+            die_at_second_rename()
+        checkpoint.save(root / "ckpt", wrapper, opt)
+
+
+def test_a_save_killed_between_its_renames_is_recovered(tmp_path):
+    with pytest.raises(minidist.RankFailedError):
+        minidist.launch(killed_between_renames, 2, tmp_path)
+    assert not (tmp_path / "ckpt").exists() and (tmp_path / ".ckpt.replaced").is_dir()
+    with pytest.warns(RuntimeWarning, match="stopped between its two renames"):
+        model_state, optim_state = checkpoint.load_full(tmp_path / "ckpt")
+    expected = torch.load(tmp_path / "expected.pt")
+    assert max_abs_diff({n: model_state[n] for n in expected}, expected) == 0.0
+    assert all(s["step"] == 3 for s in optim_state["state"].values())
+    assert set(os.listdir(tmp_path)) == {"ckpt", "expected.pt"}

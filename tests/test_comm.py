@@ -22,6 +22,7 @@ def every_collective():
         comm.all_reduce(full.clone())
         comm.reduce_scatter(chunk, full.clone())
         comm.all_gather(torch.empty(S), chunk)
+        comm.all_gather([torch.empty(S // n) for _ in range(n)], chunk)  # torch's list form
         comm.broadcast(full.clone(), src=0)
         comm.reduce(full.clone(), dst=0)
         comm.all_to_all(torch.empty(S), full.clone())
@@ -39,6 +40,7 @@ def test_ledger_bytes_match_ring_theory(n):
     expected = [
         ("all_reduce", n, b, 2 * (n - 1) / n * b),
         ("reduce_scatter", n, b, (n - 1) / n * b),
+        ("all_gather", n, b, (n - 1) / n * b),
         ("all_gather", n, b, (n - 1) / n * b),
         ("broadcast", n, b, b),
         ("reduce", n, b, b),
@@ -61,6 +63,9 @@ def collectives_are_real():
     comm.reduce_scatter(mine, x.clone())
     gathered = torch.empty(8 * n)
     comm.all_gather(gathered, x)
+    listed = [torch.empty(8) for _ in range(n)]
+    comm.all_gather(listed, x)  # torch.distributed's list form
+    assert torch.equal(torch.cat(listed), gathered)
     swapped = torch.empty(8)
     comm.all_to_all(swapped, x)
     return summed, mine, gathered, swapped
@@ -203,11 +208,23 @@ def test_ring_bytes_of_a_group_of_one_is_zero():
     assert comm.ring_bytes("send", 100, 1) == 100
 
 
+def _bad_peer():
+    with comm.record() as ledger:
+        with pytest.raises(ValueError, match=r"peer=2 of a send is not in \(0, 1\)"):
+            comm.batch_isend_irecv([("recv", torch.empty(1), 1), ("send", torch.ones(1), 2)])
+    return ledger.ops()
+
+
+def test_p2p_peer_outside_the_group_is_refused_before_anything_is_posted():
+    assert minidist.launch(_bad_peer, 2) == [[], []]
+
+
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
 def test_a_tensor_the_backend_cannot_move_is_refused_by_comm(monkeypatch, backend):
     """A fake group on CPUs: the refusal comes before the backend (or the ledger) is reached."""
     monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
     monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: pytest.fail("reached the backend"))
+    monkeypatch.setattr(comm, "_group_ranks", lambda group: (0, 1))
     wrong = torch.ones(3) if backend == "nccl" else torch.ones(3, device="meta")
     rule = "NCCL moves only CUDA tensors" if backend == "nccl" else "gloo moves CPU tensors"
     with comm.record() as ledger:

@@ -164,6 +164,11 @@ def test_bench_runs_on_tiny_sizes():
     assert "embedding" in benches()
     out = measure.table_vs_dict(512, rounds=1, steps=1)
     assert out["hash_bench_keys"] == 512 and out["hash_find_speedup_vs_dict"] > 0
+    small = measure.small_inserts(rounds=2, capacities=(24, 96))
+    assert set(small) == {
+        "hash_insert_4_keys_ms_at_32_slots", "hash_insert_4_keys_ms_at_128_slots",
+        "hash_small_insert_large_over_small",
+    }  # fmt: skip
     bag = measure.bag_vs_dense(16, rounds=1, steps=1)
     assert bag["embedding_bag_same_output"] and bag["embedding_bag_keys"] > 16 * SLOTS - 1
     kernel = measure.kernel_throughput("cpu", "torch", 256, 64, rounds=1)

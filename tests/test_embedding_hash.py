@@ -158,13 +158,20 @@ def colliding_keys(num_slots: int, count: int, homes: int, seed: int) -> torch.T
     return pool[offset < homes][:count]
 
 
-@pytest.mark.parametrize("chunk, tail_lanes, tail_slots", [(1 << 16, 1024, 32), (64, 8, 4)])
-def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tail_slots):
+@pytest.mark.parametrize(
+    "chunk, tail_lanes, tail_slots, claim",
+    [(1 << 16, 1024, 32, True), (64, 8, 4, True), (64, 8, 4, False)],
+)
+def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tail_slots, claim):
     """Insert, find and grow give the reference's slots and rows exactly, on tables with long
     chains that wrap, missing and negative keys, EMPTY_KEY and duplicates; small pass and
-    tail sizes send every path (several passes, probe rounds, windows) through it."""
+    tail sizes send every path (several passes, probe rounds, windows) through it, and
+    contention is resolved by the claim array or by sorting the wanted slots alike."""
     import minidist.embedding.probing as probing
 
+    if not claim:  # the path of small batches into big tables, on every batch
+        monkeypatch.setattr(probing, "_CLAIM_SLOTS", 0)
+        monkeypatch.setattr(probing, "_CLAIM_BATCH", 0)
     monkeypatch.setattr(probing, "_CHUNK", chunk)
     monkeypatch.setattr(probing, "_TAIL_LANES", tail_lanes)
     monkeypatch.setattr(probing, "_TAIL_SLOTS", tail_slots)
@@ -203,3 +210,19 @@ def test_torch_back_end_equals_the_reference(monkeypatch, chunk, tail_lanes, tai
     assert torch.equal(reference_insert(ref, keys, rows), rows)
     assert torch.equal(table._slot_keys, ref._slot_keys)
     assert torch.equal(table._slot_rows, ref._slot_rows)
+
+
+def test_a_small_insert_into_a_huge_table_allocates_nothing_table_sized():
+    """4 keys into 2M slots: no allocation anywhere near the slot arrays' 16 MiB (it was one
+    slot-sized claim array per insert); the 3 new keys get rows 1000..1002 and are found."""
+    from torch.profiler import ProfilerActivity, profile
+
+    table = HashTable(1_500_000, backend="torch")
+    table.insert(torch.arange(1000, dtype=torch.int64))
+    keys = torch.tensor([10**9, -(10**9), 7, 10**9 + 1])  # 7 is already there
+    row_of_7 = int(table.find(keys[2:3]))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        rows = table.insert(keys)
+    assert max(e.cpu_memory_usage for e in prof.events()) < 64 * 1024
+    assert sorted(rows[[0, 1, 3]].tolist()) == [1000, 1001, 1002] and rows[2] == row_of_7
+    assert torch.equal(table.find(keys), rows) and table.size == 1003

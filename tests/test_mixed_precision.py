@@ -51,7 +51,7 @@ def test_bad_input_is_named():
         MixedPrecision(param_dtype=torch.int8)
     with pytest.raises(ValueError, match="float16 needs a loss scaler"):
         MixedPrecision(torch.float16)
-    with pytest.raises(ValueError, match="growth_factor > 1"):
+    with pytest.raises(ValueError, match="growth_factor=1.0 must be a finite number > 1"):
         DynamicLossScaler(growth_factor=1.0)
     scaler = DynamicLossScaler()
     with pytest.raises(RuntimeError, match="needs a step"):
@@ -62,6 +62,25 @@ def test_bad_input_is_named():
 def test_divide_factors_split_n(world):
     pre, post = divide_factors(world)
     assert pre * post == world and pre <= post and world % pre == 0
+
+
+def test_divide_factors_values_and_how_they_differ_from_torch_fsdp():
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+
+    torch_rule = DefaultState._get_gradient_predivide_factor
+    assert [divide_factors(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 128)] == [
+        (1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (2, 4), (2, 6), (4, 4), (8, 16)
+    ]  # fmt: skip
+    for k in range(8):
+        n = 2**k
+        pre, post = divide_factors(n)
+        # powers of 4 agree; otherwise torch's pre is this post: the same pair, swapped
+        assert (torch_rule(n), n / torch_rule(n)) == ((pre, post) if k % 2 == 0 else (post, pre))
+    assert torch_rule(3) == 2.0 and 3 % torch_rule(3) != 0  # torch's need not divide N
+    for n in range(1, 200):
+        pre, post = divide_factors(n)
+        assert n % pre == 0 and pre * pre <= n and pre * post == n
+        assert n % (2 * pre) != 0 or (2 * pre) ** 2 > n  # the largest such power of 2
 
 
 def memory_rank(world_dtype):

@@ -146,6 +146,7 @@ ODD_ONE_OUT = {
     "shape": (1, lambda: mlp(4, 6, 2)),  # first mismatch: 0.weight (8, 4) vs (6, 4)
     "extra-layer": (2, lambda: mlp(4, 8, 2, 2)),  # first mismatch: 2.weight vs nothing
     "no-parameters": (1, lambda: nn.Sequential(nn.ReLU())),  # 0.weight vs nothing
+    "frozen": (1, lambda: mlp(4, 8, 2).requires_grad_(False)),  # trainable vs frozen
 }
 
 
@@ -178,6 +179,11 @@ EXPECTED_MESSAGE = {
         "first at entry 0",
         "ranks [0, 2]: parameter 0.weight (8, 4) torch.float32",
         "ranks [1]: (nothing: fewer entries)",
+    ],
+    "frozen": [
+        "first at entry 0",
+        "ranks [0, 2]: parameter 0.weight (8, 4) torch.float32;",
+        "ranks [1]: parameter 0.weight (8, 4) torch.float32 frozen",
     ],
 }
 

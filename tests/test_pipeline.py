@@ -1,6 +1,7 @@
 """Pipeline schedules: their shape and bubble match the theory; the engine equals one process."""
 
 import pytest
+import torch.distributed as dist
 
 import minidist
 from minidist.data import shard_batch
@@ -59,7 +60,7 @@ def test_no_step_runs_before_its_dependency():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (("gpipe", 4, 0), "microbatches=0 must both be >= 1"),
+        (("gpipe", 4, 0), "microbatches=0 must be an int >= 1"),
         (("interleaved", 4, 6, 2), "microbatches=6 a multiple of stages=4"),
         (("pipedream", 2, 2), "kind must be one of"),
     ],
@@ -148,6 +149,27 @@ def test_interleaved_engine_equals_single_process(p, m, v, layers):
             [str(k) for k in range((c * p + rank) * per, (c * p + rank + 1) * per)]
             for c in range(v)
         ]
+
+
+def different_models_rank(case: str):
+    layers = 6 if case == "layers" and dist.get_rank() == 1 else 4
+    model, _, loss_fn = build("gpt", layers=layers)
+    if case == "frozen" and dist.get_rank() == 1:
+        model.lm_head.weight.requires_grad_(False)
+    try:
+        PipelineParallel(model, loss_fn, ParallelLayout(tp=1, pp=2), "1f1b", 2)
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize(
+    "case, entry",
+    [("layers", "ranks [1]: parameter blocks.4."), ("frozen", "ranks [1]: parameter tok_emb")],
+)
+def test_ranks_with_different_models_are_refused(case, entry):
+    for message in minidist.launch(different_models_rank, 2, case):  # every rank, no hang
+        assert message.startswith("PipelineParallel: the model differs between ranks")
+        assert entry in message
 
 
 def test_virtual_chunks_need_the_interleaved_schedule():

@@ -42,6 +42,20 @@ def test_params_only_spec_plans_model_states_and_dp_traffic():
     p = plan(ModelSpec(params=1000), Layout(dp=4, zero=0, optimizer="sgd", global_batch=4))
     assert p.memory == {"params": 4000, "grads": 4000, "optimizer": 4000, "activations": 0.0}
     assert p.traffic == {("all_reduce", "dp"): 2 * 3 / 4 * 4000}
+    assert not p.activations_planned
+    assert "activations_bytes_per_rank=not_planned" in p.lines()
+
+
+def test_params_only_plan_refuses_to_judge_fit():
+    """Without activations a fit is unknown (the 175B model given by its configuration does
+    not fit where its parameter count alone would): `fits` refuses, the states alone answer."""
+    p = plan(ModelSpec(params=1000), Layout(dp=4, zero=3, global_batch=4))
+    with pytest.raises(ValueError, match="plans no activations"):
+        p.fits(10**9)
+    assert p.fits_model_states(p.model_state_bytes)
+    assert not p.fits_model_states(p.model_state_bytes - 1)
+    with pytest.raises(ValueError, match="plans no activations"):
+        best([p], 10**9)
 
 
 def test_recompute_keeps_block_inputs_only():
@@ -49,6 +63,106 @@ def test_recompute_keeps_block_inputs_only():
     plain = plan(spec, Layout(global_batch=4)).memory["activations"]
     recomputed = plan(spec, Layout(global_batch=4, recompute=True)).memory["activations"]
     assert recomputed < plain / 3
+
+
+def _recompute_pair(**layout):
+    spec = ModelSpec(layers=6, hidden=64, heads=4, vocab=50, seq=32)
+    return [plan(spec, Layout(**layout, recompute=r)) for r in (False, True)], spec
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [dict(tp=2, global_batch=4), dict(tp=4, pp=2, dp=2, zero=1, microbatches=2, global_batch=8,
+     precision="mixed"), dict(tp=2, pp=3, microbatches=3, global_batch=6, optimizer="sgd")],
+)  # fmt: skip
+def test_recompute_repeats_the_forward_all_reduces(layout):
+    """Full recomputation runs each block's forward again in backward, with its two g
+    all-reduces of b·s·h elements: 6 per layer and micro-batch instead of 4. Nothing else
+    changes (the embedding, head and loss are not recomputed; pp and dp bytes are equal)."""
+    (plain, recomputed), spec = _recompute_pair(**layout)
+    lay = recomputed.layout
+    b, layers = lay.global_batch // lay.dp, round(spec.layers / lay.pp)  # stage 0
+    one = 2 * (lay.tp - 1) / lay.tp * lay.element_bytes * b * spec.seq * spec.hidden
+    extra = recomputed.traffic[("all_reduce", "tp")] - plain.traffic[("all_reduce", "tp")]
+    assert extra == pytest.approx(2 * layers * one, rel=1e-12)
+    for key in plain.traffic:
+        if key != ("all_reduce", "tp"):
+            assert recomputed.traffic[key] == plain.traffic[key]
+    per_layer = (plain.traffic[("all_reduce", "tp")] + extra) / plain.traffic[("all_reduce", "tp")]
+    assert 1.4 < per_layer < 1.5  # 6/4 per layer; the embedding's and loss's few are not repeated
+
+
+def _tp_all_reduce_bytes(recomputed: bool) -> tuple[int, float]:
+    """(sequences, all-reduce ring bytes) of one step of lesson 07's `TensorParallelGPT` on
+    this rank, every block recomputed (lesson 06's `recompute`) or not."""
+    import torch.distributed as dist
+
+    from minidist import comm
+    from minidist.megatron.fixture import build_dense
+    from minidist.megatron.layout import ParallelLayout
+    from minidist.megatron.model import TensorParallelGPT
+    from minidist.recompute import recompute
+
+    model, batches, _ = build_dense()
+    tp = TensorParallelGPT(model, ParallelLayout(tp=dist.get_world_size()).group("tp"))
+    if recomputed:
+        for block in tp.blocks:
+            recompute(block)
+    x, y = batches[0]
+    with comm.record() as ledger:
+        tp.loss(tp(x), y).backward()
+    reduces = [r for r in ledger.records if r.op == "all_reduce"]
+    return x.shape[0], sum(r.ring_bytes for r in reduces), len(reduces)
+
+
+def _tp_recompute_rank() -> list[tuple[int, float, int]]:
+    return [_tp_all_reduce_bytes(r) for r in (False, True)]
+
+
+def test_recompute_tp_bytes_and_calls_equal_the_ledger():
+    """Exact: TP (t = 2) with and without every block recomputed, the ledger of one step:
+    the bytes, and the number of all-reduces the step model charges α for."""
+    from minidist.megatron.fixture import TP_GPT
+    from minidist.planner.plan import calls_per_step
+
+    spec = ModelSpec.of(build("gpt", **TP_GPT).model)
+    measured = minidist.launch(_tp_recompute_rank, 2)[0]
+    for recomputed, (batch, sent, calls) in zip((False, True), measured):
+        layout = Layout(tp=2, recompute=recomputed, optimizer="sgd", global_batch=batch)
+        assert plan(spec, layout).traffic[("all_reduce", "tp")] == sent
+        assert calls_per_step(spec, layout)["tp"] == calls
+    assert measured[1][2] - measured[0][2] == 2 * spec.layers  # two g's per recomputed block
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(global_batch=4),
+        dict(tp=2, global_batch=4),
+        dict(pp=2, dp=2, microbatches=2, global_batch=8),
+    ],
+)
+def test_recompute_adds_one_forward_to_the_flops(layout):
+    """Narayanan et al. 2021, section 5.1 (eq. 3): with full recomputation a step costs
+    96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) FLOPs: four passes over the layers (forward,
+    forward again, backward = 2 forwards), three over the output head. Without it, three
+    passes: 72·B·s·l·h²·(1 + s/(6h)) + 6·B·s·h·V. Per rank: 1/(d·t) of the batch's and
+    the stage's share of the layers; the head on the last stage (here: on rank 0 when p=1)."""
+    (plain, recomputed), spec = _recompute_pair(**layout)
+    lay = plain.layout
+    B, s, h, V = lay.global_batch // lay.dp, spec.seq, spec.hidden, spec.vocab
+    l = spec.layers // lay.pp  # noqa: E741 (the paper's name)
+    head = 6 * B * s * h * V if lay.pp == 1 else 0
+    assert recomputed.flops == pytest.approx(
+        (96 * B * s * l * h**2 * (1 + s / (6 * h)) + head) / lay.tp, rel=1e-12
+    )
+    assert plain.flops == pytest.approx(
+        (72 * B * s * l * h**2 * (1 + s / (6 * h)) + head) / lay.tp, rel=1e-12
+    )
+    if lay.pp == 1:
+        assert recomputed.flops == pytest.approx(
+            96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)) / lay.tp, rel=1e-12
+        )
 
 
 def test_interleaving_shrinks_the_bubble():
@@ -85,7 +199,9 @@ def test_megatron_table1_parameter_counts_fit_and_bubble():
         assert round(p.model.num_params / 1e9, 1) == row.params_b  # printed to 0.1 B
         assert p.fits(80e9), (row, p.memory_per_rank)
         m = row.batch // row.dp
-        assert p.bubble == pytest.approx((row.pp - 1) / (m + row.pp - 1))
+        assert p.bubble == pytest.approx((row.pp - 1) / (m + row.pp - 1))  # idle / total
+        # Narayanan et al.'s section 2.2 bubble time fraction, over the ideal time
+        assert p.bubble / (1 - p.bubble) == pytest.approx((row.pp - 1) / m)
         # at peak FLOP/s the roofline is an upper bound on the achieved rate
         assert (
             pub.model_flops_per_step(row) / row.gpus / p.time.total_s > row.achieved_tflops * 1e12
@@ -166,6 +282,9 @@ def test_bad_layout_is_named(kwargs, world, words):
         (dict(dp=4, zero=3, shard_size=3, global_batch=4), ["shard_size=3", "dp=4"]),
         (dict(offload="cpu"), ["offload='cpu'", "zero=0"]),
         (dict(dp=3, global_batch=8), ["global_batch=8", "dp=3"]),
+        (dict(dp=2.0, global_batch=8), ["dp=2.0", "must be an int"]),
+        (dict(pp=2, virtual=2), ["virtual=2", "interleaved", "'1f1b'"]),
+        (dict(bucket_cap_mb=float("nan")), ["bucket_cap_mb=nan", "finite"]),
     ],
 )
 def test_bad_layout_fields_are_named(kwargs, words):
@@ -173,6 +292,34 @@ def test_bad_layout_fields_are_named(kwargs, words):
         Layout(**kwargs)
     for word in words:
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(params=float("nan")), ["params=nan", "int >= 1"]),
+        (dict(params=0), ["params=0", ">= 1"]),
+        (dict(layers=2.5, hidden=32, heads=4, vocab=30, seq=16), ["layers=2.5", "int"]),
+        (dict(layers=10**12, hidden=32, heads=4, vocab=30, seq=16), ["layers=", "at most 1024"]),
+        (dict(layers=2, hidden=10**9, heads=4, vocab=30, seq=16), ["hidden=1000000000", "64-bit"]),
+        (dict(layers=2, hidden=32, heads=4, vocab=10**18, seq=16), ["vocab=", "64-bit"]),
+    ],
+)
+def test_bad_model_spec_is_named(kwargs, words):
+    """Refused before any meta model is built (the meta device cannot address 2^63 bytes,
+    and a block takes about 10 ms to build)."""
+    with pytest.raises(ValueError) as err:
+        ModelSpec(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_layer_limit_is_the_boundary():
+    from minidist.planner.spec import MAX_LAYERS
+
+    ModelSpec(layers=MAX_LAYERS, hidden=32, heads=4, vocab=30, seq=16)  # built only when used
+    with pytest.raises(ValueError, match=f"layers={MAX_LAYERS + 1} must be at most"):
+        ModelSpec(layers=MAX_LAYERS + 1, hidden=32, heads=4, vocab=30, seq=16)
 
 
 def test_params_only_spec_refuses_tensor_parallelism():
@@ -185,50 +332,7 @@ def test_layouts_skip_what_cannot_run():
     assert all(lay.tp in (1, 2) and lay.pp <= 2 for lay in layouts(spec, 8, global_batch=8))
 
 
-# -- the command ---------------------------------------------------------------------------------
-
-
-def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minidist", "plan", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def test_cli_params_only_prints_model_states():
-    out = _plan_cli("--params", "7.5e9", "--world", "64", "--zero", "1")
-    assert out.returncode == 0, out.stderr
-    values = dict(line.split("=", 1) for line in out.stdout.split())
-    assert int(values["model_state_bytes_per_rank"]) == pytest.approx(31.4e9, rel=0.002)
-
-
-def test_cli_with_a_config_prints_every_number_and_the_best_layouts():
-    out = _plan_cli(
-        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
-        "--world", "8", "--tp", "2", "--pp", "2", "--microbatches", "4",
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    for name in ("activations_bytes_per_rank=", "bytes_sent_per_rank_per_step=", "bubble=",
-                 "step_time_s=", "memory_bytes_per_rank=", "fits=yes", "# best of",
-                 "layout=dp"):  # fmt: skip
-        assert name in out.stdout
-
-
-def test_cli_notes_a_pipeline_without_micro_batches():
-    out = _plan_cli(
-        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
-        "--world", "4", "--pp", "4", "--microbatches", "1",
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert "bubble=0.7500" in out.stdout and "pp=4 with 1 micro-batch" in out.stderr
-
-
-def test_cli_bad_degrees_are_named():
-    out = _plan_cli("--params", "1e9", "--world", "6", "--tp", "4")
-    assert out.returncode != 0
-    assert "--world 6" in out.stderr and "--tp 4" in out.stderr
+# -- the command (its options and output: tests/test_planner_cli.py) ---------------------------
 
 
 def test_bench_plan_prints_name_value_lines():
@@ -259,16 +363,6 @@ def test_bytes_by_link_class_puts_tp_inside_the_node_and_dp_across():
     small = plan(spec, Layout(dp=4, tp=2, global_batch=16), CLUSTERS["dgx-h100"])
     assert small.by_link["inter-node"] == 0  # t·d = 8 ranks: one node
     assert "bytes_sent[inter-node]=" in "\n".join(p.lines())
-
-
-def test_cli_micro_batch_sets_the_micro_batches_of_every_layout():
-    out = _plan_cli(
-        "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128",
-        "--world", "8", "--pp", "4", "--micro-batch", "1", "--global-batch", "32",
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line[:40])
-    assert float(values["bubble"]) == pytest.approx(3 / (16 + 3), abs=1e-4)  # dp 2: m = 16
 
 
 def _pipeline_peak(kind: str, p: int, m: int, v: int, layers: int) -> int:
@@ -308,3 +402,17 @@ def test_one_process_activations_equal_what_autograd_saves():
         loss_fn(model(x), y)
     layout = Layout(global_batch=x.shape[0])
     assert plan(ModelSpec.of(model), layout).memory["activations"] == saved.bytes
+
+
+def test_divisors_equal_counting_and_factor_large_worlds():
+    """The sweep's divisors from prime factors (Miller-Rabin, Pollard's rho) equal counting
+    1..n, and a world of 10^20 or two 10^9-sized primes factors without counting."""
+    from minidist.planner.divisors import divisors, prime_factors
+
+    for n in range(1, 600):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert len(divisors(10**20)) == 21 * 21
+    assert prime_factors(1000000007 * 998244353) == {998244353: 1, 1000000007: 1}
+    assert prime_factors(2**61 - 1) == {2**61 - 1: 1}
+    with pytest.raises(ValueError, match="n=0"):
+        divisors(0)

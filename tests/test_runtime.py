@@ -6,6 +6,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import minidist
+from minidist import comm
 from minidist.runtime import default_backend
 
 
@@ -80,6 +82,60 @@ def test_hanging_rank_is_stopped_at_timeout_and_named():
         minidist.launch(hang_on_rank_one, 2, timeout_s=3)
     assert 3 <= time.monotonic() - t0 < 10
     assert info.value.ranks == [0, 1]  # rank 1 sleeps, rank 0 waits for it in the barrier
+    assert live_children() == []
+
+
+def all_reduce_while_rank_one_sleeps():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    comm.all_reduce(torch.ones(2), tag="stuck")
+
+
+def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():
+    with pytest.raises(minidist.WorldTimeoutError) as info:
+        minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=3)
+    where = info.value.where
+    assert where[0].startswith("inside all_reduce (tag 'stuck') over 2 ranks in ")
+    assert "in all_reduce_while_rank_one_sleeps at test_runtime.py:" in where[0]
+    assert where[1] == "not inside a collective"
+    assert "rank 0: inside all_reduce" in str(info.value)
+
+
+def test_the_call_board_reads_back_each_state(tmp_path):
+    from minidist.runtime.board import CallBoard, create_board, read_board
+
+    path = str(tmp_path / "board")
+    create_board(path, 3)
+    boards = [CallBoard(path, r) for r in range(3)]
+    boards[0].enter("all_gather", "fsdp", 3)
+    boards[1].enter("batch_isend_irecv", "", 3)
+    boards[1].leave(async_op=True)
+    where = read_board(path, [0, 1, 2])
+    assert where[0].startswith("inside all_gather (tag 'fsdp') over 3 ranks in ")
+    assert where[1].startswith("not inside a blocking call; its last call, asynchronous, may")
+    assert where[2] == "not inside a collective"
+    boards[0].leave()
+    assert read_board(path, [0])[0].startswith("not inside a collective (its last call: all_")
+
+
+def kill_self_among_collectives(folder):
+    """Both ranks all-reduce in a loop; after some rounds rank 1 SIGKILLs itself."""
+    for step in range(10_000):
+        comm.all_reduce(torch.ones(64))
+        if dist.get_rank() == 1 and step == 20:
+            os.write(2, b"rank 1 about to be killed (minidist test)\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_rank_killed_by_a_signal_is_named_first_with_its_stderr(tmp_path):
+    for _ in range(4):  # not by luck: the same answer every time
+        with pytest.raises(minidist.RankFailedError) as info:
+            minidist.launch(kill_self_among_collectives, 2, str(tmp_path), timeout_s=60)
+        message = str(info.value)
+        assert info.value.rank == 1, message
+        assert "exited with code -9 (SIGKILL)" in message
+        assert "rank 1 about to be killed (minidist test)" in message
+        assert "failed after it" not in message  # rank 0 lost its peer, nothing else
     assert live_children() == []
 
 
@@ -270,6 +326,47 @@ def test_interrupt_reaps_children(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeypatch, how):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "killed.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, time, torch, minidist
+            from minidist.offload import OffloadOptimizer
+            def sleeper():
+                p = torch.nn.Parameter(torch.ones(4))
+                opt = OffloadOptimizer([p], tier="disk", lr=0.1)  # files in TMPDIR
+                open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
+                time.sleep(600)
+            minidist.launch(sleeper, 2, timeout_s=600)
+            """
+        )
+    )
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
+    assert len(pids) == 2
+    left = sorted(p.name.split("-")[0:2] == ["minidist", "offload"] for p in tmp.iterdir())
+    assert left == [False, True, True]  # the rendezvous folder, each rank's offload files
+    proc.send_signal(how)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    minidist.launch(rank_and_size, 1)  # the next launch sweeps what the dead ones left
+    assert list(tmp.iterdir()) == []
 
 
 def test_joins_a_torchrun_world(tmp_path):

@@ -6,7 +6,14 @@ compares with the reference, and either prints one line saying what passed or ra
 
 - `run_on_world`: a world with a short timeout (a correct answer takes well under a second),
   a learner's `NotImplementedError` on any rank surfaced as itself ("not implemented yet"),
-  and a hang turned into a message that says what the lesson's hangs usually mean.
+  any other exception, a rank failing inside a collective, and a hang turned into a
+  message (`failures`: what was raised, where in the learner's code, the likely cause from
+  the checker's `hints`), never a raw traceback.
+- `call_learner`: the same for the learner's code called in this process, with a time
+  limit, so that a loop that never ends is reported as one; `bounded` puts a time limit on
+  a checker's own diagnosis, so that a check answers in seconds whatever the answer.
+- `Mistake`, `catalogue_messages`, `names_mistake` (`catalogue`): a checker's tests of many
+  wrong answers that share their world launches.
 - `diagnose_values`: the usual value mistakes of a reduction, named: nothing reduced, some
   tensors skipped, N times too large (forgot to divide), N times too small (divided twice),
   another uniform scale.
@@ -20,14 +27,47 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..runtime import RankFailedError, WorldTimeoutError, launch, start_method_for
+from ..runtime import RankFailedError, WorldTimeoutError, start_method_for
+from .catalogue import Mistake, catalogue_messages, launch_shared, message_of, names_mistake
+from .failures import (
+    COLLECTIVE_HINT,
+    CheckFailed,
+    Failure,
+    Hints,
+    LearnerFailed,
+    bounded,
+    call_learner,
+    explain_rank_failure,
+    parse_traceback,
+    time_limit,
+)
+
+__all__ = [
+    "COLLECTIVE_HINT",
+    "CheckFailed",
+    "Failure",
+    "Hints",
+    "LearnerFailed",
+    "Mistake",
+    "bounded",
+    "call_learner",
+    "catalogue_messages",
+    "message_of",
+    "names_mistake",
+    "parse_traceback",
+    "time_limit",
+    "run_on_world",
+    "passed",
+    "fail",
+    "grads",
+    "close",
+    "best_scale",
+    "where_differs",
+    "diagnose_values",
+]
 
 CHECK_TIMEOUT_S = 5.0  # forked ranks; spawned ones first import torch (seconds each)
 SPAWN_TIMEOUT_S = 60.0
-
-
-class CheckFailed(AssertionError):
-    """The learner's code ran but gave a wrong answer; the message says what to look at."""
 
 
 def passed(message: str) -> None:
@@ -44,25 +84,37 @@ def run_on_world(
     *args: Any,
     timeout_s: float | None = None,
     hang_hint: str = "",
+    hints: Hints = None,
 ) -> list:
-    """`launch` for checkers: NotImplementedError surfaced as itself, hangs explained."""
+    """`launch` for checkers: NotImplementedError surfaced as itself; an exception, a rank
+    failing in a collective or a hang raised as `LearnerFailed` whose message explains it.
+
+    `hints` (a {regex: likely cause} mapping or a function of a `Failure`) names what an
+    exception most likely means in this exercise. `LearnerFailed` is a `RankFailedError`
+    too, and quotes the exception's last line, so a checker may still catch and refine it.
+    """
     if timeout_s is None:
         forked = start_method_for(world_size=world_size) == "fork"
         timeout_s = CHECK_TIMEOUT_S if forked else SPAWN_TIMEOUT_S
     try:
-        return launch(fn, world_size, *args, timeout_s=timeout_s)
+        return launch_shared(fn, world_size, args, timeout_s)
     except RankFailedError as exc:
-        if "NotImplementedError" in str(exc):
+        kind = parse_traceback(str(exc).split("\n", 1)[-1]).kind
+        if kind == "NotImplementedError" or "exercise: replace this line" in str(exc):
             raise NotImplementedError(
                 f"the exercise is not implemented yet (rank {exc.rank} reached the stub)"
             ) from None
-        raise
+        raise explain_rank_failure(exc, world_size, hints, hang_hint) from None
     except WorldTimeoutError as exc:
-        fail(
+        where = "".join(f"\n  rank {r}: {exc.where[r]}" for r in exc.ranks if r in exc.where)
+        raise LearnerFailed(
+            None,
             f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
-            f"{timeout_s:g} s (a correct answer takes well under a second): a rank waits "
-            f"forever for a message or a collective no other rank sends. {hang_hint}".rstrip()
-        )
+            f"{timeout_s:g} s (a correct answer takes well under a second): either a rank "
+            f"waits forever for a message or a collective no other rank makes ("
+            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip()
+            + where,
+        ) from None
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -73,6 +125,23 @@ def grads(model: nn.Module) -> dict[str, torch.Tensor]:
 def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6, rtol: float = 1e-5) -> bool:
     """Same shape and equal up to float32 summation order (the default tolerances)."""
     return a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=rtol)
+
+
+def where_differs(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-6) -> str:
+    """The fallback's words: how many elements differ, the first one (flat index, got vs
+    expected) and the largest difference."""
+    g, w = got.detach().reshape(-1).float(), want.detach().reshape(-1).float()
+    if g.numel() != w.numel():
+        return f"{g.numel()} elements where {w.numel()} are expected"
+    bad = ((g - w).abs() > atol + 1e-5 * w.abs()).nonzero().reshape(-1)
+    if bad.numel() == 0:
+        return "no element differs"
+    i = int(bad[0])
+    return (
+        f"{bad.numel()} of {g.numel()} elements differ, the first at flat index {i} (got "
+        f"{g[i].item():.6g}, expected {w[i].item():.6g}), by up to "
+        f"{float((g - w).abs().max()):.3g}"
+    )
 
 
 def best_scale(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -110,12 +179,23 @@ def diagnose_values(
             "every gradient is still this rank's own: nothing was all-reduced "
             "(call comm.all_reduce on each p.grad, in place)."
         )
+    if all(close(got[n], local[n] / world) for n in wrong):
+        return (
+            f"gradients {wrong} are this rank's own divided by N={world}: the all-reduce ran on "
+            "a copy (p.grad.clone(), p.grad / N, a new tensor) and its result was dropped. "
+            "All-reduce p.grad itself, in place, then divide it."
+        )
     scales = [best_scale(got[n], ref[n]) for n in wrong]
     uniform = len(wrong) == len(ref)
     if uniform and all(abs(c - world) < 1e-3 * world for c in scales):
         return (
             f"gradients are {world}x too large: you summed over the {world} ranks but forgot "
             f"to divide by the world size N={world}."
+        )
+    if uniform and world > 2 and all(abs(c - world / (world - 1)) < 1e-3 for c in scales):
+        return (
+            f"gradients are {world}/{world - 1} of the mean: you divided the sum over {world} "
+            f"ranks by N-1 = {world - 1}; divide by the world size N = {world}."
         )
     if uniform and all(abs(c - 1 / world) < 1e-3 for c in scales):
         return (
@@ -128,6 +208,7 @@ def diagnose_values(
             f"(dist.get_world_size() = {world}), nothing else."
         )
     return layout_problem or (
-        f"gradients of {wrong} differ from the mean over ranks; the others are right. "
-        "All-reduce (SUM) each gradient in place, then divide it by N."
+        f"gradients of {wrong} differ from the mean over ranks, not by a uniform factor "
+        f"(in {wrong[0]}: {where_differs(got[wrong[0]], ref[wrong[0]])}); the others are "
+        "right. All-reduce (SUM) each gradient in place, then divide it by N."
     )

@@ -15,7 +15,8 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 - `optim.py`: sparse SGD (momentum local/global), Adagrad, Adam (local/global)
 - `backward.py`: the sort/dedup backward (occurrence bags, runs of equal rows, per-row sums)
 - `distributed.py`: the distributed and localized slot placements over `minidist.comm`
-- `checkpoint.py`: key-sorted save/load of a table and its optimizer state (a shard per rank)
+- `checkpoint.py`: key-sorted save/load of a table and its optimizer state (a shard per rank,
+  saved atomically, checksummed, resharded onto any world on load)
 - `theory.py`: the bytes each placement sends, as functions
 """
 

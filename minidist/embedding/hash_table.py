@@ -72,8 +72,8 @@ class HashTable:
     """int64 key -> row in [0, capacity); see the module docstring."""
 
     def __init__(self, capacity: int, *, max_load: float = 0.75, device=None, backend=None):
-        if not isinstance(capacity, int) or capacity <= 0:
-            raise ValueError(f"HashTable: capacity={capacity!r} must be an int > 0")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"HashTable: capacity={capacity!r} must be an int > 0 (not a bool)")
         if not 0 < max_load < 1:
             raise ValueError(f"HashTable: max_load={max_load!r} must be in (0, 1)")
         self.device = torch.device(device if device is not None else "cpu")

@@ -203,7 +203,8 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
                     scheme: str = "reduce_scatter") -> Figure:  # fmt: skip
     """`distributed[r][q]`: key occurrences rank r sends to owner q (distributed slots);
     `bags[r][q]`, `keys[r][q]`: bags and their keys rank r sends to slot owner q (localized;
-    rank r's batch has Σ_q bags[r][q] bags). Each arrow r -> q is labelled with what goes out
+    rank r's batch has Σ_q bags[r][q] bags). Each arrow r -> q is labelled, naming both ranks
+    (the arrows cross), with what goes out
     (int64 keys, and for the reduce-scatter scheme each key's global bag) and what comes back
     (float32 vectors of `dim`: for the reduce-scatter, owner q's partial sums of r's bags);
     a rank's own share stays (grey)."""
@@ -212,17 +213,17 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 1.5 * world))
     if scheme == "reduce_scatter":
         first = ("Distributed slots (reduce-scatter): (key, bag) pairs to the owner", lambda r, q: (
-            f"{distributed[r][q]} keys + bag ids ({16 * distributed[r][q]} B) →",
-            f"← partial sums of {own_bags[r]} bags ({4 * dim * own_bags[r]} B)"))  # fmt: skip
+            f"{distributed[r][q]} keys + bag ids ({16 * distributed[r][q]} B)",
+            f"partial sums of its {own_bags[r]} bags ({4 * dim * own_bags[r]} B)"))  # fmt: skip
     else:
         first = ("Distributed slots (all-to-all): each key to its owner", lambda r, q: (
-            f"{distributed[r][q]} keys ({8 * distributed[r][q]} B) →",
-            f"← {distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)"))  # fmt: skip
+            f"{distributed[r][q]} keys ({8 * distributed[r][q]} B)",
+            f"{distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)"))  # fmt: skip
     panels = (
         first,
         ("Localized slots: each bag to its slot's owner", lambda r, q: (
-            f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B) →",
-            f"← {bags[r][q]} pooled ({4 * dim * bags[r][q]} B)")),
+            f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B)",
+            f"{bags[r][q]} pooled ({4 * dim * bags[r][q]} B)")),
     )  # fmt: skip
     for ax, (title, label) in zip(axes, panels):
         for r in range(world):
@@ -238,9 +239,14 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
                 ax.annotate("", (4.8, y1), (1.2, y0), arrowprops=dict(
                     arrowstyle="<|-|>", color="#999999" if own else "#333333", lw=1.0))  # fmt: skip
                 out, back = label(r, q)
-                t = 0.5 if own else 0.3  # crossing arrows: labels near their senders
-                x, y = 1.2 + 3.6 * t, y0 + (y1 - y0) * t
-                text = "stays on the rank" if own else f"{out}\n{back}"
+                # crossing arrows: each label names its two ranks and sits on its sender's
+                # side of the crossing (above it for an arrow going down, below for one up)
+                x, y = 3.0, (y0 + y1) / 2 + (0 if own else 0.28 * (1 if y0 > y1 else -1))
+                text = (
+                    "stays on the rank"
+                    if own
+                    else f"rank {r} → rank {q}: {out}\nrank {q} → rank {r}: {back}"
+                )
                 box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1)
                 ax.text(x, y, text, ha="center", va="center", fontsize=7,
                         color="#777777" if own else "black", bbox=box)  # fmt: skip

@@ -34,6 +34,9 @@ from .slots import _FMIX_C1, _FMIX_C2, _LOW31, EMPTY_KEY, fmix64
 
 # keys per first-probe pass; lanes left when probing turns to windows of _TAIL_SLOTS slots
 _CHUNK, _TAIL_LANES, _TAIL_SLOTS = 1 << 16, 1024, 32
+# a claim array per insert up to _CLAIM_SLOTS slots (512 KiB), or for a batch of at least
+# 1/_CLAIM_BATCH of the slots; else a sort of the wanted slots
+_CLAIM_SLOTS, _CLAIM_BATCH = 1 << 16, 16
 
 
 def _home_slots(keys: torch.Tensor, mask: int, out: torch.Tensor) -> torch.Tensor:
@@ -108,19 +111,21 @@ def _probe_on(slot_keys: torch.Tensor, mask: int, keys: torch.Tensor, slot: torc
 
 def torch_insert(slot_keys, slot_rows, counter, keys: torch.Tensor, rows_in: torch.Tensor | None):
     """Rounds over the lanes still probing, as the kernel's CAS loop: lanes reading an empty
-    slot contend and the lowest lane wins it (`claim` keeps each slot's lowest contender, a
-    scatter-min, no sort); the winners' new rows go out in slot order; lanes reading another
-    key move to the next slot, and losers read their slot again next round."""
+    slot contend and the lowest lane wins it (`_lowest_contender`); the winners' new rows go
+    out in slot order; lanes reading another key move to the next slot, and losers read
+    their slot again next round. A small batch costs O(keys), not O(slots)."""
     num_slots, n, dev = slot_rows.numel(), keys.numel(), keys.device
     mask, rows = num_slots - 1, torch.empty_like(keys)
-    claim = torch.full((num_slots,), n, dtype=torch.int64, device=dev)
+    # a slot-sized claim array pays off for small tables and big batches: small batches
+    # into big tables sort their wanted slots instead
+    big = num_slots > _CLAIM_SLOTS and _CLAIM_BATCH * n < num_slots
+    claim = None if big else torch.full((num_slots,), n, device=dev)
     lanes, slot = torch.arange(n, device=dev), _home_slots(keys, mask, torch.empty_like(keys))
     while lanes.numel():
         empty = slot_keys.index_select(0, slot) == EMPTY_KEY
         at = empty.nonzero().view(-1)
         contenders, wanted = lanes.index_select(0, at), slot.index_select(0, at)
-        claim.scatter_reduce_(0, wanted, contenders, "amin")
-        won = at.index_select(0, (claim.index_select(0, wanted) == contenders).nonzero().view(-1))
+        won = at.index_select(0, _lowest_contender(wanted, contenders, claim, n))
         winners, won_slots = lanes.index_select(0, won), slot.index_select(0, won)
         if rows_in is None:
             slot_rows.index_copy_(
@@ -139,6 +144,18 @@ def torch_insert(slot_keys, slot_rows, counter, keys: torch.Tensor, rows_in: tor
         going = torch.ones_like(empty).index_fill_(0, won, False).nonzero().view(-1)
         lanes, slot = lanes.index_select(0, going), slot.index_select(0, going)
     return rows
+
+
+def _lowest_contender(wanted, contenders, claim, n: int) -> torch.Tensor:
+    """Positions of the contenders that win their slot: the lowest lane of each slot. With a
+    slot-sized `claim` array, a scatter-min into it (no sort); without, the same minimum per
+    distinct slot after a sort of the wanted slots (O(k log k) for k contenders)."""
+    if claim is not None:
+        claim.scatter_reduce_(0, wanted, contenders, "amin")
+        return (claim.index_select(0, wanted) == contenders).nonzero().view(-1)
+    distinct, which = torch.unique(wanted, return_inverse=True)
+    lowest = torch.full_like(distinct, n).scatter_reduce_(0, which, contenders, "amin")
+    return (lowest.index_select(0, which) == contenders).nonzero().view(-1)
 
 
 def _ascending(slots: torch.Tensor, num_slots: int) -> torch.Tensor:

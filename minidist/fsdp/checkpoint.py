@@ -10,9 +10,10 @@ checkpointing and state dicts: a full state dict gathers the whole model onto on
 one lets each rank save and load only its shard, and must then be resharded when the
 number of ranks changes.
 
-Split in four: this module writes and reads (`save`, `load`); `checkpoint_layout.py` holds
+Split in five: this module writes and reads (`save`, `load`); `checkpoint_layout.py` holds
 what a checkpoint records (keys, the layout record); `checkpoint_check.py` the checks before
-a load; `checkpoint_full.py` `load_full`. Every name is importable from here.
+a load; `checkpoint_safe.py` reading without running code, and the checksums;
+`checkpoint_full.py` `load_full`. Every name is importable from here.
 
 **What is saved** (`checkpoint_layout.py`): each flat unit of trainable parameters, and the
 optimizer state shaped like it, as a 1-D DTensor (`Shard(0)`, or `(Replicate(), Shard(0))`
@@ -35,11 +36,18 @@ names, the format of `torch.distributed.checkpoint.state_dict.get_optimizer_stat
   metadata are read first (`checkpoint_check.py`) and the error names the first parameter,
   unit, buffer or optimizer entry whose name or shape differs (`CheckpointMismatchError`).
 - A save is written into `.<name>.unfinished` next to `path`; after every rank finished
-  (DCP's final collective, then a barrier) group rank 0 renames it to `path`, replacing an
-  earlier checkpoint only then. An interrupted save leaves `path` absent or as it was, and
-  `load` refuses the unfinished directory. A leftover one is removed by the next save. A
-  write that fails on any rank raises `RuntimeError` on every rank (DCP's
-  `CheckpointException` is a `BaseException`, which `except Exception` would miss).
+  (DCP's final collective, then a barrier) group rank 0 records the checksums of every
+  chunk (`minidist.checksums.json`, written last) and renames it to `path`, replacing an
+  earlier checkpoint only then (`minidist.checkpoint_files`). An interrupted save leaves
+  `path` absent or as it was, and `load` refuses the unfinished directory; one stopped
+  between rank 0's two renames is finished by the next load or save. A leftover unfinished
+  one is removed by the next save. A write that fails on any rank raises `RuntimeError` on
+  every rank (DCP's `CheckpointException` is a `BaseException`, which `except Exception`
+  would miss).
+- A checkpoint is data: a load never runs code from it (`checkpoint_safe.py`: `.metadata`
+  through a restricted unpickler, other entries with `torch.load(weights_only=True)`), and
+  verifies every chunk's checksum first; a missing, empty, truncated or altered file is a
+  `CheckpointError` naming the file or tensor, before anything changes.
 
 Not here: asynchronous saves (`dcp.async_save`), storage other than a file system every
 rank sees, loading into another unit grouping (another `wrap` policy or bucket size, or
@@ -63,13 +71,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import comm
+from ..checkpoint_files import CHECKSUMS, CheckpointError, put_in_place, recover, unfinished_path
 from ..parallel import first_rank
 from .checkpoint_check import CheckpointMismatchError, _check, _read
 from .checkpoint_full import _placeholder, load_full
 from .checkpoint_layout import (
+    FORMAT,
     LAYOUT_KEY,
-    REPLACED,
-    UNFINISHED,
     _device,
     _dtensor,
     _layout,
@@ -79,8 +87,9 @@ from .checkpoint_layout import (
     _unit_key,
     _valid,
 )
+from .checkpoint_safe import dcp_load, write_checksums
 
-__all__ = ["save", "load", "load_full", "CheckpointMismatchError"]
+__all__ = ["save", "load", "load_full", "CheckpointMismatchError", "CheckpointError"]
 
 
 # -- save --------------------------------------------------------------------------------------
@@ -94,9 +103,9 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
     """
     path = Path(path)
     s = _sharded(model)
-    if path.exists() and not (path / ".metadata").is_file():
+    if path.exists() and not (path / CHECKSUMS).is_file():
         raise FileExistsError(
-            f"save: {path} exists and is not a checkpoint (no .metadata): refusing to replace it"
+            f"save: {path} exists and is not a checkpoint (no {CHECKSUMS}): refusing to replace it"
         )
     state: dict[str, object] = {LAYOUT_KEY: json.dumps(_layout(s, optimizer))}
     for name, t in s.replicated.items():
@@ -114,8 +123,9 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
             for name, v in group.items():
                 if name != "params":
                     state[f"optim.param_groups.{g}.{name}"] = v
-    unfinished = path.with_name(f".{path.name}{UNFINISHED}")
+    unfinished = unfinished_path(path)
     if s.is_rank0():
+        recover(path)  # a complete save stopped between its renames is not thrown away
         shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
     comm.barrier(s.group, tag="checkpoint")
     try:
@@ -129,7 +139,8 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
     failure = None
     if s.is_rank0():
         try:
-            _put_in_place(unfinished, path)
+            write_checksums(unfinished, FORMAT)  # written last: the save is complete
+            put_in_place(unfinished, path)
         except OSError as e:
             failure = e
     # rank 0 tells everyone whether `path` is in place (nobody returns before it is)
@@ -141,32 +152,14 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
         raise RuntimeError(f"save: rank 0 could not move {unfinished} to {path} (see its error)")
 
 
-def _put_in_place(unfinished: Path, path: Path) -> None:
-    """Replace `path` by the complete `unfinished` (an earlier checkpoint goes only now)."""
-    replaced = path.with_name(f".{path.name}{REPLACED}")
-    shutil.rmtree(replaced, ignore_errors=True)
-    if path.exists():
-        os.rename(path, replaced)
-    os.rename(unfinished, path)
-    shutil.rmtree(replaced, ignore_errors=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- load ----------------------------------------------------------------------------------------
 def load(path: str | os.PathLike, model, optimizer=None) -> None:
     """Load a checkpoint written by `save` (on a world of any size) into `model`/`optimizer`.
 
     Every rank of the wrapper's group calls it; each reads only its own chunks' elements.
     Raises `CheckpointMismatchError` (nothing changed) when the checkpoint is of another
-    model or optimizer, `FileNotFoundError`/`ValueError` when `path` is no complete one.
+    model or optimizer, `CheckpointError` when a file is missing, damaged or unsafe,
+    `FileNotFoundError`/`ValueError` when `path` is no complete one.
     """
     path = Path(path)
     s = _sharded(model)
@@ -189,7 +182,7 @@ def load(path: str | os.PathLike, model, optimizer=None) -> None:
         for k, md in meta.state_dict_metadata.items():
             if k.startswith("optim.param_groups."):
                 dest[k] = _placeholder(md)
-    dcp.load(dest, checkpoint_id=path, process_group=s.group)
+    dcp_load(dest, path, process_group=s.group)
 
     if optimizer is not None:  # first: its load_state_dict validates before it changes
         optimizer.load_state_dict(_torch_optimizer_state(optimizer, s, layout, dest))

@@ -6,10 +6,13 @@ a load on another number of ranks reshards by the recorded names and global shap
 these must match the model before any tensor is read.
 
 `_read` accepts only a complete checkpoint of this format (not an unfinished or replaced
-save, not a DCP checkpoint of someone else's) and returns DCP's metadata and the layout
-record; `_check` compares them with a wrapper and raises `CheckpointMismatchError` naming
-the first trainable parameter, flat unit, frozen parameter or buffer, or optimizer entry
-(class, param group units) whose name or shape differs. Neither changes anything.
+save, not a DCP checkpoint of someone else's), finishes a save stopped between its two
+renames (`checkpoint_files.recover`), verifies every file and chunk against the checksums
+and reads it without running code from it (`checkpoint_safe.py`), and returns DCP's
+metadata and the layout record; `_check` compares them with a wrapper and raises
+`CheckpointMismatchError` naming the first trainable parameter, flat unit, frozen parameter
+or buffer, or optimizer entry (class, param group units) whose name or shape differs.
+Neither changes anything.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import json
 import warnings
 from pathlib import Path
 
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
+from ..checkpoint_files import CHECKSUMS, recover
 from .checkpoint_layout import (
     FORMAT,
     LAYOUT_KEY,
@@ -32,6 +35,7 @@ from .checkpoint_layout import (
     _Sharded,
     _unit_key,
 )
+from .checkpoint_safe import dcp_load, verify
 
 
 class CheckpointMismatchError(ValueError):
@@ -40,9 +44,11 @@ class CheckpointMismatchError(ValueError):
 
 # -- reading a checkpoint ----------------------------------------------------------------------
 def _read(path: Path) -> tuple[Metadata, dict]:
-    """DCP's metadata and the layout record; refuses anything but a complete checkpoint."""
+    """DCP's metadata and the layout record, verified against the checksums and read without
+    running code from the file; refuses anything but a complete checkpoint of this format."""
     if path.name.startswith(".") and path.name.endswith(UNFINISHED):
         raise ValueError(f"{path} is an unfinished save (interrupted before completion)")
+    recover(path)  # a save stopped between its two renames: finish it
     if not path.is_dir():
         unfinished = path.with_name(f".{path.name}{UNFINISHED}")
         replaced = path.with_name(f".{path.name}{REPLACED}")
@@ -54,13 +60,18 @@ def _read(path: Path) -> tuple[Metadata, dict]:
         raise FileNotFoundError(f"no checkpoint at {path}{hint}")
     if not (path / ".metadata").is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no .metadata)")
-    meta = dcp.FileSystemReader(path).read_metadata()
+    if not (path / CHECKSUMS).is_file():
+        raise ValueError(
+            f"{path} is not a complete minidist checkpoint (no {CHECKSUMS}: a save that "
+            "never completed, or a DCP checkpoint written by something else)"
+        )
+    meta = verify(path)
     if LAYOUT_KEY not in meta.state_dict_metadata:
         raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
     record = {LAYOUT_KEY: None}
     with warnings.catch_warnings():  # no_dist warns that it is a single-process read
         warnings.simplefilter("ignore")
-        dcp.load(record, checkpoint_id=path, no_dist=True)
+        dcp_load(record, path, no_dist=True)
     layout = json.loads(record[LAYOUT_KEY])
     if layout.get("format") != FORMAT:
         raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")

@@ -17,10 +17,10 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .checkpoint_check import _read
+from .checkpoint_safe import dcp_load
 
 
 def _placeholder(md):
@@ -45,7 +45,7 @@ def load_full(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     dest = {k: _placeholder(md) for k, md in meta.state_dict_metadata.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.load(dest, checkpoint_id=path, no_dist=True)
+        dcp_load(dest, path, no_dist=True)
 
     def unflatten(flat: torch.Tensor, unit: dict) -> dict[str, torch.Tensor]:
         out, offset = {}, 0

@@ -39,12 +39,12 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from ..checkpoint_files import REPLACED, UNFINISHED  # noqa: F401 (re-exported)
 from ..zero.sharded import ZeroDataParallel
 from .fully_sharded import FullyShardedDataParallel
 
-FORMAT = "minidist-flat-checkpoint/1"
+FORMAT = "minidist-flat-checkpoint/2"
 LAYOUT_KEY = "minidist.layout"
-UNFINISHED, REPLACED = ".unfinished", ".replaced"
 
 
 # -- what a wrapper holds --------------------------------------------------------------------

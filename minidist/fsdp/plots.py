@@ -42,14 +42,21 @@ def plot_flat_param(
     total = sum(numels)
     full = padded(total, world_size)
     chunk = full // world_size
-    fig, ax = plt.subplots(figsize=(10, 2.2))
+    fig, ax = plt.subplots(figsize=(10, 3.2))
     cmap = plt.get_cmap("tab20")
-    left = 0
+    left, small = 0, 0
     for i, (name, n) in enumerate(zip(names, numels)):
         ax.barh(1, n, left=left, height=0.8, color=cmap(i % 20), edgecolor="black",
                 linewidth=0.5)  # fmt: skip
-        if n > 0.04 * full:  # a label only where it fits
+        if n > 0.04 * full:  # the label inside, where it fits
             ax.text(left + n / 2, 1, f"{name}\n{n}", ha="center", va="center", fontsize=7)
+        else:  # a small parameter: its label above the bar, on one of three levels
+            y = 1.55 + 0.3 * (small % 3)
+            x = left + n / 2
+            ax.plot([x, x], [1.4, y], color="black", linewidth=0.5)
+            ax.text(x, y, f" {name} ({n}) " , ha="left" if x < 0.8 * full else "right",
+                    va="center", fontsize=6)  # fmt: skip
+            small += 1
         left += n
     if full > total:
         ax.barh(1, full - total, left=total, height=0.8, color="white", hatch="///",
@@ -68,6 +75,7 @@ def plot_flat_param(
         ax.axvline(start, color="black", linewidth=0.6, linestyle=":")
     ax.set_yticks([1, 0], ["flat parameter", "owner (chunk)"])
     ax.set_xlim(0, full)
+    ax.set_ylim(-0.5, 2.4 if small else 1.5)
     ax.set_xlabel(
         f"element ({total} of parameters + {full - total} of padding = {full} "
         f"= {world_size} chunks of {chunk})"
@@ -75,7 +83,7 @@ def plot_flat_param(
     ax.set_title(title or f"a unit's flat parameter on {world_size} ranks")
     ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="///",
                              label="padding (zeros)")],
-              loc="upper right", bbox_to_anchor=(1.0, 1.35), fontsize=7)  # fmt: skip
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7)  # fmt: skip
     fig.tight_layout()
     return fig
 
@@ -102,7 +110,7 @@ def _unit_panel(ax, t: StepTimeline) -> None:
         for when in u.frees:
             ax.plot([1e3 * when] * 2, [y - 0.42, y + 0.42], color="black", linewidth=1.4)
         ticks.append(y)
-        labels.append(f"{u.name} (unit {u.index}, {u.numel})")
+        labels.append(f"{row + 1}. {u.name} ({u.numel:,} elements)")
     for x, label, ha in ((t.forward_end, "forward ends ", "right"),
                          (t.backward_end, " backward ends", "left")):  # fmt: skip
         ax.axvline(1e3 * x, color="black", linestyle="--", linewidth=0.7)
@@ -112,12 +120,11 @@ def _unit_panel(ax, t: StepTimeline) -> None:
 
 
 def plot_unit_timeline(timelines: Mapping[str, StepTimeline], title: str = "") -> Figure:
-    """One panel per timeline (`{label: StepTimeline}`), one row per unit in forward order:
-    communication above, compute below, a black tick where the full parameter is freed."""
+    """One panel per timeline (`{label: StepTimeline}`), one row per unit numbered in forward
+    order: communication above, compute below, a black tick where the full parameter is
+    freed. Each panel has its own time axis (the runs take different times)."""
     rows = sum(len(t.units) + 1 for t in timelines.values())
-    fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(11, 0.6 + 0.75 * rows), sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 0.6 + 0.85 * rows), squeeze=False)
     for ax, (label, t) in zip(axes[:, 0], timelines.items()):
         _unit_panel(ax, t)
         ax.set_title(
@@ -126,7 +133,8 @@ def plot_unit_timeline(timelines: Mapping[str, StepTimeline], title: str = "") -
             f"{t.max_gathers_in_flight} all-gather(s) in flight",
             fontsize=9,
         )
-    axes[-1, 0].set_xlabel("time since the start of forward (ms)")
+    for ax in axes[:, 0]:
+        ax.set_xlabel("time since the start of forward (ms)", fontsize=8)
     handles = [
         Patch(color=_COMM["gather"], label="all-gather"),
         Patch(facecolor=_COMM["gather"], hatch="///", edgecolor="black", label="prefetched"),
@@ -154,11 +162,13 @@ def plot_peak_memory(
     title: str = "",
 ) -> Figure:
     """Peak parameter bytes per rank against the largest unit's bytes (KiB on both axes):
-    the formula as a line, measured points as crosses, the shards alone and every parameter
-    as horizontal bounds."""
+    the formula as open circles (one per configuration), measured points as crosses, the
+    shards alone and every parameter as horizontal bounds."""
     fig, ax = plt.subplots(figsize=(7, 4))
     x = [b / 1024 for b in unit_bytes]
-    ax.plot(x, [b / 1024 for b in theory], "o-", color="#4c72b0", label="formula")
+    # four separate configurations: markers, no line between them
+    ax.plot(x, [b / 1024 for b in theory], "o", color="#4c72b0", markersize=9,
+            markerfacecolor="none", markeredgewidth=1.5, label="formula")  # fmt: skip
     if measured is not None:
         ax.plot(x, [b / 1024 for b in measured], "x", color="#c44e52", markersize=11,
                 markeredgewidth=2, label="measured (rank 0)")  # fmt: skip

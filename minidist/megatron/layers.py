@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from .. import comm
 from ..policy import module_device
 from .ops import copy_to_tp, reduce_from_tp
+from .sequence import linear_with_sequence_gather, reduce_scatter_to_sequence
 
 
 def _split(t: torch.Tensor, dim: int, blocks: int, group, pad_to: int | None = None):
@@ -69,6 +70,8 @@ def gather_split(local: torch.Tensor, split: tuple[int, int, int], group) -> tor
 class ColumnParallelLinear(nn.Module):
     """y_r = f(x) W_rᵀ + b_r, W split by output rows (in `blocks` sections: 3 for Q, K, V)."""
 
+    sequence_parallel = False  # lesson 14: the input is this rank's block of the sequence
+
     def __init__(self, dense: nn.Linear, group, blocks: int = 1):
         super().__init__()
         self.group = group
@@ -79,11 +82,15 @@ class ColumnParallelLinear(nn.Module):
             self.bias = _param(_split(dense.bias.detach(), 0, blocks, group), dense.bias, split)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:  # all-gather the sequence instead of f
+            return linear_with_sequence_gather(x, self.weight, self.bias, self.group)
         return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """y = g(x_r W_rᵀ) + b, W split by input columns; the input is already split."""
+
+    sequence_parallel = False  # lesson 14: reduce-scatter along the sequence instead of g
 
     def __init__(self, dense: nn.Linear, group):
         super().__init__()
@@ -93,7 +100,8 @@ class RowParallelLinear(nn.Module):
         self.bias = None if dense.bias is None else _param(dense.bias.detach().clone(), dense.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        reduce = reduce_scatter_to_sequence if self.sequence_parallel else reduce_from_tp
+        y = reduce(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
@@ -143,9 +151,9 @@ class ParallelAttention(nn.Module):
         self.proj = RowParallelLinear(dense.proj, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         local = self.qkv.weight.shape[0] // 3
         q, k, v = self.qkv(x).split(local, dim=2)
+        b, s = q.shape[:2]  # the whole sequence, also when x is a block of it (lesson 14)
         q, k, v = (t.view(b, s, self.heads, local // self.heads).transpose(1, 2) for t in (q, k, v))
         drop = self.dropout if self.training else 0.0
         with self.rng.fork():  # this rank's heads: this rank's dropout stream
@@ -163,6 +171,8 @@ def parallel_mlp(dense: nn.Sequential, group) -> nn.Sequential:
 class VocabParallelEmbedding(nn.Module):
     """Rows [r·V'/t, (r+1)·V'/t) of the table (V padded to V' = a multiple of t)."""
 
+    sequence_parallel = False  # lesson 14: reduce-scatter along the sequence instead of g
+
     def __init__(self, dense: nn.Embedding, group):
         super().__init__()
         n, r = dist.get_world_size(group), dist.get_rank(group)
@@ -179,7 +189,8 @@ class VocabParallelEmbedding(nn.Module):
         outside = (ids < self.start) | (ids >= self.start + self.per_rank)
         local = (ids - self.start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp(out, self.group)
+        reduce = reduce_scatter_to_sequence if self.sequence_parallel else reduce_from_tp
+        return reduce(out, self.group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

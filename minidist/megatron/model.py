@@ -6,6 +6,12 @@ after a g are replicated: every tp rank holds and updates the same copy, from th
 (all-reduced) gradient. The token embedding is vocab-parallel and tied to the output head;
 the loss is the vocab-parallel cross entropy (`loss`).
 
+`sequence_parallel=True` (Korthikanti et al. 2022, section 4.2.2; lesson 14; megatron-core's
+`sequence_parallel` option): between the regions, layer norms and residual adds work on this
+rank's block of the sequence; each region starts with an all-gather of the sequence and ends
+with a reduce-scatter of it, and the replicated parameters' gradients (each rank's covers
+only its block) are all-reduced over the tp group as backward produces them.
+
 `TensorParallelGPT` meets the comparison contract: `full_parameters()` / `full_grads()`
 rebuild the dense tensors under the dense model's names. Parameter names are the dense
 ones (`blocks.0.attn.qkv.weight`, `blocks.0.mlp.0.weight`, ...).
@@ -30,6 +36,12 @@ from .layers import (
     vocab_parallel_cross_entropy,
 )
 from .ops import copy_to_tp
+from .sequence import (
+    allreduce_replicated_grad,
+    check_sequence,
+    gather_from_sequence,
+    sequence_block,
+)
 
 
 class ParallelBlock(nn.Module):
@@ -47,8 +59,13 @@ class ParallelBlock(nn.Module):
 class TensorParallelGPT(ParallelModule):
     """The GPT split over the ranks of `group` (a tp group, e.g. `ParallelLayout.group("tp")`)."""
 
-    def __init__(self, dense: GPT, group=None):
+    def __init__(self, dense: GPT, group=None, sequence_parallel: bool = False):
         super().__init__()
+        if not isinstance(sequence_parallel, bool):
+            raise TypeError(
+                f"TensorParallelGPT: sequence_parallel must be True or False, "
+                f"got {sequence_parallel!r}"
+            )
         n = dist.get_world_size(group)
         cfg = dense.cfg
         for name, value in (
@@ -64,14 +81,28 @@ class TensorParallelGPT(ParallelModule):
         self.pos_emb = copy.deepcopy(dense.pos_emb)
         self.blocks = nn.ModuleList(ParallelBlock(b, group) for b in dense.blocks)
         self.ln_f = copy.deepcopy(dense.ln_f)
+        self.sequence_parallel = sequence_parallel
+        if sequence_parallel:
+            check_sequence(cfg.seq_len, group)
+            for module in self.modules():
+                if hasattr(type(module), "sequence_parallel"):
+                    module.sequence_parallel = True
+            for p in self.parameters():
+                if p.requires_grad and not hasattr(p, "tp_split"):
+                    p.register_hook(lambda g: allreduce_replicated_grad(g, self.group))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """This rank's columns of the logits (vocab-parallel), [batch, seq, V'/t]."""
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        start, stop = 0, idx.shape[1]
+        if self.sequence_parallel:  # the embedding reduce-scatters: this rank's block
+            start, stop = sequence_block(idx.shape[1], self.group)
+        pos = torch.arange(start, stop, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
-        return F.linear(copy_to_tp(self.ln_f(x), self.group), self.tok_emb.weight)
+        x = self.ln_f(x)
+        enter = gather_from_sequence if self.sequence_parallel else copy_to_tp
+        return F.linear(enter(x, self.group), self.tok_emb.weight)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         emb = self.tok_emb

@@ -161,9 +161,11 @@ def plot_f_g(tp: int = 2) -> Figure:
         x = x0 + 0.8
         for lane, r in zip(lanes, range(tp)):
             xi = x
-            for stage, w in zip(stages, widths):
+            for j, (stage, w) in enumerate(zip(stages, widths)):
                 _box(ax, xi, lane - lane_h / 2, w, lane_h, stage.format(r=r),
                      _rank_color(r), 7)  # fmt: skip
+                if j + 1 < len(stages):  # QKV -> attention -> proj, A -> GELU -> B
+                    _arrow(ax, xi + w, lane, xi + w + 0.15, lane)
                 xi += w + 0.15
             _arrow(ax, x0 + 0.55, y_mid, x, lane)
             _arrow(ax, xi - 0.15, lane, xi + 0.2, y_mid)
@@ -172,6 +174,12 @@ def plot_f_g(tp: int = 2) -> Figure:
         ax.text((x0 + x_end + 0.55) / 2, max(lanes) + 0.55, name, ha="center", fontsize=9,
                 style="italic")  # fmt: skip
         return x_end + 0.55
+
+    top = max(lanes) + 0.85  # the residual stream runs above the regions
+
+    def residual(x_from, x_plus):  # from x_from's top, over the region, down into "+"
+        ax.plot([x_from, x_from, x_plus], [y_mid + 0.3, top, top], color="black", linewidth=1)
+        _arrow(ax, x_plus, top, x_plus, y_mid + 0.3)
 
     x = 0.0
     _box(ax, x, y_mid - 0.3, 0.6, 0.6, "x", rep_color, 9)
@@ -182,6 +190,8 @@ def plot_f_g(tp: int = 2) -> Figure:
                "proj_r\n(rows)"], [0.95, 0.95, 0.8])  # fmt: skip
     _box(ax, x + 0.25, y_mid - 0.3, 0.45, 0.6, "+", rep_color, 11)
     _arrow(ax, x, y_mid, x + 0.25, y_mid)
+    residual(0.3, x + 0.475)  # x + attention(LN1(x))
+    first_plus = x + 0.475
     x += 0.7
     _box(ax, x + 0.25, y_mid - 0.3, 0.7, 0.6, "LN2", rep_color, 8)
     _arrow(ax, x, y_mid, x + 0.25, y_mid)
@@ -190,6 +200,8 @@ def plot_f_g(tp: int = 2) -> Figure:
                [0.8, 0.6, 0.8])  # fmt: skip
     _box(ax, x + 0.25, y_mid - 0.3, 0.45, 0.6, "+", rep_color, 11)
     _arrow(ax, x, y_mid, x + 0.25, y_mid)
+    residual(first_plus + 0.12, x + 0.475)  # h + MLP(LN2(h)), h the first "+"'s output
+    ax.text(0.35, top + 0.08, "residual", fontsize=7, style="italic")
     right = x + 0.7
     bottom = min(lanes) - 0.6
     ax.text(0.0, bottom - 0.15,
@@ -201,7 +213,7 @@ def plot_f_g(tp: int = 2) -> Figure:
             "biases after g); coloured: split, rank r's part. Per layer: 2 all-reduces forward, "
             "2 backward.", ha="left", va="top", fontsize=8)  # fmt: skip
     ax.set_xlim(-0.2, right + 0.2)
-    ax.set_ylim(bottom - 1.2, max(lanes) + 0.9)
+    ax.set_ylim(bottom - 1.2, top + 0.35)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"one transformer layer on {tp} tensor-parallel ranks (Megatron-LM, Figure 3)",

@@ -48,6 +48,9 @@ def train_on_rank(
     all-reduces sent).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
+    # one thread: the order of a matrix product's sums (and so the last bits of an fp16
+    # gradient, and whether a step at the edge overflows) does not depend on the machine
+    torch.set_num_threads(1)
     model, batches, loss_fn = build("gpt", steps=steps)
     scaler = DynamicLossScaler(**scaler_args) if loss_scaling else None
     policy = MixedPrecision(param_dtype, loss_scaler=scaler)

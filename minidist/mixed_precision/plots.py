@@ -142,16 +142,24 @@ def plot_loss_curves(
 ) -> Figure:
     """Left: the fp32 reference's loss and each curve. Right: each curve minus fp32, with a
     dotted ±tolerance where `tolerances` gives one; with `log_diff`, |curve - fp32| on a log
-    axis instead (differences from 1e-7 to 1e-1 side by side)."""
+    axis instead (differences from 1e-7 to 1e-1 side by side), exact zeros drawn as
+    triangles on a dotted floor a tenth of the smallest nonzero difference."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
     steps = list(range(len(reference)))
     left.plot(steps, reference, color="black", linewidth=2.5, label="fp32, one process")
     colors = plt.get_cmap("tab10")
+    nonzero = [abs(a - b) for c in curves.values() for a, b in zip(c, reference) if a != b]
+    floor = min(nonzero, default=1.0) / 10  # where an exact zero is drawn on a log axis
+    zeros_drawn = False
     for i, (label, losses) in enumerate(curves.items()):
         left.plot(steps, losses, "--", color=colors(i), label=label)
         points = [(s, a - b) for s, a, b in zip(steps, losses, reference)]
-        if log_diff:  # |difference|; an exact zero has no place on a log axis
-            points = [(s, abs(d)) for s, d in points if d != 0]
+        if log_diff:  # |difference|; an exact zero has no place on a log axis: drawn at floor
+            zeros = [s for s, d in points if d == 0]
+            points = [(s, abs(d) if d != 0 else floor) for s, d in points]
+            if zeros:
+                right.plot(zeros, [floor] * len(zeros), "v", color=colors(i), markersize=6)
+                zeros_drawn = True
         right.plot([s for s, _ in points], [d for _, d in points], "o-", color=colors(i),
                    label=label, markersize=3)  # fmt: skip
         tol = (tolerances or {}).get(label)
@@ -160,6 +168,9 @@ def plot_loss_curves(
                 right.axhline(sign * tol, color=colors(i), linestyle=":", linewidth=1)
     if log_diff:
         right.set_yscale("log")
+        if zeros_drawn:
+            right.axhline(floor, color="gray", linestyle=":", linewidth=0.8)
+            right.plot([], [], "v", color="gray", label=f"exactly 0 (drawn at {floor:.0e})")
     else:
         right.axhline(0, color="black", linewidth=1)
     for ax in (left, right):

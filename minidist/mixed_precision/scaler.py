@@ -10,9 +10,17 @@ backoff 1/2, interval 2000.
 Distributed, the ranks must agree: one rank's overflow skips the step on every rank, or the
 replicas (or the shards of one model) drift apart. "Found inf" is all-reduced with MAX over
 the group before anyone steps: one tiny collective per step.
+
+Skipping cures an overflow, not a NaN that comes from the data or the model: then every step
+is skipped and S shrinks towards zero without a word. After `warn_after` skipped steps in a
+row, or once S falls below `min_scale`, the scaler warns once (`RuntimeWarning`) naming the
+likely causes.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -30,18 +38,28 @@ class DynamicLossScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         group=None,
+        warn_after: int = 10,
+        min_scale: float = 2.0**-14,
     ):
-        if init_scale <= 0 or growth_factor <= 1 or not 0 < backoff_factor < 1:
-            raise ValueError(
-                "DynamicLossScaler: need init_scale > 0, growth_factor > 1 and "
-                f"0 < backoff_factor < 1; got {init_scale}, {growth_factor}, {backoff_factor}"
-            )
-        if growth_interval < 1:
-            raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
+        rules = {
+            "init_scale": (init_scale, lambda v: v > 0, "a finite number > 0"),
+            "growth_factor": (growth_factor, lambda v: v > 1, "a finite number > 1"),
+            "backoff_factor": (backoff_factor, lambda v: 0 < v < 1, "a number in (0, 1)"),
+            "min_scale": (min_scale, lambda v: v > 0, "a finite number > 0"),
+        }
+        for name, (value, ok, rule) in rules.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and ok(value)):
+                raise ValueError(f"DynamicLossScaler: {name}={value!r} must be {rule}")
+        for name, value in (("growth_interval", growth_interval), ("warn_after", warn_after)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DynamicLossScaler: {name}={value!r} must be an int >= 1")
         self.scale_value = float(init_scale)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.group = growth_interval, group
-        self.good_steps = 0
+        self.warn_after, self.min_scale = warn_after, min_scale
+        self.good_steps = self.skipped_in_a_row = 0
+        self._warned = False
         self._found_inf: bool | None = None  # set by unscale_, consumed by update
 
     def get_scale(self) -> float:
@@ -84,12 +102,30 @@ class DynamicLossScaler:
         if self._found_inf:
             self.scale_value *= self.backoff_factor
             self.good_steps = 0
+            self.skipped_in_a_row += 1
+            self._warn_if_stuck()
         else:
-            self.good_steps += 1
+            self.good_steps, self.skipped_in_a_row, self._warned = self.good_steps + 1, 0, False
             if self.good_steps == self.growth_interval:
                 self.scale_value *= self.growth_factor
                 self.good_steps = 0
         self._found_inf = None
+
+    def _warn_if_stuck(self) -> None:
+        if self._warned or (
+            self.skipped_in_a_row < self.warn_after and self.scale_value >= self.min_scale
+        ):
+            return
+        self._warned = True
+        warnings.warn(
+            f"DynamicLossScaler: {self.skipped_in_a_row} steps skipped in a row, the scale is "
+            f"down to {self.scale_value:g}: the gradients hold inf or NaN whatever the scale, "
+            "which a smaller scale cannot cure. Likely causes: NaN or inf in the input batch "
+            "or the labels (check torch.isfinite(batch).all()), a NaN loss (log of 0, "
+            "division by 0), or a model whose weights already diverged.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def gradients(optimizer) -> list[torch.Tensor]:

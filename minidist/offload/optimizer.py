@@ -77,7 +77,8 @@ class OffloadOptimizer(OptimizerWrapper):
         self.directory = None
         self.files: dict[str, torch.Tensor] = {}  # name -> the tensor mapping that file
         if tier == "disk":  # a fresh directory per run: never another run's (or model's) files
-            self.directory = tempfile.mkdtemp(prefix="minidist-offload-", dir=path)
+            # named after this process: a launch after it was killed sweeps it (runtime)
+            self.directory = tempfile.mkdtemp(prefix=f"minidist-offload-{os.getpid()}-", dir=path)
             self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
             for i, m in enumerate(self.masters):
                 self.inner.state[m] = {

@@ -186,17 +186,31 @@ def plot_cache_resident_bytes(events, layer_bytes: Sequence[int], prefetch: int)
 
 def plot_published_times(systems, sizes: Sequence[float], labels=None) -> Figure:
     """One panel per `minidist.network.published.System`: α-β seconds of each shape against
-    message bytes (bf16), the flat ring's latency/bandwidth crossover S* dotted."""
+    message bytes (bf16), the flat ring's latency/bandwidth crossover S* dotted. A shape whose
+    times equal an earlier one's (row- and column-inner on a symmetric torus) is drawn dashed
+    over it and says so in the legend, so no line hides another."""
     from ..network import published
 
     labels = labels or {}
     fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.3), sharey=True)
     axes = [axes] if len(systems) == 1 else list(axes)
+    styles = {
+        "flat": ("-", "o", 2.0),
+        "row-inner": ("-", "o", 2.5),
+        "column-inner": ("--", "x", 1.2),
+    }
     for ax, system in zip(axes, systems):
         times = [published.shape_times(system, b) for b in sizes]
+        drawn: dict[str, list[float]] = {}
         for shape, color in SHAPE_COLORS.items():
-            ax.plot(sizes, [t[shape] for t in times], color=color, marker="o", markersize=2.5,
-                    label=labels.get(shape, shape))  # fmt: skip
+            ys = [t[shape] for t in times]
+            same = [o for o, other in drawn.items()
+                    if all(abs(a - b) <= 1e-9 * max(a, b) for a, b in zip(ys, other))]  # fmt: skip
+            label = labels.get(shape, shape) + (f" (= {same[0]}, drawn over it)" if same else "")
+            line, marker, width = styles.get(shape, ("-", "o", 1.5))
+            ax.plot(sizes, ys, color=color, linestyle=line, marker=marker, markersize=3,
+                    linewidth=width, label=label)  # fmt: skip
+            drawn[shape] = ys
         ax.axvline(published.latency_bandwidth_crossover(system), color="black", linestyle=":",
                    linewidth=1, label="flat ring: S*")  # fmt: skip
         ax.set_xscale("log")

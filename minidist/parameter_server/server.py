@@ -74,6 +74,12 @@ class ShardServer:
     apply_on_arrival: bool = False  # Downpour: one optimizer step per push, no clocks
 
     def __post_init__(self):
+        s = self.staleness
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
+            raise ValueError(
+                f"ShardServer: staleness={s!r} must be an int >= 0 (the clocks a worker may "
+                "run ahead) or None (asynchronous)"
+            )
         self.param = torch.nn.Parameter(self.values.detach().clone())
         self.optimizer = torch.optim.SGD([self.param], lr=self.lr, momentum=self.momentum)
         self._pending: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}

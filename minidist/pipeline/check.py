@@ -4,23 +4,32 @@
    ordered steps of one stage under 1F1B / PipeDream-Flush (Narayanan et al. 2021, section
    3.2): [("F", i), ("B", i), ...]. Compared with `schedule("1f1b", ...)` for several (p, m),
    m < p included, then every stage's list is run by the simulator: bubble
-   (p-1)/(m+p-1) and at most min(p-r, m) micro-batches alive. Named mistakes: a warm-up of
-   p-r forwards instead of p-r-1, backwards in reverse order, GPipe (all forwards first),
-   the cool-down missing, steps missing or repeated, a backward before its forward.
+   (p-1)/(m+p-1) and at most min(p-r, m) micro-batches alive. Named mistakes
+   (`check_mistakes.py`): a warm-up of p-r forwards instead of p-r-1, of r (stages counted
+   from the end), of p-1 on every stage, not capped at m; backwards in reverse order; GPipe
+   (all forwards first); the steady pair backward-first; micro-batches from 1; the
+   cool-down missing; steps missing, repeated, strings or generators; a backward before its
+   forward; the learner's own exception (`check_call.py`).
 2. `check_peak_microbatches(peak_microbatches)`: `peak_microbatches(stage, stages,
    microbatches, kind)` for kind "gpipe" and "1f1b": how many micro-batches' activations
    the stage holds at most (Huang et al. 2019; Narayanan et al. 2021). Compared with
    `theory.peak_microbatches` and the simulator's peak over a grid of (r, p, m). Named
-   mistakes: the warm-up count p-r-1 (forgot the forward of the first steady step), no cap
-   at m, stages counted from the end (r+1), GPipe's answer for 1F1B, 1F1B's for GPipe.
+   mistakes: the warm-up count p-r-1 (forgot the forward of the first steady step), one too
+   many, no cap at m, stages counted from the end (r+1), min(p, m) everywhere, GPipe's
+   answer for 1F1B, 1F1B's for GPipe, GPipe capped at p or m-r; other answers say which
+   stages differ, by how much, and whether only m <= p-r does.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 
 from ..course.check import fail, passed
 from . import theory
+from .check_call import learner_call
+from .check_mistakes import FAMILIES_1, FAMILIES_2, HINTS_1, HINTS_2
+from .check_mistakes import reference as _reference
 from .schedules import schedule
 from .simulate import simulate
 
@@ -30,55 +39,36 @@ SCHEDULE_CASES = ((4, 8), (4, 4), (4, 2), (2, 5), (3, 1))  # (p, m): m < p inclu
 # -- exercise 1: one stage's 1F1B steps -------------------------------------------------------
 
 
-def _reference(r: int, p: int, m: int) -> list[tuple]:
-    return schedule("1f1b", p, m)[r]
-
-
-def _with_warmup(warmup: int, m: int, reverse_backwards: bool = False) -> list[tuple]:
-    warmup = min(warmup, m)
-    order = list(range(m))[::-1] if reverse_backwards else list(range(m))
-    steps = [("F", i) for i in range(warmup)]
-    for k in range(m - warmup):
-        steps += [("F", warmup + k), ("B", order[k])]
-    return steps + [("B", order[k]) for k in range(m - warmup, m)]
-
-
-def _diagnose_steps(got, r: int, p: int, m: int) -> str | None:
-    where = f"stage {r} of p = {p}, m = {m}"
-    right = _reference(r, p, m)
+def _as_steps(got, where: str) -> list[tuple] | str:
     if not isinstance(got, list | tuple):
-        return f"{where}: one_f_one_b returned a {type(got).__name__}; return a list of tuples."
+        kind = type(got).__name__
+        return f"{where}: one_f_one_b returned a {kind}; return a list of tuples" + (
+            " (list(...) of your generator)." if kind == "generator" else "."
+        )
+    if any(isinstance(s, str) for s in got):
+        return f"{where}: a step is a tuple (op, microbatch) like ('F', 0), not a string."
     try:
-        got = [tuple(s) for s in got]
+        return [tuple(s) for s in got]
     except TypeError:
         return f"{where}: every step must be a tuple (op, microbatch), like ('F', 0)."
+
+
+def _diagnose_steps(got: list[tuple], r: int, p: int, m: int) -> str | None:
+    """One stage's steps (already tuples), when no whole-pipeline family matched."""
+    where = f"stage {r} of p = {p}, m = {m}"
+    right = _reference(r, p, m)
     if got == right:
         return None
-    gpipe = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    if got == gpipe:
-        return (
-            f"{where}: you returned GPipe's schedule, every forward before any backward: stage "
-            f"{r} then holds all m = {m} micro-batches' activations. 1F1B runs only "
-            f"min(p-r-1, m) = {min(p - r - 1, m)} forwards first, then alternates one forward "
-            "and one backward, so at most p-r micro-batches are alive."
-        )
-    if got == _with_warmup(p - r, m) and got != right:
-        return (
-            f"{where}: your warm-up runs p-r = {p - r} forwards before the first backward; "
-            f"1F1B's is p-r-1 = {p - r - 1}: the steady state's first forward is the p-r-th. "
-            "One micro-batch too many stays alive on every stage."
-        )
-    if got == _with_warmup(p - r - 1, m, reverse_backwards=True):
-        return (
-            f"{where}: the backwards run in reverse order (micro-batch {m - 1} first); a stage "
-            "can only backward micro-batch i once the next stage has sent i's gradient, and "
-            "the last stage produces them in order 0, 1, 2...: backward the oldest first."
-        )
     forwards = [s for s in got if s[0] == "F"]
     backwards = [s for s in got if s[0] == "B"]
     others = [s for s in got if s[0] not in ("F", "B")]
     if others:
         return f"{where}: steps {others[:3]} are neither ('F', i) nor ('B', i)."
+    outside = [s for s in got if not (isinstance(s[1], int) and 0 <= s[1] < m)]
+    if outside:
+        return f"{where}: steps {outside[:3]} name micro-batches outside 0..{m - 1}" + (
+            ": the warm-up must be capped at m, min(p-r-1, m)." if m < p - r - 1 else "."
+        )
     if sorted(forwards) == [("F", i) for i in range(m)] and len(backwards) < m:
         missing = sorted(set(range(m)) - {s[1] for s in backwards})
         return (
@@ -86,30 +76,59 @@ def _diagnose_steps(got, r: int, p: int, m: int) -> str | None:
             "state, the cool-down backwards the micro-batches still alive (as many as the "
             "warm-up forwarded)."
         )
-    if sorted(got) != sorted(gpipe):
+    if len(forwards) != m or len(backwards) != m or len(set(got)) != len(got):
         return (
             f"{where}: every micro-batch 0..{m - 1} needs exactly one ('F', i) and one "
-            f"('B', i); you returned {len(forwards)} forwards and {len(backwards)} backwards."
+            f"('B', i); you returned {len(forwards)} forwards and {len(backwards)} backwards"
+            + (", some repeated." if len(set(got)) != len(got) else ".")
         )
     for i in range(m):
         if got.index(("B", i)) < got.index(("F", i)):
             return f"{where}: ('B', {i}) comes before ('F', {i}): a backward needs its forward."
+    ahead = next(k for k, s in enumerate(got) if s[0] == "B")
+    want = next(k for k, s in enumerate(right) if s[0] == "B")
+    if ahead != want:
+        return (
+            f"{where}: your stage runs {ahead} forwards before its first backward; 1F1B runs "
+            f"{want}: the warm-up min(p-r-1, m) = {min(p - r - 1, m)}"
+            + (", plus the first steady step's forward." if want > min(p - r - 1, m) else ".")
+            + f" You returned {got}."
+        )
+    k = next(k for k, (a, b) in enumerate(zip(got, right)) if a != b)
     return (
-        f"{where}: you returned {got}; 1F1B's steps are {right} (min(p-r-1, m) warm-up "
-        "forwards, then one forward and one backward in turn, then the remaining backwards)."
+        f"{where}: the warm-up is right but step {k} differs: you run {got[k]}, 1F1B runs "
+        f"{right[k]} (one forward and one backward in turn, then the remaining backwards, each "
+        f"kind in micro-batch order). You returned {got}."
     )
+
+
+def _diagnose_pipeline(one_f_one_b: Callable, p: int, m: int) -> str | list | None:
+    stages = []
+    for r in range(p):
+        call = f"one_f_one_b({r}, {p}, {m})"
+        got = _as_steps(learner_call(one_f_one_b, r, p, m, call=call, hints=HINTS_1),
+                        f"stage {r} of p = {p}, m = {m}")  # fmt: skip
+        if isinstance(got, str):
+            return got
+        stages.append(got)
+    if all(stages[r] == _reference(r, p, m) for r in range(p)):
+        return stages
+    for _, family, message in FAMILIES_1:
+        if all(stages[r] == [tuple(s) for s in family(r, p, m)] for r in range(p)):
+            r = next(r for r in range(p) if stages[r] != _reference(r, p, m))
+            return (
+                f"p = {p}, m = {m}: {message} E.g. stage {r}: you returned {stages[r]}, "
+                f"1F1B's is {_reference(r, p, m)}."
+            )
+    return next(d for r in range(p) if (d := _diagnose_steps(stages[r], r, p, m)))
 
 
 def check_one_f_one_b(one_f_one_b: Callable) -> None:
     """`one_f_one_b(stage, stages, microbatches)` against `schedule("1f1b", ...)`, simulated."""
     for p, m in SCHEDULE_CASES:
-        stages = []
-        for r in range(p):
-            got = one_f_one_b(r, p, m)
-            problem = _diagnose_steps(got, r, p, m)
-            if problem:
-                fail(problem)
-            stages.append([tuple(s) for s in got])
+        stages = _diagnose_pipeline(one_f_one_b, p, m)
+        if isinstance(stages, str):
+            fail(stages)
         timeline = simulate(stages)
         bubble, formula = timeline.bubble, theory.bubble_fraction(p, m, "1f1b")
         peaks = timeline.peak_in_flight()
@@ -135,10 +154,10 @@ def _diagnose_peaks(fn: Callable, kind: str) -> str | None:
     right = {c: theory.peak_microbatches(*c, kind) for c in PEAK_CASES}
     got = {}
     for c in PEAK_CASES:
-        value = fn(*c, kind)
-        if not isinstance(value, int) or isinstance(value, bool):
+        value = learner_call(fn, *c, kind, call=f"peak_microbatches{(*c, kind)}", hints=HINTS_2)
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             return f"peak_microbatches{(*c, kind)} returned {value!r}; return an int."
-        got[c] = value
+        got[c] = int(value)
     if got == right:
         return None
     wrong = [c for c in PEAK_CASES if got[c] != right[c]]
@@ -147,33 +166,18 @@ def _diagnose_peaks(fn: Callable, kind: str) -> str | None:
         f"e.g. stage {r} of p = {p}, m = {m} ({kind}): you said {got[wrong[0]]}, "
         f"the simulator counts {right[wrong[0]]}."
     )
-    if kind == "1f1b":
-        if all(got[c] == c[2] for c in PEAK_CASES):
-            return (
-                f"for 1F1B you returned m, GPipe's answer: 1F1B starts backwards after the "
-                f"warm-up, so stage r holds at most min(p-r, m). {example}"
-            )
-        if all(got[c] == min(c[1] - c[0] - 1, c[2]) for c in PEAK_CASES):
-            return (
-                "you returned the warm-up count min(p-r-1, m): the first steady step's forward "
-                f"comes before its backward, so one more micro-batch is alive. {example}"
-            )
-        if all(got[c] == c[1] - c[0] for c in PEAK_CASES):
-            return (
-                "p-r is right only while m >= p-r: with fewer micro-batches than the warm-up "
-                f"wants, a stage cannot hold more than m. Cap it: min(p-r, m). {example}"
-            )
-        if all(got[c] == min(c[0] + 1, c[2]) for c in PEAK_CASES):
-            return (
-                "you counted stages from the end: stage 0, the first, waits longest for its "
-                f"first gradient and holds the most, p-r with r = 0. {example}"
-            )
-    elif all(got[c] == min(c[1] - c[0], c[2]) for c in PEAK_CASES):
-        return (
-            "for GPipe you returned 1F1B's answer: GPipe runs every forward before any "
-            f"backward, so every stage holds all m micro-batches. {example}"
+    for family_kind, formula, message in FAMILIES_2:
+        if family_kind == kind and all(got[c] == formula(*c) for c in PEAK_CASES):
+            return f"{message} {example}"
+    by = sorted({got[c] - right[c] for c in wrong})
+    return (
+        f"{example} {len(wrong)} of {len(PEAK_CASES)} cases differ, by {by[:5]} micro-batches"
+        + (
+            "; all of them with m <= p-r: look at the cap at m."
+            if all(c[2] <= c[1] - c[0] for c in wrong)
+            else f"; stages {sorted({c[0] for c in wrong})} are wrong."
         )
-    return f"{example} ({len(wrong)} of {len(PEAK_CASES)} cases differ.)"
+    )
 
 
 def check_peak_microbatches(peak_microbatches: Callable) -> None:

@@ -32,7 +32,7 @@ import torch.nn as nn
 from .. import comm
 from ..memory import SavedActivations
 from ..models import GPT
-from ..parallel import ParallelModule
+from ..parallel import ParallelModule, verify_same_model
 from ..policy import module_device
 from .schedules import schedule
 
@@ -105,6 +105,9 @@ class PipelineParallel(ParallelModule):
         embedding_group = layout.groups.get("embedding")  # first and last stages only
         self.p, self.stage_index = dist.get_world_size(pp_group), dist.get_rank(pp_group)
         self.ranks = dist.get_process_group_ranks(pp_group) if pp_group else list(range(self.p))
+        # every stage and replica cuts its stage from the same dense model
+        for group in (pp_group, dp_group) if dp_group is not None else (pp_group,):
+            verify_same_model(dense, group, "PipelineParallel")
         self.v = virtual
         self.chunks = [
             split_gpt(dense, self.p * virtual, c * self.p + self.stage_index)

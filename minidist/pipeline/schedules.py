@@ -29,9 +29,13 @@ def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> lis
     """The steps of every stage, stage 0 first."""
     if kind not in KINDS:
         raise ValueError(f"schedule: kind must be one of {KINDS}, got {kind!r}")
-    if stages < 1 or microbatches < 1:
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("virtual", virtual)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"schedule: {name}={value!r} must be an int >= 1")
+    if virtual != 1 and kind != "interleaved":
         raise ValueError(
-            f"schedule: stages={stages} and microbatches={microbatches} must both be >= 1"
+            f"schedule: virtual={virtual} (model chunks per stage) needs kind='interleaved'; "
+            f"{kind!r} runs one chunk per stage (virtual=1)"
         )
     if kind == "interleaved":
         if virtual < 1 or microbatches % stages:

@@ -15,7 +15,9 @@ et al. 2009) and an α-β model per link (Hockney 1994).
 - `published.py`: the published tables the planner reproduces
 - `course.py`: the course's tour layouts as plans (checked against their runs in the tests)
 - `measure.py`: this machine's FLOP rate, bandwidth and links fitted; `bench plan`
-- `cli.py`: `python -m minidist plan`; `plots.py`, `lesson_plots.py`: the pictures
+- `cli.py`: `python -m minidist plan`, its options checked at parse time in `cli_args.py`;
+  `divisors.py`: a world's divisors from its prime factors (sweeps of any world size)
+- `plots.py`, `lesson_plots.py`: the pictures
 - `fixture.py`, `lesson.py`, `check/`: lesson 13's notebook model, tour row and checkers
 """
 

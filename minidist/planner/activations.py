@@ -49,7 +49,8 @@ def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
     out, ZB-H1) frees them."""
     if layout.pp == 1:
         return chunk_bytes[0]
-    steps = schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual)[0]
+    v = layout.virtual if layout.schedule == "interleaved" else 1
+    steps = schedule(layout.schedule, layout.pp, layout.microbatches, v)[0]
     frees = "W" if any(step[0] == "W" for step in steps) else "B"
     alive = peak = 0.0
     for step in steps:

@@ -1,83 +1,38 @@
-"""`python -m minidist plan`: one layout's `name=value` lines (its memory, whether it fits,
-its bytes, bubble and step time), then the best layouts of the world for a memory budget,
-and (with `--plot`) the sweep of memory against step time. Notes go to stderr."""
+"""`python -m minidist plan`: one layout's `name=value` lines (its memory, whether it fits and
+against which budget, its bytes, bubble and step time), then the best layouts of the world
+for that budget, and (with `--plot`) the sweep of memory against step time. Byte counts
+carry GB and GiB beside them; notes go to stderr. The options and their rules are in
+`cli_args.py`."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ..pipeline.schedules import KINDS
+from .cli_args import add_arguments, layout_error, model_spec, validate
 from .fixture import sweep_micro_batch
 from .hardware import CLUSTERS
-from .plan import best, plan, sweep
-from .spec import Layout, ModelSpec
+from .plan import Plan, best, plan, sweep
+from .spec import Layout
 
 GIB = 1024**3
-MODEL_FIELDS = {
-    "layers": "transformer blocks",
-    "hidden": "hidden size h",
-    "heads": "attention heads a",
-    "vocab": "vocabulary size V",
-    "seq": "sequence length s",
-}
+__all__ = ["add_arguments", "run_plan"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    model = parser.add_argument_group("model: a GPT configuration, or --params alone")
-    model.add_argument(
-        "--params", type=float, help="parameter count: then only model states and data-parallel "
-        "bytes are planned (no activations, tp or pp)",
-    )  # fmt: skip
-    for name, what in MODEL_FIELDS.items():
-        model.add_argument(f"--{name}", type=int, help=what)
-    layout = parser.add_argument_group("layout")
-    layout.add_argument("--world", type=int, required=True, help="ranks (devices) in all")
-    layout.add_argument("--tp", type=int, default=1, help="tensor-parallel size t (lesson 07)")
-    layout.add_argument("--pp", type=int, default=1, help="pipeline stages p (lesson 09)")
-    layout.add_argument("--dp", type=int, help="data-parallel size d (default: world / (t·p))")
-    layout.add_argument(
-        "--zero", type=int, default=0, choices=(0, 1, 2, 3),
-        help="ZeRO stage over dp: 0 = DDP, 1-2 (lesson 02), 3 = FSDP (lesson 03)",
-    )  # fmt: skip
-    layout.add_argument("--shard-size", type=int, help="FSDP hybrid shard group (zero 3)")
-    layout.add_argument(
-        "--micro-batch", type=int,
-        help="sequences per micro-batch; every layout runs global batch / (d · this) of them "
-        "(Megatron-LM's convention; default 1 unless --microbatches is given)",
-    )  # fmt: skip
-    layout.add_argument("--microbatches", type=int, help="micro-batches per step, fixed")
-    layout.add_argument("--schedule", default="1f1b", choices=KINDS, help="pipeline schedule")
-    layout.add_argument("--virtual", type=int, default=1, help="chunks per rank (interleaved)")
-    layout.add_argument(
-        "--precision", default="mixed", choices=("fp32", "mixed"),
-        help="mixed: 16-bit parameters, gradients and activations, fp32 masters (ZeRO's 2+2+12)",
-    )  # fmt: skip
-    layout.add_argument("--optimizer", default="adam", choices=("sgd", "adam"))
-    layout.add_argument("--recompute", action="store_true", help="full recomputation (lesson 06)")
-    layout.add_argument(
-        "--offload", default="device", choices=("device", "cpu", "disk"),
-        help="where FSDP's optimizer runs and keeps its state (lesson 05)",
-    )  # fmt: skip
-    layout.add_argument(
-        "--global-batch", type=int, help="sequences per step (default: world × micro-batch)"
-    )
-    where = parser.add_argument_group("where it runs")
-    where.add_argument("--cluster", default="dgx-h100", choices=sorted(CLUSTERS))
-    where.add_argument("--memory-gib", type=float, help="budget per rank (default: the device's)")
-    where.add_argument("--top", type=int, default=5, help="best layouts to list")
-    where.add_argument("--plot", help="save the sweep plot (memory vs step time) to this file")
+def human(n: float) -> str:
+    """1.23 GB, 1.15 GiB (or MB and MiB, kB and KiB, B)."""
+    for decimal, binary, unit in ((1e12, 2**40, "T"), (1e9, 2**30, "G"), (1e6, 2**20, "M")):
+        if n >= decimal:
+            return f"{n / decimal:.2f} {unit}B, {n / binary:.2f} {unit}iB"
+    return f"{n / 1e3:.2f} kB, {n / 2**10:.2f} KiB" if n >= 1e3 else f"{n:.0f} B"
 
 
-def _model(args) -> ModelSpec:
-    if args.params is not None:
-        return ModelSpec(params=int(args.params))
-    missing = [n for n in MODEL_FIELDS if getattr(args, n) is None]
-    if missing:
-        raise SystemExit(f"plan: give --params, or all of --layers --hidden --heads --vocab "
-                         f"--seq (missing: {', '.join('--' + m for m in missing)})")  # fmt: skip
-    return ModelSpec(args.layers, args.hidden, args.heads, args.vocab, args.seq)
+def _annotated(line: str) -> str:
+    name, value = line.split("=", 1)
+    return f"{line} ({human(float(value))})" if "bytes" in name and value.isdigit() else line
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _batching(args, dp: int) -> tuple[int, int, int | None]:
@@ -89,25 +44,77 @@ def _batching(args, dp: int) -> tuple[int, int, int | None]:
     if micro_batch is None:
         return global_batch, args.microbatches, None
     if global_batch % (dp * micro_batch):
-        raise SystemExit(
-            f"plan: --global-batch {global_batch} does not split into micro-batches of "
-            f"{micro_batch} sequences over dp={dp}"
+        args.plan_parser.error(
+            f"--global-batch {global_batch} does not split into micro-batches of "
+            f"{_plural(micro_batch, 'sequence')} over dp = {dp}"
         )
     return global_batch, global_batch // (dp * micro_batch), micro_batch
 
 
-def run_plan(args) -> int:
-    model = _model(args)
-    cluster = CLUSTERS[args.cluster]
-    if args.dp is None and args.world % (args.tp * args.pp):
-        raise SystemExit(
-            f"plan: --world {args.world} is not divisible by --tp {args.tp} × --pp {args.pp}"
+def _bubble_line(p: Plan) -> str:
+    """The idle share, with Narayanan et al. 2021's ratio to the ideal time beside it."""
+    if p.layout.pp == 1:
+        return f"bubble={p.bubble:.4f}"
+    ratio = p.bubble / (1 - p.bubble)
+    return (
+        f"bubble={p.bubble:.4f} (idle share of the step; Narayanan et al.'s bubble over the "
+        f"ideal time, (p-1)/m for 1F1B: {ratio:.4f})"
+    )
+
+
+def _fit_lines(chosen: Plan, budget: float, budget_from: str) -> list[str]:
+    out = [
+        f"memory_bytes_per_rank={int(round(chosen.memory_per_rank))} "
+        f"({human(chosen.memory_per_rank)}"
+        + ("" if chosen.activations_planned else "; model states only")
+        + ")",
+        f"budget_bytes_per_rank={int(round(budget))} ({human(budget)}: {budget_from})",
+    ]
+    used = f"{human(chosen.memory_per_rank).split(',')[0]} of {human(budget).split(',')[0]}"
+    if chosen.activations_planned:
+        out.append(f"fits={'yes' if chosen.fits(budget) else 'no'} ({used} per rank)")
+    elif not chosen.fits_model_states(budget):
+        out.append(f"fits=no (the model states alone take {used} per rank)")
+    else:
+        out.append(
+            f"fits=unknown (model states take {used} per rank, but activations are not "
+            "planned for --params: give --layers --hidden --heads --vocab --seq to judge)"
         )
+    return out
+
+
+def _hint(plans: list[Plan], args, budget: float) -> str:
+    """What to change when no layout fits (or none exists)."""
+    if not plans:
+        return (
+            f"# no layout of {args.world} ranks can split a global batch of "
+            f"{_plural(args.global_batch_used, 'sequence')}: each replica needs whole "
+            "micro-batches; change --global-batch, --micro-batch or --world"
+        )
+    small = min(plans, key=lambda p: p.memory_per_rank)
+    lay = small.layout
+    tips = [] if args.recompute else ["--recompute (keeps only each block's input)"]
+    if args.precision == "fp32":
+        tips.append("--precision mixed")
+    tips += ["more ranks (--world)", "a smaller --micro-batch or --global-batch",
+             f"a budget above {small.memory_per_rank / GIB:.1f} GiB (--memory-gib)"]  # fmt: skip
+    return (
+        f"# none fits: the smallest, dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero}, needs "
+        f"{small.memory_per_rank / GIB:.1f} GiB per rank; try {', '.join(tips)}"
+    )
+
+
+def run_plan(args) -> int:
+    validate(args)
+    model = model_spec(args)
+    cluster = CLUSTERS[args.cluster]
     dp = args.dp if args.dp is not None else args.world // (args.tp * args.pp)
     global_batch, microbatches, micro_batch = _batching(args, dp)
+    args.global_batch_used = global_batch
     fixed = dict(
         schedule=args.schedule, virtual=args.virtual, precision=args.precision,
         optimizer=args.optimizer, recompute=args.recompute, global_batch=global_batch,
+        reduce_in_fp32=args.reduce_dtype != "bf16",
     )  # fmt: skip
     try:
         layout = Layout(
@@ -116,16 +123,21 @@ def run_plan(args) -> int:
         )  # fmt: skip
         chosen = plan(model, layout, cluster if model.has_config else None, world=args.world)
     except ValueError as err:
-        raise SystemExit(f"plan: {err}") from None
-    budget = (args.memory_gib * GIB) if args.memory_gib else cluster.device.memory_bytes
+        layout_error(args, err)
+    if args.memory_gib:
+        budget, budget_from = args.memory_gib * GIB, "--memory-gib"
+    else:
+        budget, budget_from = cluster.device.memory_bytes, f"the {cluster.device.name}'s memory"
     for line in chosen.lines():
-        print(line)
-    print(f"memory_bytes_per_rank={int(round(chosen.memory_per_rank))}")
-    print(f"fits={'yes' if chosen.fits(budget) else 'no'}")
+        print(_bubble_line(chosen) if line.startswith("bubble=") else _annotated(line))
+    reduce = "fp32" if layout.reduce_bytes == 4 else "bf16"
+    print(f"grad_reduce_dtype={reduce} (the data-parallel gradient collectives; --reduce-dtype)")
+    print("\n".join(_fit_lines(chosen, budget, budget_from)))
     if layout.pp > 1 and layout.microbatches < layout.pp:
         print(
-            f"plan: note: pp={layout.pp} with {layout.microbatches} micro-batch(es) leaves the "
-            f"pipeline idle {chosen.bubble:.0%} of the step; more micro-batches shrink it",
+            f"plan: note: pp={layout.pp} with {_plural(layout.microbatches, 'micro-batch')} "
+            f"leaves the pipeline idle {chosen.bubble:.0%} of the step; more micro-batches "
+            "shrink it",
             file=sys.stderr,
         )
     if not model.has_config:
@@ -136,8 +148,8 @@ def run_plan(args) -> int:
         plans = sweep(model, args.world, cluster, microbatches=microbatches, **fixed)
     ranked = best(plans, budget)
     print(
-        f"# best of {len(plans)} layouts of {args.world} ranks ({len(ranked)} fit in "
-        f"{budget / GIB:.1f} GiB per rank), fastest first"
+        f"# best of {_plural(len(plans), 'layout')} of {args.world} ranks ({len(ranked)} fit "
+        f"in {budget / GIB:.1f} GiB per rank), fastest first"
     )
     for p in ranked[: args.top]:
         lay = p.layout
@@ -146,6 +158,8 @@ def run_plan(args) -> int:
             f"memory_gib={p.memory_per_rank / GIB:.2f} step_time_s={p.time.total_s:.4g} "
             f"bound={p.time.bound}"
         )
+    if not ranked:
+        print(_hint(plans, args, budget))
     if args.plot:
         from .plots import plot_sweep
 

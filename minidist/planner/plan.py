@@ -18,10 +18,12 @@ read once. Collectives are counted per call (α each) with lesson 00's ring byte
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from ..collectives.cost_model import CostModel
 from . import activations, predict
+from .divisors import divisors
 from .hardware import Cluster
 from .spec import Layout, ModelSpec
 
@@ -63,14 +65,34 @@ class Plan:
     def bytes_sent(self) -> float:
         return sum(self.traffic.values())
 
+    @property
+    def activations_planned(self) -> bool:
+        """False for a `ModelSpec(params=P)`: without layers, hidden size and sequence there
+        are no activations to plan (`memory["activations"]` is 0, not a prediction)."""
+        return self.model.has_config
+
     def fits(self, memory_bytes: float) -> bool:
+        """Model states and activations within `memory_bytes` per rank. A plan without
+        activations cannot say (`fits_model_states` says whether the states alone do)."""
+        if not self.activations_planned:
+            raise ValueError(
+                f"Plan.fits: a ModelSpec(params={self.model.params}) plans no activations, so "
+                "whether the layout fits is unknown; give the GPT's configuration, or ask "
+                "fits_model_states (a necessary condition only)"
+            )
         return self.memory_per_rank <= memory_bytes
 
+    def fits_model_states(self, memory_bytes: float) -> bool:
+        """Whether the model states alone fit: necessary, not sufficient."""
+        return self.model_state_bytes <= memory_bytes
+
     def lines(self) -> list[str]:
-        """`name=value` lines, as the benches print them."""
+        """`name=value` lines, as the benches print them (activations "not_planned" for a
+        spec with only a parameter count)."""
         out = [f"model_state_bytes_per_rank={int(round(self.model_state_bytes))}"]
         for kind, value in self.memory.items():
-            out.append(f"{kind}_bytes_per_rank={int(round(value))}")
+            planned = kind != "activations" or self.activations_planned
+            out.append(f"{kind}_bytes_per_rank={int(round(value)) if planned else 'not_planned'}")
         out.append(f"bytes_sent_per_rank_per_step={int(round(self.bytes_sent))}")
         for (op, group), value in self.traffic.items():
             out.append(f"bytes_sent[{op}@{group}]={int(round(value))}")
@@ -103,13 +125,18 @@ def plan(
     return result
 
 
-def _calls(model: ModelSpec, layout: Layout) -> dict[str, int]:
-    """Collective calls per step on each group kind (each pays α once)."""
+def calls_per_step(model: ModelSpec, layout: Layout) -> dict[str, int]:
+    """Collective calls rank 0 makes per step on each group kind (each pays α once). On tp,
+    per micro-batch: the g of each attention and MLP in forward (again when recomputed),
+    their f in backward, the embedding's g; on the last stage also the head's f and the
+    cross entropy's three (Shoeybi et al. 2019, section 3)."""
     m = layout.microbatches
     tp = 0
     if layout.tp > 1:
         layers = activations.stage_layers(model, layout)
-        tp = (4 * layers + 2) * m
+        per_layer = 6 if layout.recompute else 4  # recomputation repeats the forward's two
+        last = layout.pp == 1  # rank 0 is the last stage too: head's f, the loss's three
+        tp = (per_layer * layers + 1 + 4 * last) * m
     pp = 2 * m if layout.pp > 1 else 0
     if layout.zero == 3:
         dp = 3 * len(model.fsdp_units())
@@ -145,7 +172,7 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     mem = p.memory
     hbm = 4 * mem["params"] + 2 * mem["grads"] + 2 * mem["optimizer"] + 2 * mem["activations"]
     memory_s = hbm / dev.memory_bandwidth
-    calls = _calls(p.model, p.layout)
+    calls = calls_per_step(p.model, p.layout)
     by_kind = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     sends = set()
     for (_, group), sent in p.traffic.items():
@@ -178,7 +205,12 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
     """Every dp × tp × pp of `world` with ZeRO 0-3 (0-1 with tp or pp) the model allows;
     `fixed` sets the other fields (global_batch, microbatches, precision, ...)."""
     out = []
-    for tp, pp in itertools.product(_divisors(world), repeat=2):
+    sizes = divisors(world)
+    tps, pps = [1], [1]  # a spec without configuration: data parallelism only
+    if model.has_config:  # what `Layout.check` allows, before building any layout
+        tps = divisors(math.gcd(world, model.heads, model.hidden))
+        pps = [p for p in sizes if p <= model.layers]
+    for tp, pp in itertools.product(tps, pps):
         if world % (tp * pp):
             continue
         dp = world // (tp * pp)
@@ -190,10 +222,6 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
                 continue
             out.append(layout)
     return out
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def sweep(model: ModelSpec, world: int, cluster: Cluster, **fixed) -> list[Plan]:

@@ -140,7 +140,8 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
             0, layout.pp, *cfg, layout.tp, layout.dp, frozen
         )
         scale = e / 4  # the lessons count float32; every term is linear in the element size
-        out = {("all_reduce", "tp"): scale * by_kind["tp"], ("p2p", "pp"): scale * by_kind["pp"]}
+        tp = scale * by_kind["tp"] + recompute_tp_bytes(model, layout)
+        out = {("all_reduce", "tp"): tp, ("p2p", "pp"): scale * by_kind["pp"]}
         if z == 0:
             _, trainable = _stage_params(model, layout)
             out[("all_reduce", "dp")] = dp_theory.bytes_sent_per_step(trainable, n, r)
@@ -168,6 +169,19 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     if "all_reduce" in reduces:
         out[("all_reduce", "replicate")] = reduces["all_reduce"]
     return out
+
+
+def recompute_tp_bytes(model: ModelSpec, layout: Layout) -> float:
+    """Bytes full recomputation adds on the tp group per step: each recomputed block runs its
+    forward again in backward, and with it the forward's two g all-reduces (after attention,
+    after the MLP; Shoeybi et al. 2019, section 3) of b·s·h elements: 6 all-reduces per
+    layer and micro-batch instead of 4 (the one more forward of Chen et al. 2016, section
+    4). The embedding, head and loss are not recomputed."""
+    if not (layout.recompute and layout.tp > 1 and model.has_config):
+        return 0.0
+    b = layout.global_batch // layout.dp  # the replica's sequences, all micro-batches
+    size = layout.element_bytes * b * model.seq * model.hidden
+    return 2 * stage_layers(model, layout) * comm.ring_bytes("all_reduce", size, layout.tp)
 
 
 def bus_traffic(model: ModelSpec, layout: Layout) -> dict[str, float]:

@@ -25,6 +25,7 @@ from ..pipeline.schedules import KINDS as SCHEDULES
 OPTIMIZERS = ("sgd", "adam")  # sgd: with momentum (one fp32 buffer), adam: two
 PRECISIONS = ("fp32", "mixed")  # mixed: 16-bit compute copies, fp32 masters (ZeRO 3.1)
 OFFLOAD = ("device", "cpu", "disk")
+MAX_LAYERS = 1024  # the meta model is built block by block (Narayanan et al.'s 1 T: 128)
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,14 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.params is not None:
-            if self.params < 1:
-                raise ValueError(f"ModelSpec: params={self.params} must be >= 1")
+            if not _whole(self.params) or self.params < 1:
+                raise ValueError(f"ModelSpec: params={self.params!r} must be an int >= 1")
             return
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
+            if not _whole(getattr(self, name)):
+                raise ValueError(
+                    f"ModelSpec: {name}={getattr(self, name)!r} must be an int (or give params=)"
+                )
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"ModelSpec: {name}={getattr(self, name)} must be >= 1 (or give params=)"
@@ -52,6 +57,18 @@ class ModelSpec:
         if self.hidden % self.heads:
             raise ValueError(
                 f"ModelSpec: hidden={self.hidden} must be divisible by heads={self.heads}"
+            )
+        if self.layers > MAX_LAYERS:
+            raise ValueError(
+                f"ModelSpec: layers={self.layers} must be at most {MAX_LAYERS}: the planner "
+                "builds every block on the meta device (about 10 ms each)"
+            )
+        largest = max(4 * self.hidden, self.vocab, self.seq) * self.hidden
+        if 4 * largest >= 2**63:
+            raise ValueError(
+                f"ModelSpec: hidden={self.hidden}, vocab={self.vocab}, seq={self.seq}: the "
+                f"largest weight (4h×h, V×h or s×h) would hold {largest:.3g} elements, more "
+                "than a tensor's byte count (a 64-bit integer) can address"
             )
 
     @classmethod
@@ -117,6 +134,10 @@ class ModelSpec:
             )
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @functools.lru_cache(maxsize=32)
 def _meta_gpt(layers, hidden, heads, vocab, seq, frozen) -> GPT:
     with torch.device("meta"):
@@ -159,6 +180,8 @@ class Layout:
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "microbatches", "virtual", "global_batch"):
+            if not _whole(getattr(self, name)):
+                raise ValueError(f"Layout: {name}={getattr(self, name)!r} must be an int")
             if getattr(self, name) < 1:
                 raise ValueError(f"Layout: {name}={getattr(self, name)} must be >= 1")
         if self.zero not in (0, 1, 2, 3):
@@ -190,13 +213,18 @@ class Layout:
                 f"Layout: global_batch={self.global_batch} must divide by dp={self.dp} × "
                 f"microbatches={self.microbatches}"
             )
+        if self.virtual != 1 and self.schedule != "interleaved":
+            raise ValueError(
+                f"Layout: virtual={self.virtual} chunks per rank need schedule='interleaved', "
+                f"not {self.schedule!r} (which runs one chunk per rank)"
+            )
         if self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ValueError(
                 f"Layout: the interleaved schedule needs microbatches={self.microbatches} to be "
                 f"a multiple of pp={self.pp}"
             )
-        if self.bucket_cap_mb <= 0:
-            raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        if not self.bucket_cap_mb > 0 or self.bucket_cap_mb == float("inf"):
+            raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be finite and > 0")
 
     @property
     def world(self) -> int:

@@ -13,7 +13,8 @@ Nets with Sublinear Memory Cost", sections 3-4).
    segment)` is Chen et al.'s peak of saved bytes for L layers in recomputed segments of k
    (`segment=None`: no recomputation), `best_segment(layers, activation, boundary)` the k in
    1..L with the smallest peak. Compared with `theory.saved_bytes` and `theory.best_segment`
-   on cases where k divides L and where it does not, where a = b, a ≫ b and a ≪ b.
+   on cases where k divides L and where it does not, where M_act = M_in, M_act ≫ M_in and
+   M_act ≪ M_in (M_act: the bytes a layer keeps, M_in: its input's).
 
 Each names the likely mistake: RNG state not restored (dropout masks differ), recomputed
 under no_grad, the saved input not detached, the wrong input gradient returned, parameters
@@ -191,22 +192,26 @@ def check_checkpoint(function: type) -> None:
     if not torch.equal(mine["rng"], plain["rng"]):
         fail(
             "the gradients are right, but after backward the random number generator is "
-            "where block 0's forward began, not where the forward ended: the next dropout "
-            "masks would differ from training without recomputation. Restore the state inside "
-            "`with torch.random.fork_rng():`, which puts the generator back when it ends."
+            "where block 1's forward began, not where the forward ended: backward recomputes "
+            "block 0 last, after setting the generator back to where block 0's forward began, "
+            "and its dropout draws leave it at block 1's start. The next dropout masks would "
+            "differ from training without recomputation. Restore the state inside `with "
+            "torch.random.fork_rng():`, which puts the generator back when it ends."
         )
     passed(
-        f"Checkpoint gives the gradients of the plain model, dropout included; forward saves "
-        f"{kept} bytes instead of {everything}: the {LAYERS} blocks keep only their "
-        f"{boundary}-byte inputs (the embeddings, final norm, head and loss the other "
-        f"{kept - LAYERS * boundary})"
+        f"Checkpoint gives the gradients of the plain model, dropout included; with dropout "
+        f"{DROPOUT_GPT['dropout']} forward saves {mine['saved']} bytes instead of "
+        f"{plain['saved']} ({kept} instead of {everything} without dropout): the {LAYERS} "
+        f"blocks keep only their {boundary}-byte inputs (the embeddings, final norm, head and "
+        f"loss the other {mine['saved'] - LAYERS * boundary})"
     )
 
 
 # -- exercise 2: choose the segments -------------------------------------------------------------
 
 COURSE_A, COURSE_B = 313344, 16384  # the course GPT's block with dropout, and its input
-SEGMENT_CASES = [  # (layers, activation, boundary): a = b, uneven segments, a ≫ b, a ≪ b
+# (layers, activation M_act, boundary M_in): M_act = M_in, uneven segments, M_act ≫ M_in, ≪
+SEGMENT_CASES = [
     (16, 100, 100),
     (64, 1, 1),
     (10, 20, 20),
@@ -225,31 +230,32 @@ def _peak_mistake(got, layers: int, a: int, b: int, k: int | None) -> str | None
     if k is None:
         return (
             f"{where} returned {got}: without recomputation every layer keeps its activations "
-            f"until backward reaches it, L·a = {want}."
+            f"until backward reaches it, L·M_act = {want}."
         )
     m = math.ceil(layers / k)
     if got == m * b:
         return (
-            f"{where} returned {got} = ⌈L/k⌉·b, the segment inputs forward keeps: only the "
-            "boundaries. During backward each segment is recomputed, and its k·a bytes of "
-            f"activations are alive at once on top of the boundaries: ⌈L/k⌉·b + k·a = {want}."
+            f"{where} returned {got} = ⌈L/k⌉·M_in, the segment inputs forward keeps: only the "
+            "boundaries. During backward each segment is recomputed, and its k·M_act bytes of "
+            "activations are alive at once on top of the boundaries: ⌈L/k⌉·M_in + k·M_act = "
+            f"{want}."
         )
     if got == min(k, layers) * a:
         return (
-            f"{where} returned {got} = k·a, one recomputed segment: the ⌈L/k⌉ = {m} segment "
-            f"inputs stay saved meanwhile, ⌈L/k⌉·b + k·a = {want}."
+            f"{where} returned {got} = k·M_act, one recomputed segment: the ⌈L/k⌉ = {m} segment "
+            f"inputs stay saved meanwhile, ⌈L/k⌉·M_in + k·M_act = {want}."
         )
     if got == m * b + layers * a:
         return (
-            f"{where} returned {got} = ⌈L/k⌉·b + L·a: backward recomputes one segment at a "
-            f"time and frees it before the next, so only k·a are alive at once: {want}."
+            f"{where} returned {got} = ⌈L/k⌉·M_in + L·M_act: backward recomputes one segment at a "
+            f"time and frees it before the next, so only k·M_act are alive at once: {want}."
         )
     if got in (layers / k * b + k * a, layers // k * b + k * a) and layers % k:
         return (
             f"{where} returned {got}: {layers} layers in segments of {k} make ⌈{layers}/{k}⌉ = "
             f"{m} segments (the last one shorter), each keeping its input: {want}."
         )
-    return f"{where} returned {got}; Chen et al.'s peak is ⌈L/k⌉·b + k·a = {want}."
+    return f"{where} returned {got}; Chen et al.'s peak is ⌈L/k⌉·M_in + k·M_act = {want}."
 
 
 def check_segments(peak_bytes: Callable, best_segment: Callable) -> None:
@@ -278,9 +284,9 @@ def check_segments(peak_bytes: Callable, best_segment: Callable) -> None:
         if got in (math.isqrt(layers), round(math.sqrt(layers))):
             fail(
                 f"{where} returned {got} ≈ √L, whose peak is {peaks[got]}; k = {right[0]} gives "
-                f"{best}. √L is best only when a layer keeps as much as its input (a = b); "
-                "in general the best k is near √(L·b/a): take the k in 1..L with the smallest "
-                "peak_bytes."
+                f"{best}. √L is best only when a layer keeps as much as its input (M_act = "
+                "M_in); in general the best k is near √(L·M_in/M_act): take the k in 1..L with "
+                "the smallest peak_bytes."
             )
         fail(
             f"{where} returned {got}, whose peak is {peaks[got]}; k = {right[0]} gives {best}: "
@@ -288,7 +294,7 @@ def check_segments(peak_bytes: Callable, best_segment: Callable) -> None:
         )
     course = theory.best_segment(16, COURSE_A, COURSE_B)
     passed(
-        "peak_bytes is ⌈L/k⌉·b + k·a and best_segment finds its minimum: k = √L = 8 for 64 "
+        "peak_bytes is ⌈L/k⌉·M_in + k·M_act and best_segment finds its minimum: k = √L = 8 for 64 "
         f"layers that keep as much as their input, but k = {course} for 16 blocks of the course "
-        f"GPT (a = {COURSE_A} B, {COURSE_A / COURSE_B:.1f} times its {COURSE_B}-byte input)"
+        f"GPT (M_act = {COURSE_A} B, {COURSE_A / COURSE_B:.1f} times its {COURSE_B}-byte input)"
     )

@@ -139,7 +139,7 @@ def block_chain(layers: int, segment: int | None, seed: int = 123) -> dict[str, 
 
 def linear_chain(layers: int, segment: int | None, width: int = 64, batch: int = 16) -> dict:
     """`chain_bytes` for `layers` Linear(width, width) layers: each saves only its input, so
-    a layer keeps exactly what it receives (a = b, Chen et al.'s setting)."""
+    a layer keeps exactly what it receives (M_act = M_in, Chen et al.'s setting)."""
     torch.manual_seed(0)
     chain = [nn.Linear(width, width, bias=False) for _ in range(layers)]
     params = [layer.weight for layer in chain]

@@ -39,7 +39,7 @@ from .fixture import (
 def activation_theory(plain_bytes: int, seq: int, batch: int, hidden: int, heads: int,
                       layers: int, dropout: bool, segment: int | None = 1) -> int:  # fmt: skip
     """Bytes forward saves with blocks recomputed in segments of `segment`: what the plain
-    model keeps outside its blocks (measured `plain_bytes` less L·a from the formula) plus
+    model keeps outside its blocks (measured `plain_bytes` less L·M_act from the formula) plus
     Chen et al.'s kept segment inputs."""
     a = theory.course_block_bytes(seq, batch, hidden, heads, dropout)
     b = theory.boundary_bytes(seq, batch, hidden)

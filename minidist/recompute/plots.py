@@ -2,7 +2,7 @@
 
 - `plot_saved_by_part`: bytes a forward saves for backward, part by part (embeddings, each
   block, final norm, head, loss), without and with every block recomputed (measured).
-- `plot_segment_peaks`: Chen et al.'s peak ⌈L/k⌉·b + k·a against the segment length k for
+- `plot_segment_peaks`: Chen et al.'s peak ⌈L/k⌉·M_in + k·M_act against the segment length k for
   several L (lines, `theory.saved_bytes`), the best k marked, and the peaks measured over a
   whole step (points; `theory.chain_peak_bytes` is their exact count, dotted).
 - `plot_time_memory`: forward and backward time with and without recomputation, and each
@@ -62,10 +62,11 @@ def plot_saved_by_part(
 def plot_segment_peaks(
     panels: Sequence[Mapping], unit: tuple[str, float] = ("KiB", 1024)
 ) -> Figure:
-    """One panel per mapping: `title`, `activation` a and `boundary` b (bytes per layer),
+    """One panel per mapping: `title`, `activation` M_act and `boundary` M_in (bytes per layer),
     `layers` (the L to draw) and optionally `measured` ({L: {k: peak bytes}}).
 
-    Lines: Chen et al.'s peak against k; stars: the best k of each line; points: measured;
+    Lines: Chen et al.'s peak against k; stars: the best k of each line, labelled with its
+    L; points: measured;
     dotted: `theory.chain_peak_bytes`, the exact count the points follow.
     """
     name, scale = unit
@@ -73,13 +74,17 @@ def plot_segment_peaks(
     for ax, panel in zip(axes[0], panels):
         a, b = panel["activation"], panel["boundary"]
         measured = panel.get("measured", {})
-        for color, layers in zip(_COLORS, panel["layers"]):
+        for i, (color, layers) in enumerate(zip(_COLORS, panel["layers"])):
             ks = list(range(1, layers + 1))
             chen = [theory.saved_bytes(layers, a, b, k)["peak"] / scale for k in ks]
-            ax.plot(ks, chen, "-", color=color, label=f"L = {layers}: ⌈L/k⌉·b + k·a")
+            ax.plot(ks, chen, "-", color=color, label=f"L = {layers}: ⌈L/k⌉·M_in + k·M_act")
             best = theory.best_segment(layers, a, b)
-            ax.plot([best], [chen[best - 1]], "*", color=color, markersize=13,
-                    markeredgecolor="black")  # fmt: skip
+            # stars of nearby lines can sit almost on one another (k = 1 for L = 4 and 8):
+            # each a size smaller than the last, and labelled beside it at its own height
+            ax.plot([best], [chen[best - 1]], "*", color=color, markersize=14 - 3 * i,
+                    markeredgecolor="black", zorder=3 + i)  # fmt: skip
+            ax.annotate(f"L={layers}", (best, chen[best - 1]), xytext=(9, 6 - 9 * i),
+                        textcoords="offset points", fontsize=7, color=color)  # fmt: skip
             points = measured.get(layers, {})
             if points:
                 exact = [theory.chain_peak_bytes(layers, a, b, k) / scale for k in ks]
@@ -91,7 +96,7 @@ def plot_segment_peaks(
         ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (one step)")
         ax.plot([], [], "*", color="gray", markeredgecolor="black", markersize=11,
                 label="best k")  # fmt: skip
-        ax.plot([], [], "--", color="gray", linewidth=0.7, label="no recomputation, L·a")
+        ax.plot([], [], "--", color="gray", linewidth=0.7, label="no recomputation, L·M_act")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("segment length k (layers per recomputed segment)")

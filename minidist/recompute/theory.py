@@ -5,7 +5,8 @@ section 4.1: L layers, each keeping `activation` bytes for backward and taking a
 `boundary` bytes. Without recomputation forward keeps L·activation. Cut into segments of k
 layers, each recomputed: forward keeps only each segment's input, ⌈L/k⌉·boundary, and
 backward adds one segment's activations while it is recomputed, k·activation, so the peak
-is ⌈L/k⌉·boundary + k·activation, smallest near k = √(L·b/a) (√L when a = b).
+is ⌈L/k⌉·boundary + k·activation, smallest near k = √(L·M_in/M_act), with M_in the
+boundary and M_act the activation bytes (√L when M_act = M_in).
 
 `chain_peak_bytes` is what a chain of layers that save their own input (a pre-LayerNorm
 transformer block does: its first LayerNorm saves it) holds at most, exactly: the
@@ -65,11 +66,11 @@ def chain_peak_bytes(layers: int, activation: int, boundary: int, segment: int |
     """The most a chain of `layers` identical layers holds during a step, exactly, when each
     layer's `activation` includes its own input (`boundary` bytes).
 
-    Without recomputation: L·a, all alive at the end of forward. With segments (sizes n_j,
+    Without recomputation: L·M_act, all alive at the end of forward. With segments (sizes n_j,
     j = 0..m-1, recomputed in backward from the last to the first): when segment j is
-    recomputed, the inputs of segments 0..j are still kept and the segment's n_j·a are
-    alive, its own input among them: j·b + n_j·a. The peak is the largest of those and of
-    the m·b forward keeps.
+    recomputed, the inputs of segments 0..j are still kept and the segment's n_j·M_act are
+    alive, its own input among them: j·M_in + n_j·M_act. The peak is the largest of those and of
+    the m·M_in forward keeps.
     """
     if segment is None:
         return layers * activation

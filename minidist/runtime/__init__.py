@@ -14,9 +14,12 @@ How the pieces fit:
   spawn. Under spawn the function travels by value with cloudpickle, which is what lets a
   function defined in a notebook cell run in a fresh interpreter.
 - Failure: the parent waits on every rank's result pipe and process sentinel at once. The
-  first rank that raises (or dies) stops the world: the caller gets that rank's traceback,
-  every other rank is terminated. A world that outlives `timeout_s` is stopped with an error
-  naming the ranks still running. No child outlives the call, Ctrl-C included.
+  first rank that raises (or dies) stops the world: the caller gets that rank's traceback
+  (or its signal and last stderr lines), its peers named as having lost their connection to
+  it, every other rank is terminated. A world that outlives `timeout_s` is stopped with an
+  error naming the ranks still running and the collective each was inside (`board`). No
+  child outlives the call, Ctrl-C included; a parent killed outright takes its ranks with it
+  (`PR_SET_PDEATHSIG`) and the next launch sweeps its folders.
 - Stderr: each rank's file descriptor 2 is a pipe to the parent, which copies everything to
   its own file descriptor 2 (where the ranks' output would have gone anyway) and keeps the
   last lines of each rank. A rank killed by a signal or an `abort()` leaves no traceback,
@@ -33,6 +36,7 @@ Where each piece lives:
 - `backend`: `default_backend`, `start_method_for` (fork or spawn) and their checks.
 - `rank`: `_rank_main`, the body of each rank (rendezvous, barrier, result message).
 - `stderr`: `_StderrTail`, the parent's end of a rank's stderr pipe.
+- `board`: the call board, where `comm` writes the collective each rank is inside.
 - `collect`: `_collect`, waiting for the results; `RankFailedError`, `WorldTimeoutError`.
 - `torchrun`: `under_torchrun` and joining the world torchrun started.
 """

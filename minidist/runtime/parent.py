@@ -3,7 +3,9 @@
 `launch` checks its arguments, picks the start method (`backend._pick_start_method`), gives
 each rank a result pipe and a stderr pipe, starts the ranks on `rank._rank_main`, waits in
 `collect._collect` and, whatever happens (Ctrl-C included), terminates every rank still
-running (`_reap`) and removes the world's rendezvous folder.
+running (`_reap`) and removes the world's rendezvous folder. A parent killed by SIGKILL
+cannot clean up: its ranks die with it (`rank._die_with_parent`) and the next `launch`
+sweeps its folders (`_sweep_stale`: named after the dead parent's pid).
 
 Under spawn the function travels by value with cloudpickle (`_ship`), which is what lets a
 function defined in a notebook cell run in a fresh interpreter; `_main_module_hidden` keeps
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -26,6 +30,7 @@ from typing import Any
 import cloudpickle
 
 from .backend import _pick_start_method
+from .board import create_board
 from .collect import _collect
 from .device import world_backend
 from .rank import _rank_main
@@ -99,10 +104,11 @@ def launch(
     """
     if under_torchrun():
         return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, device)
-    if not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
-    if timeout_s <= 0:
-        raise ValueError(f"launch: timeout_s must be > 0, got {timeout_s!r}")
+    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (number and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"launch: timeout_s must be > 0 and finite (seconds), got {timeout_s!r}")
     backend = world_backend(device, backend, world_size)
     method = _pick_start_method(start_method, backend, threads_per_rank)
     if method == "fork":
@@ -110,8 +116,13 @@ def launch(
         # times that when N forked ranks each do it at once on a small machine): once here.
         importlib.import_module("torch._dynamo")
     payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
+    _sweep_stale()
+    folder = tempfile.mkdtemp(prefix=f"minidist-{os.getpid()}-")
+    create_board(os.path.join(folder, "board"), world_size)
     cfg = {
-        "store_path": os.path.join(tempfile.mkdtemp(prefix="minidist-"), "store"),
+        "store_path": os.path.join(folder, "store"),
+        "board_path": os.path.join(folder, "board"),
+        "parent_pid": os.getpid(),
         "backend": backend,
         "timeout_s": timeout_s,
         "threads": threads_per_rank
@@ -138,7 +149,7 @@ def launch(
                     send_end.close()
                     err_send.close()
                 procs.append(p)
-        return _collect(procs, conns, errs, timeout_s)
+        return _collect(procs, conns, errs, timeout_s, cfg["board_path"])
     finally:
         _reap(procs)
         for e in errs:
@@ -159,3 +170,27 @@ def _reap(procs) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+_STALE = re.compile(r"^minidist-(?:offload-)?(\d+)-")
+
+
+def _sweep_stale() -> None:
+    """Remove the folders (rendezvous, disk-offload files) of minidist processes that died
+    without cleaning up (killed by SIGKILL): named `minidist-[offload-]<pid>-...`."""
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            m = _STALE.match(name)
+            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

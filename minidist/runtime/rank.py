@@ -8,11 +8,21 @@
   by `stderr._StderrTail`).
 - Result: one message on the result pipe, `(status, value, time)`, where status is "ok" or
   "error" (the value then is the traceback) and the time stamps when the rank finished.
+- Dying with the parent: on Linux the kernel sends the rank SIGKILL when the parent dies
+  (`prctl(PR_SET_PDEATHSIG)`, prctl(2)); elsewhere a watchdog thread polls the parent's pid.
+  A parent killed by SIGKILL leaves no rank behind (its folders are swept by the next
+  `launch`, `parent._sweep_stale`).
+- Where it is: `comm` writes the collective this rank is inside to the world's call board
+  (`board.py`), which the parent reads when the world hangs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -22,9 +32,35 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from .. import comm
 from ..device_guard import rank_guard
+from .board import CallBoard
 
 _COLLECTIVE_TIMEOUT_MARGIN_S = 10.0
+_PR_SET_PDEATHSIG = 1
+_WATCHDOG_S = 0.5
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the parent dies (Linux), else a watchdog thread that exits
+    once the parent is gone; either way, exit now if it already is."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    if not armed:
+
+        def watch():
+            while os.getppid() == parent_pid:
+                time.sleep(_WATCHDOG_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="minidist-parent-watchdog", daemon=True).start()
 
 
 def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_conn) -> None:
@@ -33,6 +69,8 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
     # goes to the parent, which forwards it and keeps the tail for the error if we die.
     os.dup2(err_conn.fileno(), 2)
     err_conn.close()
+    _die_with_parent(cfg["parent_pid"])
+    comm._board = CallBoard(cfg["board_path"], rank)
     joined = False
     try:
         fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload

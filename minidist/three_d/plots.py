@@ -45,6 +45,8 @@ def plot_bytes_by_kind(
                    zorder=3, label="theory" if k == 0 else None)  # fmt: skip
     ax.set_xticks(range(len(measured)), [f"rank {r}" for r in range(len(measured))])
     ax.set(ylabel="KiB sent per step", title="bytes per step by group kind")
-    ax.legend(ncol=4)
+    ax.legend(
+        ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False
+    )  # no bar hidden
     fig.tight_layout()
     return fig

@@ -18,6 +18,12 @@ RING_HANG_HINT = (
     "every send must pair with a receive of the same size on its peer in the same step: "
     "post both with one comm.batch_isend_irecv, with the right peers, and wait on both."
 )
+RING_HINTS = {
+    r"^IndexError|out of range": "a chunk or peer index past the end: indices on a ring wrap "
+    "around, (r + 1) % N and (r - s) % N, and range(N - 1) stops at step N-2",
+    r"Invalid (destination|source) rank|peer=-?\d+ of a": "a peer rank "
+    "outside 0..N-1: the right neighbour is (r + 1) % N, the left one (r - 1) % N",
+}
 RS, AG = "reduce-scatter", "all-gather"
 RULES = {
     RS: "at reduce-scatter step s rank r sends chunk (r - s) % N and adds the incoming one "
@@ -48,9 +54,11 @@ def _run_rank(fn: Callable, make_input: Callable, length: int):
 
 def _run(name: str, n: int, fn: Callable, make_input: Callable, length: int) -> list:
     try:
-        return run_on_world(_run_rank, n, fn, make_input, length, hang_hint=RING_HANG_HINT)
+        return run_on_world(
+            _run_rank, n, fn, make_input, length, hang_hint=RING_HANG_HINT, hints=RING_HINTS
+        )
     except RankFailedError as exc:
-        if "size" in str(exc).lower() and "match" in str(exc).lower():
+        if exc.rank is not None and "size" in str(exc).lower() and "match" in str(exc).lower():
             fail(
                 f"{name} on {n} ranks: a send and its receive had different sizes, and the "
                 "backend aborted. Every step of a ring moves one chunk of the same size: pad "

@@ -34,6 +34,18 @@ def _diagnose_all_gather(n: int, xs: list, outs: list, sent: list[list]) -> str 
             return f"rank {rank} returned {type(out).__name__}; return the gathered tensor."
         if out.numel() != expected.numel():
             return f"rank {rank} returned {out.numel()} elements; expected N × {length}."
+        if out.shape != expected.shape:
+            return (
+                f"rank {rank} returned shape {tuple(out.shape)}: the chunks concatenated are one "
+                f"flat tensor of N × {length} = {expected.numel()} elements (reshape(-1))."
+            )
+    for rank, chunks in enumerate(sent):
+        if len(chunks) > n - 1:
+            return (
+                f"rank {rank} made {len(chunks)} ring steps; an all-gather on a ring of N = {n} "
+                f"needs N-1 = {n - 1} (after N-1 steps every rank holds every chunk; one more "
+                "sends a chunk its neighbour already has): loop over range(N - 1)."
+            )
     if all(torch.equal(out.reshape(-1), expected) for out in outs):
         return None
     for rank, out in enumerate(outs):

@@ -8,9 +8,12 @@ returns (unique_rows, row_grads), row_grads[u] = Σ over the occurrences i of ro
 unique_rows[u] of weights[i]·grad_pooled[bags[i]] / loss_scale. Compared with
 `backward.sort_and_dedup` and with the gradient of a dense table (autograd through
 `index_add`). Named mistakes: run lengths instead of offsets, offsets without the first 0 or
-the last len(rows), an unstable order, rows not deduplicated, duplicates not summed (the last
-occurrence wins), the top gradient indexed by occurrence instead of bag, the weights (mean's
-1/count) left out, the loss scale not divided out (or multiplied in).
+the last len(rows), an unstable order (torch.argsort's default: the 40-occurrence case shows
+it), the sorted rows returned for the order, unique rows sorted but not deduplicated, or
+descending, duplicates not summed (the last occurrence wins) or averaged, one gradient per
+occurrence, the top gradient indexed by occurrence instead of bag, the weights (mean's
+1/count) left out or applied twice, the loss scale not divided out (or multiplied in). The
+learner's exceptions are reported with their line and likely cause.
 """
 
 from __future__ import annotations
@@ -20,9 +23,19 @@ from collections.abc import Callable
 import torch
 
 from ...course.check import fail, passed
+from ...pipeline.check_call import learner_call
 from ._shared import as_list
 
 EXAMPLE = [4, 5, 1, 2, 3, 5, 1, 3, 2, 1]  # the worked example of notebook 11
+# 40 occurrences of 5 rows: enough for torch.argsort's default (unstable) sort to reorder ties
+MANY = torch.randint(0, 5, (40,), device="cpu", generator=torch.Generator().manual_seed(0)).tolist()
+DEDUP_CASES = (EXAMPLE, [7], [3, 3, 3], [9, 0, 9, 2, 0, 9, 11, 2], MANY)
+HINTS = {
+    "IndexError": "grad_pooled has one row per bag: occurrence i reads grad_pooled[bags[i]], "
+    "not grad_pooled[i]; unique_rows and run_offsets index runs 0..U-1",
+    "TypeError": "sort_and_dedup(rows) and row_gradients(rows, bags, grad_pooled, weights, "
+    "loss_scale) get int64 tensors (rows, bags), float tensors and a float",
+}
 
 
 def _want_dedup(rows: torch.Tensor):
@@ -33,16 +46,26 @@ def _want_dedup(rows: torch.Tensor):
 
 
 def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
-    for case in (EXAMPLE, [7], [3, 3, 3], [9, 0, 9, 2, 0, 9, 11, 2]):
+    for case in DEDUP_CASES:
         rows = torch.tensor(case, device="cpu")
-        got = sort_and_dedup(rows.clone())
+        got = learner_call(
+            sort_and_dedup, rows.clone(), call=f"sort_and_dedup({case})", hints=HINTS
+        )
         if not isinstance(got, tuple) or len(got) != 3:
             return "sort_and_dedup must return a tuple (order, unique_rows, run_offsets)."
         order, unique, offsets = (as_list(t) for t in got)
         w_order, w_unique, w_offsets, counts = (t.tolist() for t in _want_dedup(rows))
         where = f"rows {case}"
         if unique != w_unique:
-            if sorted(set(unique)) == w_unique:
+            if unique == sorted(case) and len(case) > len(w_unique):
+                return (
+                    f"{where}: unique_rows {unique} is sorted but not deduplicated: each "
+                    f"distinct row once, {w_unique} (torch.unique_consecutive of the sorted "
+                    "rows, or torch.unique)."
+                )
+            if unique == w_unique[::-1]:
+                return f"{where}: unique_rows {unique} is descending; ascending: {w_unique}."
+            if sorted(unique) == w_unique:
                 return f"{where}: unique_rows {unique} must be ascending: {w_unique}."
             return (
                 f"{where}: unique_rows {unique}, expected {w_unique}: each distinct row once, "
@@ -61,6 +84,12 @@ def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
                     f"U + 1 = {len(w_offsets)}: a first 0 and a last len(rows): {w_offsets}."
                 )
             return f"{where}: run_offsets {offsets}, expected {w_offsets}."
+        if order == sorted(case) and order != w_order:
+            return (
+                f"{where}: order {order} holds the sorted rows (torch.sort(rows).values); "
+                f"order is the indices that sort them, torch.argsort(rows, stable=True): "
+                f"{w_order}."
+            )
         if sorted(order) != list(range(len(case))):
             return f"{where}: order {order} is not a permutation of 0..{len(case) - 1}."
         if [case[i] for i in order] != sorted(case):
@@ -99,11 +128,17 @@ def _variants(rows, bag, grad, weights, loss_scale):
     unique = rows.unique()
     index = {int(r): u for u, r in enumerate(unique)}
     last = torch.zeros(unique.numel(), grad.shape[1], device="cpu")
-    plain = torch.zeros_like(last)
+    plain, twice, mean = torch.zeros_like(last), torch.zeros_like(last), torch.zeros_like(last)
+    counts = torch.zeros(unique.numel(), device="cpu")
     for i, r in enumerate(rows.tolist()):
         last[index[r]] = weights[i] * grad[bag[i]] / loss_scale
         plain[index[r]] += grad[bag[i]] / loss_scale
-    return {"last": last, "plain": plain}
+        twice[index[r]] += weights[i] ** 2 * grad[bag[i]] / loss_scale
+        mean[index[r]] += weights[i] * grad[bag[i]] / loss_scale
+        counts[index[r]] += 1
+    per_occurrence = weights[:, None] * grad[bag] / loss_scale
+    return {"last": last, "plain": plain, "twice": twice, "mean": mean / counts[:, None],
+            "occurrence": per_occurrence}  # fmt: skip
 
 
 def _close(a, b) -> bool:
@@ -116,13 +151,9 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
         rows, bag, grad, weights = _grad_case(seed, n, bags, dim, table)
         if seed == 0:
             rows = torch.tensor(EXAMPLE, device="cpu")
-        try:
-            got = row_gradients(rows.clone(), bag.clone(), grad.clone(), weights.clone(), scale)
-        except IndexError as exc:
-            return (
-                f"row_gradients raised IndexError ({exc}) on {n} occurrences of {bags} bags: "
-                "grad_pooled has one row per bag; occurrence i reads grad_pooled[bags[i]]."
-            )
+        call = f"row_gradients on {n} occurrences of {bags} bags"
+        got = learner_call(row_gradients, rows.clone(), bag.clone(), grad.clone(),
+                           weights.clone(), scale, call=call, hints=HINTS)  # fmt: skip
         unique, want = _want_grads(rows, bag, grad, weights, scale, table)
         if not isinstance(got, tuple) or len(got) != 2:
             return "row_gradients must return a tuple (unique_rows, row_grads)."
@@ -154,6 +185,29 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
                 f"{case}: the weights are missing: occurrence i contributes "
                 "weights[i]·grad_pooled[bags[i]] (the mean combiner's 1/count)."
             )
+        if _close(got_grads, wrong["twice"]):
+            return (
+                f"{case}: the weights are applied twice (weights[i]²): occurrence i "
+                "contributes weights[i]·grad_pooled[bags[i]] once."
+            )
+        if _close(got_grads, wrong["mean"]):
+            return (
+                f"{case}: you averaged the occurrences of a row; its gradient is their sum "
+                "(each occurrence added the row once to the forward)."
+            )
+        if _close(got_grads, wrong["occurrence"]):
+            return (
+                f"{case}: you returned one gradient per occurrence ({n} rows); the table "
+                f"gets one per distinct row, {unique.numel()}: sum each run of equal rows."
+            )
+        if got_grads.shape == want.shape:
+            c = float((got_grads * want).sum() / (want * want).sum().clamp_min(1e-30))
+            if _close(got_grads, c * want):
+                return (
+                    f"{case}: your row gradients are {c:.4g} times the dense table's, on every "
+                    "row: a stray factor (a count, a mean over occurrences, the loss scale "
+                    "twice?). row_grads[u] = Σ weights[i]·grad_pooled[bags[i]] / loss_scale."
+                )
         diff = _maxdiff(got_grads, want)
         return f"{case}: row_grads differ from the dense table's gradient by {diff}."
     return None

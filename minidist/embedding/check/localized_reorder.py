@@ -8,8 +8,12 @@ slots, world_size)` puts them back in sample-major slot order: row b of the resu
 pooled vector of sample b // slots, slot b % slots (`back[argsort(bag_order)]` in
 distributed.py). Each test vector holds (sample, slot), so a misplaced row says where it came
 from. Named mistakes: the owner-major order returned as it came, owner chunks read slot-major
-(slot, then sample), slot s placed on rank s // (slots / N) (blocks) instead of s mod N, and
-every owner assumed to hold slots / N slots when N does not divide the slots.
+(slot, then sample), slot s placed on rank s // (slots / N) (blocks) instead of s mod N,
+every owner assumed to hold slots / N slots when N does not divide the slots (and the reshape
+that crashes on it), the owner of bag b taken as b mod N instead of its slot's, the
+permutation gathered where it must scatter (`received[order]`), an unstable argsort (the
+130-bag case shows it), the result slot-major. The learner's exceptions are reported with
+their line and likely cause.
 """
 
 from __future__ import annotations
@@ -19,9 +23,51 @@ from collections.abc import Callable
 import torch
 
 from ...course.check import fail, passed
+from ...pipeline.check_call import learner_call
 
-# (batch, slots, N): N divides the slots, does not, a rank without a slot, one slot
-CASES = [(3, 4, 2), (2, 5, 2), (3, 5, 3), (2, 3, 4), (4, 1, 2)]
+# (batch, slots, N): N divides the slots, does not, a rank without a slot, one slot, and 130
+# bags (enough for torch.argsort's default, unstable sort to reorder equal owners)
+CASES = [(3, 4, 2), (2, 5, 2), (3, 5, 3), (2, 3, 4), (4, 1, 2), (5, 26, 4)]
+HINTS = {
+    "is invalid for input of size": "a reshape that assumes every owner holds slots / N "
+    "slots: when N does not divide the slots, owner q holds the slots s with s mod N = q, "
+    "ceil or floor of slots / N of them, so the chunks differ in size",
+    "IndexError": "an index past batch·slots: row i·slots + s for sample i, slot s",
+    "TypeError": "reorder(received, batch, slots, world_size): a [batch·slots, D] tensor, "
+    "then three ints",
+}
+
+
+def _scatter(received, order):
+    out = torch.empty_like(received)
+    out[order] = received
+    return out
+
+
+def _bags(batch, slots):
+    return torch.arange(batch * slots, device="cpu")
+
+
+def _slot_owner(batch, slots, world):
+    return (torch.arange(batch * slots, device="cpu") % slots) % world
+
+
+# Other outputs a mistake computes from what arrived: (function, message).
+VARIANTS = [
+    (lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n))),
+     "equal owners must keep their order: torch.argsort(..., stable=True); the default sort "
+     "may reorder ties (it does here, on 130 bags)."),
+    (lambda r, b, s, n: r[torch.argsort(_slot_owner(b, s, n), stable=True)],
+     "you gathered, received[order], where the permutation must scatter: the bag that came "
+     "back j-th is order[j], so out[order] = received (or received[argsort(order)])."),
+    (lambda r, b, s, n: _scatter(r, torch.argsort(_bags(b, s) % n, stable=True)),
+     "the owner of bag b is the owner of its slot, (b mod slots) mod N, not b mod N (the two "
+     "agree only when N divides the slots)."),
+    (lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n), stable=True))
+     .reshape(b, s, -1).transpose(0, 1).reshape(b * s, -1),
+     "your result is slot-major (row s·batch + i); the model wants sample-major slot order, "
+     "row i·slots + s: sample i's slots together."),
+]  # fmt: skip
 
 
 def _order(batch: int, slots: int, world: int, owner: Callable, sample_major: bool = True):
@@ -63,18 +109,31 @@ def _describe(got: torch.Tensor, batch: int, slots: int) -> str:
 def _puts_right(reorder, received, batch, slots, world) -> bool:
     """Does `reorder` put `received` (another arrival order) into sample-major order?"""
     try:
-        got = reorder(received, batch, slots, world)
+        got = learner_call(reorder, received, batch, slots, world)
     except Exception:  # noqa: BLE001 (only a diagnosis)
         return False
     return isinstance(got, torch.Tensor) and torch.equal(got, _sample_major(batch, slots))
+
+
+def _gives(reorder: Callable, variant: Callable, batch: int, slots: int, world: int) -> bool:
+    """Does `reorder` compute what `variant` does on this case?"""
+    received = owner_major(batch, slots, world)
+    try:
+        got = learner_call(reorder, received.clone(), batch, slots, world)
+    except Exception:  # noqa: BLE001 (only a diagnosis)
+        return False
+    return isinstance(got, torch.Tensor) and torch.equal(
+        got, variant(received, batch, slots, world)
+    )
 
 
 def _diagnose(reorder: Callable) -> str | None:
     passed_divisible = False
     for batch, slots, world in CASES:
         received = owner_major(batch, slots, world)
-        got = reorder(received.clone(), batch, slots, world)
         where = f"batch {batch}, {slots} slots, N = {world}"
+        call = f"reorder(received, {batch}, {slots}, {world})"
+        got = learner_call(reorder, received.clone(), batch, slots, world, call=call, hints=HINTS)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (batch * slots, 2):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             return f"{where}: reorder returned {shape}; expected a tensor [batch·slots, D]."
@@ -87,6 +146,11 @@ def _diagnose(reorder: Callable) -> str | None:
                 "then owner 1's, ... Put the vector of (sample i, slot s) at row i·slots + s."
             )
         wrong = f"{where}: {_describe(got, batch, slots)}."
+        for variant, message in VARIANTS:  # the variant that matches every case
+            if torch.equal(got, variant(received, batch, slots, world)) and all(
+                _gives(reorder, variant, *case) for case in CASES
+            ):
+                return f"{wrong} {message}"
         if _puts_right(reorder, _order(batch, slots, world, _modulo, False), batch, slots, world):
             return (
                 f"{wrong} Within one owner the vectors come sample-major (sample 0's slots of "
@@ -121,6 +185,6 @@ def check_localized_reorder(reorder: Callable) -> None:
         if not torch.equal(reorder(received, batch, slots, world), pooled):
             fail(f"batch {batch}, {slots} slots, N = {world}, D = 8: rows out of place.")
     passed(
-        f"the pooled vectors are back in sample-major slot order for {len(CASES) + 2} layouts "
+        f"the pooled vectors are back in sample-major slot order for {len(CASES) + 1} layouts "
         "(N dividing the slots or not, a rank with no slot, one slot, 26 slots on 4 ranks)"
     )

@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-WORLDS = (2, 4)
+WORLDS = (2, 3, 4)

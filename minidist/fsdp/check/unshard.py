@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ... import comm
 from ...course.check import close, fail, passed, run_on_world
+from ...course.watch import watch_comm
 from ...runtime import RankFailedError
 from ...zero.flat import FlatShard
 from ._shared import WORLDS
@@ -47,9 +48,10 @@ def _unshard_rank(unshard: Callable, reshard: Callable) -> dict:
     full.untyped_storage().resize_(0)  # freed, as between two uses of the unit
     shapes = [torch.Size(s) for s in UNSHARD_SHAPES]
     out: dict = dict(padded=layout.padded, numel=layout.numel, offsets=layout.offsets)
-    with comm.record() as ledger:
+    with comm.record() as ledger, watch_comm() as watch:
         views = list(unshard(full, chunk, list(layout.offsets), shapes))
     out["ops"] = [(r.op, r.payload_bytes) for r in ledger.records]
+    out["temporary"] = _storage_bytes(full) > 0 and watch.wrote_outside("all_gather", full)
     out["full_bytes"] = _storage_bytes(full)
     out["shared"] = [isinstance(v, torch.Tensor) and _same_storage(v, full) for v in views]
     out["shapes"] = [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in views]
@@ -87,6 +89,13 @@ def _diagnose_unshard(res: dict, world: int) -> str | None:
             "tensor. Gather into `full` itself (after "
             "re-allocating its storage) and return views of it: autograd saves these views "
             "in forward, and backward's re-gather must refill the very same storage."
+        )
+    if res.get("temporary"):
+        return (
+            f"you all-gathered into a temporary full-size buffer ({padded_bytes} bytes) and "
+            "copied it into `full`: for that moment the rank holds the whole flat parameter "
+            "twice, the memory FSDP shards to save. Gather into `full` itself: "
+            "comm.all_gather(full, chunk) after re-allocating its storage."
         )
     for i, (shape, want) in enumerate(zip(res["shapes"], UNSHARD_SHAPES)):
         n = _numel(want)

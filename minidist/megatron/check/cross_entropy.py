@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 from ... import comm
 from ...course.check import fail, passed, run_on_world
+from ...runtime import RankFailedError
+from ._shared import raised
 
 CE_TOKENS = 8
 # (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
@@ -17,28 +19,49 @@ CE_CASES = {
     "ordinary logits": (2, 12, 2.0, 0.0),
     "a padded vocabulary": (4, 30, 2.0, 0.0),
     "large logits": (2, 12, 5.0, 1000.0),
+    "targets on ranks 0 and 1 only": (3, 12, 2.0, 0.0),
 }
+# case -> the ranks whose columns hold every target (default: every rank holds some)
+CE_OWNERS = {"targets on ranks 0 and 1 only": (0, 1)}
 # float32: near 1000 a logit's ulp is 6e-5, so max + log Σ exp(...) - target carries ~1e-4
 # of rounding; every named mistake moves the loss by 0.1 or more.
 CE_RTOL, CE_ATOL = 1e-4, 5e-4
-CE_HANG_HINT = "Every rank of the group makes the same three all-reduces, in the same order."
+CE_HANG_HINT = (
+    "Every rank of the group makes the same three all-reduces, in the same order, whatever "
+    "its data: a rank that holds none of the targets (rank 2 in the case 'targets on ranks "
+    "0 and 1 only') still joins the target logit's all-reduce with zeros. A collective "
+    "made only `if inside.any()` leaves the other ranks waiting for it."
+)
 
 
-def _ce_inputs(world: int, vocab: int, scale: float, offset: float):
+def _ce_inputs(world: int, vocab: int, scale: float, offset: float, owners=None):
     """Full padded logits [tokens, V'] (padding columns hold garbage, larger than the real
-    ones), targets covering every rank's range, V' and columns per rank."""
+    ones), targets in the ranges of `owners` (default: every rank's), at the first, the last
+    and the middle column of a range, V' and columns per rank."""
     g = torch.Generator().manual_seed(7 + world + vocab)
     padded = -(-vocab // world) * world
     logits = offset + scale * torch.randn(CE_TOKENS, padded, device="cpu", generator=g)
     logits[:, vocab:] += 3 * scale  # vocab padding: not part of the vocabulary
     per = padded // world
-    targets = torch.tensor([(i * per + i % per) % vocab for i in range(CE_TOKENS)], device="cpu")
+    owners = owners or range(world)
+    where = (0, per - 1, per // 2)  # a range's first, last and middle column
+    targets = torch.tensor(
+        [
+            min(owners[i % len(owners)] * per + where[i // len(owners) % 3], vocab - 1)
+            for i in range(CE_TOKENS)
+        ],
+        device="cpu",
+    )
     return logits, targets, padded, per
 
 
+def _case_inputs(case: str):
+    return _ce_inputs(*CE_CASES[case], owners=CE_OWNERS.get(case))
+
+
 def _ce_rank(fn: Callable, case: str) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    logits, targets, _, per = _ce_inputs(world, *CE_CASES[case][1:])
+    rank = dist.get_rank()
+    logits, targets, _, per = _case_inputs(case)
     mine = logits[:, rank * per : (rank + 1) * per].clone()
     with comm.record() as ledger:
         loss = fn(mine, targets.clone(), None, rank * per, CE_CASES[case][1])
@@ -49,9 +72,10 @@ def _ce_rank(fn: Callable, case: str) -> dict:
     )
 
 
-def _ce_variants(world: int, vocab: int, scale: float, offset: float) -> dict:
+def _ce_variants(case: str) -> dict:
     """{variant: the loss on each rank} for the right answer and the named mistakes."""
-    logits, targets, padded, per = _ce_inputs(world, vocab, scale, offset)
+    world, vocab, *_ = CE_CASES[case]
+    logits, targets, padded, per = _case_inputs(case)
     real = logits.masked_fill(torch.arange(padded, device="cpu") >= vocab, float("-inf"))
     parts = [real[:, r * per : (r + 1) * per] for r in range(world)]
     peak = real.max(dim=-1).values
@@ -73,7 +97,14 @@ def _ce_variants(world: int, vocab: int, scale: float, offset: float) -> dict:
     local_total = sum((p - m[:, None]).exp().sum(-1) for p, m in zip(parts, local_peaks))
     owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS, device="cpu")]
     lse_all = logits.logsumexp(-1)  # padding columns included
+    one_more = logits.masked_fill(torch.arange(padded, device="cpu") > vocab, float("-inf"))
+    one_more_peak = one_more.max(dim=-1).values
     same = {
+        "padding_off_by_one": (
+            (one_more - one_more_peak[:, None]).exp().sum(-1).log() - (target - one_more_peak)
+        ).mean(),
+        "unshifted_target": (total.log() - target).mean(),
+        "range_lower": (total.log() - (target - peak) * (targets % per != 0)).mean(),
         "sum_not_mean": right * CE_TOKENS,
         "no_max": (real.exp().sum(-1).log() - target).mean(),
         "local_max": (local_total.log() - (target - owner_peak)).mean(),
@@ -97,6 +128,21 @@ CE_OVERFLOW = (
     "all-reduced with op=comm.ReduceOp.MAX; log-sum-exp = max + log Σ exp(logit - max)."
 )
 CE_MESSAGES = {
+    "padding_off_by_one": (
+        "the padding mask is off by one: column vocab_size (= {vocab}, the first padding "
+        "column) took part in the maximum and the sum of exp. Padding is every column >= "
+        "vocab_size: masked_fill(column >= vocab_size, float('-inf')), not > vocab_size."
+    ),
+    "unshifted_target": (
+        "the loss is off by the row maximum M: you subtracted the target logit itself from "
+        "log Σ exp(logit - M). Subtract the shifted one, target logit - M (both terms shifted "
+        "by the same M), or add M back to the log-sum-exp."
+    ),
+    "range_lower": (
+        "targets in the first column of a rank's range (target == start) lost their logit: "
+        "the range test is off by one at the start. A target is this rank's when start <= "
+        "target < start + columns: inside = (local >= 0) & (local < columns)."
+    ),
     "no_max": "the loss is {value}: " + CE_OVERFLOW,
     "sum_not_mean": (
         "the loss is {tokens}x the cross entropy: you summed over the {tokens} tokens; return the "
@@ -141,7 +187,7 @@ CE_MESSAGES = {
 
 def _diagnose_ce(case: str, results: list[dict]) -> str | None:
     world, vocab, scale, offset = CE_CASES[case]
-    variants = _ce_variants(world, vocab, scale, offset)
+    variants = _ce_variants(case)
     padded = -(-vocab // world) * world
     where = f"{case} ({CE_TOKENS} tokens, vocabulary {vocab} on {world} ranks)"
     values = []
@@ -167,15 +213,18 @@ def _diagnose_ce(case: str, results: list[dict]) -> str | None:
     for name, message in CE_MESSAGES.items():
         if same(name):
             text = message.format(tokens=CE_TOKENS, pad=padded - vocab, padded=padded,
-                                  offset=offset, value=float(values[0]))  # fmt: skip
+                                  offset=offset, value=float(values[0]), vocab=vocab)  # fmt: skip
             return f"{where}: {text}"
     if not all(math.isfinite(float(v)) for v in values) and offset:
         return f"{where}: the loss is {float(values[0])}: " + CE_OVERFLOW.format(offset=offset)
     want = float(variants["right"][0])
     got = ", ".join(f"{float(v):.6g}" for v in values)
+    worst = max(range(world), key=lambda r: abs(float(values[r]) - want))
     return (
         f"{where}: the ranks returned {got}; F.cross_entropy on the full logits gives "
-        f"{want:.6g}. Per token: log Σ_v exp(logit_v - M) - (logit_target - M), with M the "
+        f"{want:.6g} (rank {worst} is off by {float(values[worst]) - want:+.4g}, "
+        f"{float(values[worst]) / want:.4g}x). Per token: log Σ_v exp(logit_v - M) - "
+        "(logit_target - M), with M the "
         "global maximum (all-reduce MAX), the sum of exp over every rank (all-reduce SUM) and "
         "the target logit from the rank that holds it (masked, all-reduce SUM); padding "
         "columns (>= vocab_size) masked to -inf."
@@ -210,6 +259,23 @@ def _diagnose_ce_ledger(case: str, results: list[dict]) -> str | None:
     return None
 
 
+def _ce_crash(case: str, exc: RankFailedError) -> str:
+    """What a rank's exception most likely means in this exercise."""
+    world, vocab, *_ = CE_CASES[case]
+    last, broke = raised(exc)
+    where = f"{case} (vocabulary {vocab} on {world} ranks)"
+    if broke:
+        return f"{where}: rank {exc.rank} failed inside a collective ({last}). {CE_HANG_HINT}"
+    if "out of bounds" in last or "out of range" in last:
+        per = -(-vocab // world)
+        return (
+            f"{where}: rank {exc.rank} raised {last}: an index at or beyond the {per} columns "
+            "a rank holds. A target is this rank's when start <= target < start + columns "
+            "(not <=); gather at target - start only there, at any valid index (0) elsewhere."
+        )
+    return f"{where}: rank {exc.rank}'s code raised {last}."
+
+
 def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
     """`fn(logits, targets, group, start, vocab_size)` on ordinary, padded and large logits."""
     by_world: dict[int, list[str]] = {}
@@ -218,7 +284,10 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
     results = {}
     for world, cases in by_world.items():
         for case in cases:
-            results[case] = run_on_world(_ce_rank, world, fn, case, hang_hint=CE_HANG_HINT)
+            try:
+                results[case] = run_on_world(_ce_rank, world, fn, case, hang_hint=CE_HANG_HINT)
+            except RankFailedError as exc:
+                fail(_ce_crash(case, exc))
     for diagnose in (_diagnose_ce, _diagnose_ce_ledger):  # values first, in every case
         for case in CE_CASES:
             problem = diagnose(case, results[case])
@@ -226,6 +295,6 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
                 fail(problem)
     passed(
         "the vocab-parallel cross entropy equals F.cross_entropy on the full logits (ordinary, "
-        "padded vocabulary, logits around 1000) with three all-reduces of one number per "
-        "token: the full logits are never formed"
+        "padded vocabulary, logits around 1000, a rank holding no target) with three "
+        "all-reduces of one number per token: the full logits are never formed"
     )

@@ -23,7 +23,7 @@ GROUP_RULES = {
 def _normal(groups) -> list[list[int]] | None:
     try:
         return sorted(sorted(int(r) for r in g) for g in groups)
-    except TypeError:
+    except (TypeError, ValueError):
         return None
 
 
@@ -50,6 +50,16 @@ def _diagnose_groups(got, world: int, tp: int, pp: int) -> str | None:
                 f"{where}: these are the groups of tp={pp}, pp={tp}: tp and pp are swapped "
                 f"(your TP groups have {pp} ranks, they need t = {tp})."
             )
+        want_size = {"tp": tp, "pp": pp, "dp": dp}[kind]
+        got_sizes = {len(g) for g in norm[kind]}
+        if len(got_sizes) == 1 and abs(got_sizes.pop() - want_size) == 1:
+            mine = norm[kind][0]
+            return (
+                f"{where}['{kind}']: your groups have {len(mine)} ranks (e.g. {mine}), one "
+                f"{'short of' if len(mine) < want_size else 'more than'} {want_size}: an "
+                "off-by-one in a range (its end is exclusive: range(i, i + t) holds t ranks). "
+                f"{GROUP_RULES[kind]}: rank 0's is {_normal(want[kind])[0]}."
+            )
         flat = sorted(r for g in norm[kind] for r in g)
         if flat != list(range(world)):
             repeated = sorted({r for r in flat if flat.count(r) > 1})
@@ -61,6 +71,29 @@ def _diagnose_groups(got, world: int, tp: int, pp: int) -> str | None:
                 + (f"ranks {missing} are in none" if missing else "")
                 + "."
             )
+        per_stage = world // pp
+        if (
+            kind == "tp"
+            and tp > 1
+            and norm[kind]
+            == _normal([list(range(i, world, world // tp)) for i in range(world // tp)])
+        ):
+            return (
+                f"{where}: your TP groups take every {world // tp}-th rank, e.g. "
+                f"{norm[kind][0]}: they span nodes, and TP all-reduces activations in every "
+                f"layer, forward and backward, over the slowest links. {GROUP_RULES['tp']}: "
+                f"rank 0's is {_normal(want['tp'])[0]}."
+            )
+        if kind == "dp" and pp > 1:
+            spans = next((g for g in norm[kind] if len({r // per_stage for r in g}) > 1), None)
+            if spans is not None:
+                stages = sorted({r // per_stage for r in spans})
+                return (
+                    f"{where}: your DP group {spans} spans pipeline stages {stages} (stage s is "
+                    f"ranks [s·{per_stage}, (s+1)·{per_stage})): those ranks hold different "
+                    f"layers, whose gradients must not be averaged. {GROUP_RULES['dp']}: rank "
+                    f"0's is {_normal(want['dp'])[0]}."
+                )
         size = {"tp": tp, "pp": pp, "dp": dp}[kind]
         sizes = sorted({len(g) for g in norm[kind]})
         if sizes != [size]:

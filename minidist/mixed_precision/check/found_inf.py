@@ -17,10 +17,18 @@ from ...fsdp.fully_sharded import FullyShardedDataParallel
 from .. import theory
 from ._shared import INF, NAN, _and
 
-AGREE_WORLDS = (2, 3)
-AGREE_STEPS = 6
-# step -> (which ranks, the value put in their first shard's gradient)
-INJECT = {1: ("last", INF), 3: ("first", NAN), 4: ("all", INF)}
+AGREE_WORLDS = (2, 3, 4)
+AGREE_STEPS = 7
+# step -> (which ranks, which of their gradients, which element, the value put there); the
+# MLP's FSDP gives each rank three flat gradients (44, 352 and 171 elements). Chosen so that
+# every wrong test below answers another set of steps.
+INJECT = {
+    1: ("last", "last", "last", INF),
+    3: ("first", "middle", "middle", NAN),
+    4: ("all", "first", "first", -INF),
+    6: ("middle", "first", "last", INF),
+}
+_PICK = {"first": lambda n: 0, "middle": lambda n: n // 2, "last": lambda n: n - 1}
 AGREE_HANG_HINT = (
     "Every rank must make the same collective at every step, whether or not its own "
     "gradients hold an inf: call the all-reduce unconditionally."
@@ -29,7 +37,72 @@ AGREE_HANG_HINT = (
 
 def _injected_ranks(step: int, world: int) -> set[int]:
     which = INJECT.get(step, (None,))[0]
-    return {"last": {world - 1}, "first": {0}, "all": set(range(world)), None: set()}[which]
+    return {
+        "last": {world - 1},
+        "first": {0},
+        "middle": {world // 2},
+        "all": set(range(world)),
+        None: set(),
+    }[which]
+
+
+def _inject(grads: list[torch.Tensor], step: int) -> None:
+    _, tensor, element, value = INJECT[step]
+    g = grads[_PICK[tensor](len(grads))]
+    g.view(-1)[_PICK[element](g.numel())] = value
+
+
+def _described(step: int, world: int) -> str:
+    _, tensor, element, value = INJECT[step]
+    what = "a NaN" if math.isnan(value) else ("-inf" if value < 0 else "an inf")
+    ranks = sorted(_injected_ranks(step, world))
+    who = "every rank" if len(ranks) == world else _rank_list(ranks)
+    return f"step {step}: {what} in the {tensor} gradient ({element} element) of {who}"
+
+
+# wrong tests -> (the steps at which they say True, given the injection, what they did)
+_TEST_MISTAKES = (
+    (
+        lambda tensor, value, everywhere: tensor == "first",
+        "only grads[0] was tested: an overflow in any of this rank's gradients counts; "
+        "combine the flags of every g in grads (torch.maximum, or any)",
+    ),
+    (
+        lambda tensor, value, everywhere: tensor == "last",
+        "only the last gradient's answer survived: the flag was overwritten in the loop "
+        "(found = ... per g) instead of combined (torch.maximum(found, ...), or |=)",
+    ),
+    (
+        lambda tensor, value, everywhere: not math.isnan(value),
+        "torch.isinf misses NaN: test ~torch.isfinite(g), which is False for inf, -inf and NaN",
+    ),
+    (
+        lambda tensor, value, everywhere: value != -INF,
+        "-inf went unnoticed (a test against float('inf'), torch.isposinf or g.max()): "
+        "test ~torch.isfinite(g)",
+    ),
+    (
+        lambda tensor, value, everywhere: everywhere,
+        "the flag was True only when *every* rank overflowed: all-reduce it with "
+        "ReduceOp.MAX (or SUM and test > 0), not MIN or PRODUCT",
+    ),
+)
+
+
+def _test_mistake(world: int, found: list) -> str | None:
+    """The wrong test whose answers are `found` (one per step, agreed by every rank)."""
+    said = {s for s, f in enumerate(found) if f}
+    for predict, why in _TEST_MISTAKES:
+        expect = {
+            s
+            for s, (ranks, tensor, _, value) in INJECT.items()
+            if predict(tensor, value, ranks == "all")
+        }
+        if said == expect:
+            missed = sorted(set(INJECT) - said)
+            listed = "; ".join(_described(s, world) for s in missed)
+            return f"on {world} ranks every rank returned False at {listed}: {why}."
+    return None
 
 
 def right_found_inf(grads: list[torch.Tensor]) -> bool:
@@ -58,7 +131,7 @@ def _agree_run(fn: Callable) -> dict:
         loss_fn(fsdp(x), y).backward()
         grads = [p.grad for p in shards]
         if rank in _injected_ranks(step, world):
-            grads[0][0] = INJECT[step][1]
+            _inject(grads, step)
         local = any(bool((~torch.isfinite(g)).any()) for g in grads)
         grad_bytes = sum(g.numel() * g.element_size() for g in grads)
         before = [g.clone() for g in grads]
@@ -70,6 +143,8 @@ def _agree_run(fn: Callable) -> dict:
         except (RuntimeError, TypeError, ValueError):
             found = None
         if found is False:
+            for g in grads:  # a wrong "False" steps, but keeps the shards finite
+                g.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
             opt.step()
         steps.append(
             dict(
@@ -123,10 +198,20 @@ def check_found_inf_agreement(found_inf_on_any_rank: Callable) -> None:
         mine = [m for _, m in results]
         for step in range(AGREE_STEPS):
             rows = [m["steps"][step] for m in mine]
-            where = f"on {world} ranks, step {step}"
             bad = next((r for r in rows if r["found"] is None), None)
             if bad is not None:
-                fail(f"{where}: found_inf_on_any_rank returned a {bad['kind']}: return a bool.")
+                fail(
+                    f"on {world} ranks, step {step}: found_inf_on_any_rank returned a "
+                    f"{bad['kind']}: return a bool."
+                )
+        answers = [[m["steps"][s]["found"] for m in mine] for s in range(AGREE_STEPS)]
+        if all(len(set(a)) == 1 for a in answers):
+            mistake = _test_mistake(world, [a[0] for a in answers])
+            if mistake:
+                fail(mistake)
+        for step in range(AGREE_STEPS):
+            rows = [m["steps"][step] for m in mine]
+            where = f"on {world} ranks, step {step}"
             found = [r["found"] for r in rows]
             local = [r["local"] for r in rows]
             if len(set(found)) > 1:
@@ -139,7 +224,7 @@ def check_found_inf_agreement(found_inf_on_any_rank: Callable) -> None:
             agreed, anywhere = found[0], any(local)
             if agreed == anywhere:
                 continue
-            value = INJECT.get(step, (None, None))[1]
+            value = INJECT.get(step, (None,) * 4)[3]
             holders = [r for r in range(world) if local[r]]
             if not agreed and value is not None and math.isnan(value):
                 fail(
@@ -192,7 +277,8 @@ def check_found_inf_agreement(found_inf_on_any_rank: Callable) -> None:
                     )
     passed(
         f"found_inf_on_any_rank gives every rank the same answer on {_and(AGREE_WORLDS)} "
-        "ranks (an inf on the last rank only, a NaN on rank 0 only, an inf everywhere): one "
+        "ranks (inf, -inf and NaN in the first, middle or last gradient of one rank or of "
+        "every rank): one "
         f"all-reduce of a {theory.FOUND_INF_BYTES}-byte flag per step, and every rank skips "
         "together"
     )

@@ -16,13 +16,15 @@
    replaced instead of copied into, in-place copy into a parameter outside `no_grad`, more
    bytes moved than the theory's 4 + 4 per element.
 2. `check_state_file(state_file)`: `state_file(directory, name, like)` returns a zero float32
-   tensor shaped like `like` whose storage is the new file `directory/name`, memory-mapped
+   tensor shaped like `like` (float32, bf16 or fp16) whose storage is the new file
+   `directory/name`, memory-mapped
    and shared, and refuses (FileExistsError) a file that already exists, which would be
    another model's or another run's state. Checked in this process on fresh temporary
    directories: the file's size, the values written through the tensor read back from the
    file with numpy, an existing file left untouched. Named: not shared (writes never reach
    the file; or a copy of the mapping returned), the size in bytes instead of elements, not
-   shaped like `like`, another model's values reused, another model's file overwritten.
+   shaped like `like`, like's 16-bit dtype taken, no file mapped at all, another model's
+   values reused, another model's file overwritten.
 """
 
 from .offloaded_step import (

@@ -12,6 +12,8 @@ import torch
 from ...course.check import fail, passed
 
 FILE_SHAPES = [(3, 5), (7,), (2, 3, 4)]
+# the parameter the state belongs to may be a 16-bit compute copy: the state stays float32
+FILE_LIKE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _call(fn: Callable, directory: str, name: str, like: torch.Tensor):
@@ -46,7 +48,7 @@ def _call(fn: Callable, directory: str, name: str, like: torch.Tensor):
 
 
 def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int) -> None:
-    like = torch.empty(shape, device="cpu")
+    like = torch.empty(shape, dtype=FILE_LIKE_DTYPES[i % len(FILE_LIKE_DTYPES)], device="cpu")
     name = f"{i}.exp_avg"
     path = os.path.join(directory, name)
     n = like.numel()
@@ -60,6 +62,13 @@ def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int
             "creates it)."
         )
     size = os.path.getsize(path)
+    if size != 4 * n and t.dtype == like.dtype != torch.float32:
+        fail(
+            f"{name} has {size} bytes, {like.element_size()} per element: the state is "
+            f"{t.dtype} for a {like.dtype} parameter shaped {tuple(shape)} (you took like's "
+            "dtype). Adam's moments are float32 whatever the parameter's dtype: "
+            "dtype=torch.float32, 4 bytes per element."
+        )
     if size != 4 * n:
         how = (
             " `size` counts elements of `dtype`, not bytes."
@@ -71,7 +80,10 @@ def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int
             f"elements, 4 × {n} = {4 * n} bytes.{how}"
         )
     if t.dtype != torch.float32:
-        fail(f"the state is {t.dtype}; Adam's moments are float32 (dtype=torch.float32).")
+        fail(
+            f"the state is {t.dtype} for a {like.dtype} parameter shaped {tuple(shape)}: "
+            "Adam's moments are float32 whatever the parameter's dtype (dtype=torch.float32)."
+        )
     if tuple(t.shape) != tuple(shape):
         fail(
             f"the state has shape {tuple(t.shape)}; Adam needs it shaped like the parameter, "

@@ -7,17 +7,66 @@ import itertools
 from collections.abc import Callable
 
 from ...course.check import fail, passed
+from ...pipeline.check_call import learner_call
 from ..server import pull_bound
 
 # -- exercise 1: SSP's admission rule ---------------------------------------------------------
 
 WORKERS = 3
-CLOCK_CASES = [
-    (clocks[w], clocks, s)
-    for clocks in itertools.product(range(5), repeat=WORKERS)
-    for w in range(WORKERS)
-    for s in (0, 1, 2, 3)
-]
+# Every distinct (worker clock, clocks, s): a worker's clock is one of the clocks (two workers
+# at the same clock give the same case once).
+CLOCK_CASES = list(
+    dict.fromkeys(
+        (clocks[w], clocks, s)
+        for clocks in itertools.product(range(5), repeat=WORKERS)
+        for w in range(WORKERS)
+        for s in (0, 1, 2, 3)
+    )
+)
+HINTS = {
+    "TypeError": "may_proceed(worker_clock, clocks, staleness): an int, a list of ints (every "
+    "worker's finished clocks, its own among them) and an int",
+}
+RULE = "c - min(clocks) <= s"
+# Whole-table mistakes: (rule, message), the first that matches every case names it.
+RULES = [
+    (lambda c, clocks, s: c - min(clocks) < s,
+     "off by one: you let a worker go on only while c - slowest < s. SSP allows a lead of s "
+     "clocks (c - slowest <= s); with s = 0 your rule blocks everyone, even the slowest "
+     "worker, and BSP never starts."),
+    (lambda c, clocks, s: c - min(clocks) <= s + 1,
+     "one clock too many: c - slowest <= s + 1 lets a worker run s + 1 clocks ahead (with "
+     f"s = 0 that is not BSP). SSP: {RULE}."),
+    (lambda c, clocks, s: True,
+     "may_proceed always says yes: that is the asynchronous parameter server (Downpour), "
+     "staleness unbounded. Comparing with the fastest worker, c - max(clocks) <= s, or the "
+     "difference the wrong way round, min(clocks) - c <= s, does exactly this. The bound is "
+     f"on the lead over the slowest: {RULE}."),
+    (lambda c, clocks, s: c - max(clocks) < s,
+     "you compared with the fastest worker (max of the clocks). The bound is on the lead "
+     f"over the slowest: {RULE}; the slowest worker must always be allowed on."),
+    (lambda c, clocks, s: max(clocks) - c <= s,
+     "you bounded how far this worker is behind the fastest (max(clocks) - c <= s); SSP "
+     f"bounds how far it is ahead of the slowest: {RULE}."),
+    (lambda c, clocks, s: c - min(clocks) <= 0,
+     "you ignored the staleness s: a worker waits until it is level with the slowest, which "
+     f"is BSP whatever s is. SSP lets it run s clocks ahead: {RULE}."),
+    (lambda c, clocks, s: max(clocks) - min(clocks) <= s,
+     "you bounded the spread between the fastest and the slowest worker, whoever asks: then "
+     "the slowest worker (or one level with it) is blocked too, and nobody catches up. The "
+     f"rule is about this worker's lead: {RULE}."),
+    (lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s,
+     "you compared with the average clock; SSP bounds the lead over the slowest worker, "
+     f"min(clocks): {RULE} (an average lets the fastest run away from a straggler)."),
+    (lambda c, clocks, s: c <= s,
+     f"you compared the worker's clock with s alone; s bounds its lead over the slowest: {RULE}."),
+    (lambda c, clocks, s: c - min(clocks) > s,
+     "your answer is inverted: True means the worker may go on, which it may while its lead "
+     f"over the slowest is at most s: {RULE}."),
+    (lambda c, clocks, s: c - min(clocks) >= s,
+     "your answer is inverted: True means the worker may go on, which it may while its lead "
+     f"over the slowest is at most s: {RULE}."),
+]  # fmt: skip
 
 
 def ssp_rule(worker_clock: int, clocks, staleness: int) -> bool:
@@ -28,47 +77,38 @@ def ssp_rule(worker_clock: int, clocks, staleness: int) -> bool:
 def _diagnose_rule(may_proceed: Callable) -> str | None:
     got = {}
     for c, clocks, s in CLOCK_CASES:
-        value = may_proceed(c, list(clocks), s)
-        if not isinstance(value, bool):
+        call = f"may_proceed({c}, {list(clocks)}, {s})"
+        value = learner_call(may_proceed, c, list(clocks), s, call=call, hints=HINTS)
+        if type(value).__name__ not in ("bool", "bool_"):  # Python's or numpy's bool
             return (
-                f"may_proceed({c}, {list(clocks)}, {s}) returned {value!r}; return a bool "
-                "(True: the worker may compute its next clock)."
+                f"{call} returned {value!r}; return a bool (True: the worker may compute its "
+                "next clock)."
             )
-        got[(c, clocks, s)] = value
+        got[(c, clocks, s)] = bool(value)
     right = {k: ssp_rule(*k) for k in got}
     if got == right:
         return None
-    like = lambda rule: all(got[k] == rule(*k) for k in got)
-    if like(lambda c, clocks, s: c - min(clocks) < s):
-        return (
-            "off by one: you let a worker go on only while c - slowest < s. SSP allows a lead "
-            "of s clocks (c - slowest <= s); with s = 0 your rule blocks everyone, even the "
-            "slowest worker, and BSP never starts."
-        )
-    if like(lambda c, clocks, s: True):
-        return (
-            "may_proceed always says yes: that is the asynchronous parameter server (Downpour), "
-            "staleness unbounded. Comparing with the fastest worker, c - max(clocks) <= s, "
-            "does exactly this (no worker is ahead of the fastest). The bound is on the lead "
-            "over the slowest: c - min(clocks) <= s."
-        )
-    if any(like(rule) for rule in (lambda c, clocks, s: c - max(clocks) < s,
-                                   lambda c, clocks, s: max(clocks) - c <= s)):  # fmt: skip
-        return (
-            "you compared with the fastest worker (max of the clocks). The bound is on the "
-            "lead over the slowest: c - min(clocks) <= s; the slowest worker must always be "
-            "allowed on, or nobody ever catches up."
-        )
-    if like(lambda c, clocks, s: c - min(clocks) <= 0):
-        return (
-            "you ignored the staleness s: a worker waits until it is level with the slowest, "
-            "which is BSP whatever s is. SSP lets it run s clocks ahead: c - min(clocks) <= s."
-        )
     wrong = [k for k in got if got[k] != right[k]]
     c, clocks, s = wrong[0]
+    example = (
+        f"E.g. a worker at clock {c}, clocks {list(clocks)}, s = {s}: you said "
+        f"{got[wrong[0]]}, SSP says {right[wrong[0]]} ({len(wrong)} of {len(got)} cases differ)."
+    )
+    for rule, message in RULES:
+        if all(got[k] == rule(*k) for k in got):
+            return f"{message} {example}"
+    too_strict = all(not got[k] for k in wrong)
+    by_s = sorted({k[2] for k in wrong})
     return (
-        f"e.g. a worker at clock {c}, clocks {list(clocks)}, s = {s}: you said {got[wrong[0]]}, "
-        f"SSP says {right[wrong[0]]} ({len(wrong)} of {len(got)} cases differ)."
+        f"{example} Where you differ you always say "
+        + (
+            "no (too strict)"
+            if too_strict
+            else "yes (too lenient)"
+            if all(got[k] for k in wrong)
+            else "yes or no"
+        )  # fmt: skip
+        + f", for s in {by_s}. SSP: {RULE}."
     )
 
 

@@ -1,6 +1,13 @@
-"""Helpers the planner checkers share."""
+"""Helpers the planner checkers share: numbers compared, and the learner's function called so
+that anything it raises becomes a checker message (what, where, the likely cause), not a
+traceback."""
 
 from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+from ...course.check import fail
 
 
 def _and(items) -> str:
@@ -22,3 +29,33 @@ def _number(value) -> float | None:
         except (AttributeError, TypeError, ValueError, RuntimeError):
             return None
     return float(value)
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of the learner's code (not minidist's, torch's or Python's)."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is call_learner itself
+    mine = [f for f in frames if "site-packages" not in f.filename and "/minidist/" not in
+            f.filename and "/lib/python" not in f.filename]  # fmt: skip
+    frame = (mine or frames or [None])[-1]
+    if frame is None:
+        return ""
+    code = f": `{frame.line.strip()}`" if frame.line else ""
+    inside = "" if frame in mine else " (inside a library call your code made)"
+    return f" at line {frame.lineno} of {frame.name}{code}{inside}"
+
+
+def call_learner(fn: Callable, call: str, hints: dict[type, str], *args):
+    """`fn(*args)`; a NotImplementedError (the stub) passes through, anything else the
+    learner's code raises fails the check naming the call, the exception, the line, and the
+    exercise's likely cause for that kind of exception (`hints`, by exception class)."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the learner's code: any exception is a finding)
+        hint = next((h for kind, h in hints.items() if isinstance(exc, kind)), "")
+        fail(
+            f"{call} raised {type(exc).__name__}: {exc}{_where(exc)}. "
+            + (hint or "Read the exercise's rule again for this case; the checker passes its "
+                        "arguments exactly as the exercise describes them.")
+        )  # fmt: skip

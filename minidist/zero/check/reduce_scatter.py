@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from ... import comm
-from ...course.check import best_scale, close, fail, passed, run_on_world
+from ...course.check import best_scale, close, fail, passed, run_on_world, where_differs
 from ...runtime import RankFailedError
 from .. import theory
 from ._shared import _and
 
 BUCKET_NUMEL = 12  # a padded bucket: divisible by 2, 3 and 4
-RS_WORLDS = (2, 3, 4)
+RS_WORLDS = (3, 2, 4)  # 3 first: there N, N-1 and 1/N are three different mistakes
 RS_HANG_HINT = (
     "Every rank must call comm.reduce_scatter once, with the same input size (the whole "
     "bucket) and an output of 1/N of it."
@@ -59,6 +60,11 @@ def _diagnose_chunk_values(
             f"the chunk is {world}x the mean: reduce-scatter sums over the {world} ranks; you "
             f"forgot to divide by the world size N={world}."
         )
+    if world > 2 and close(got, want * world / (world - 1)):
+        return (
+            f"the chunk is {world}/{world - 1} of the mean: you divided the sum over {world} "
+            f"ranks by N-1 = {world - 1}; divide by the world size N = {world}."
+        )
     if close(got, want / world):
         return (
             f"the chunk is {world}x too small: you divided by N={world} twice (before the "
@@ -75,7 +81,7 @@ def _diagnose_chunk_values(
                 )
     return (
         f"rank {rank}'s chunk is not the mean over ranks of chunk {rank} (best fit {scale:.3g}x "
-        f"it; first element {got[0].item():g}, expected {want[0].item():g})."
+        f"it; {where_differs(got, want)})."
     )
 
 
@@ -88,10 +94,14 @@ def check_reduce_scatter_bucket(reduce_scatter_bucket: Callable) -> None:
             )
         except RankFailedError as exc:
             if "outputShape" in str(exc) or "output tensor size" in str(exc).lower():
+                where = re.search(r" in (`[^`]+` \([^)]*\)(: `[^`]*`)?)", str(exc))
                 fail(
-                    f"comm.reduce_scatter aborted on {world} ranks: its output must hold 1/N of "
-                    f"its input, {BUCKET_NUMEL} // {world} = {BUCKET_NUMEL // world} elements "
-                    "here (torch.empty(flat_grad.numel() // N))."
+                    f"comm.reduce_scatter(output, input) aborted on {world} ranks"
+                    + (f" in {where.group(1)}" if where else "")
+                    + ": the sizes do not fit. The input is the whole bucket, flat_grad "
+                    f"({BUCKET_NUMEL} elements), and the output 1/N of it, {BUCKET_NUMEL} // "
+                    f"{world} = {BUCKET_NUMEL // world} elements (torch.empty(flat_grad.numel() "
+                    "// N)): the output must hold 1/N of its input."
                 )
             raise
         mean = _mean_grad(world, BUCKET_NUMEL)
@@ -137,6 +147,7 @@ def check_reduce_scatter_bucket(reduce_scatter_bucket: Callable) -> None:
                     f"the {full}-byte bucket sends (N-1)/N·S = {half:.0f}: call it once."
                 )
     passed(
-        f"reduce_scatter_bucket leaves on rank r the mean of chunk r for N = {_and(RS_WORLDS)}, "
+        "reduce_scatter_bucket leaves on rank r the mean of chunk r for "
+        f"N = {_and(sorted(RS_WORLDS))}, "
         "with one reduce-scatter: (N-1)/N·S bytes sent, half an all-reduce"
     )

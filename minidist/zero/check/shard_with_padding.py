@@ -8,22 +8,50 @@ import torch
 import torch.distributed as dist
 
 from ...course.check import fail, passed, run_on_world
-from ...runtime import RankFailedError
 from ._shared import _and
 
-SHARD_CASES = {  # world -> shapes: padding of 1 to N-1, none, and ranks owning padding only
-    2: [(3,), (2, 4)],
-    3: [(7,), (2, 2)],
-    4: [(3, 5), (2, 3), (10,), (2, 4)],
+# world -> shapes: padding of 1 to N-1, none, and ranks owning padding only; "T" marks a
+# transposed (non-contiguous) weight, "bf16" a bfloat16 one: the chunk keeps the dtype.
+SHARD_CASES = {
+    2: [(3,), (2, 4), ((3, 5), "T")],
+    3: [(7,), (2, 2), ((2, 5), "bf16"), ((4, 2), "T")],
+    4: [(3, 5), (2, 3), (10,), (2, 4), ((5, 3), "T"), ((3, 3), "bf16")],
+}
+VIEW_HINT = (
+    "some tensors are not contiguous (a transposed weight, W.t(), is one): .view(-1) refuses "
+    "them. Flatten with .reshape(-1), which copies only when it must"
+)
+
+
+SHARD_HINTS = {
+    r"view size is not compatible|view\(-1\)": VIEW_HINT,
+    r"^IndexError": "torch.chunk(t, N) returns fewer than N chunks when N does not divide the "
+    "size (6 elements in 4 chunks: 3 chunks of 2), so chunk `rank` may not exist. Pad with "
+    "zeros to a multiple of N first, then cut N equal chunks",
 }
 
 
-def _numbered(shape: tuple[int, ...]) -> torch.Tensor:
-    """Elements 1, 2, 3, ...: a value says which flat element it is; 0 is padding."""
+def _case(case) -> tuple[tuple[int, ...], str]:
+    return (case[0], case[1]) if isinstance(case[0], tuple) else (tuple(case), "")
+
+
+def _numbered(case) -> torch.Tensor:
+    """Elements 1, 2, 3, ... in flat (row-major) order: a value says which flat element it
+    is; 0 is padding. A "T" case lays them out column-major (a transposed weight)."""
+    shape, kind = _case(case)
     n = 1
     for s in shape:
         n *= s
-    return torch.arange(1, n + 1, dtype=torch.float32, device="cpu").reshape(shape)
+    t = torch.arange(1, n + 1, dtype=torch.float32, device="cpu").reshape(shape)
+    if kind == "T":
+        t = t.t().contiguous().t()  # same values, non-contiguous
+    return t.to(torch.bfloat16) if kind == "bf16" else t
+
+
+def _describe(case) -> str:
+    shape, kind = _case(case)
+    what = {"T": " (transposed: not contiguous)", "bf16": " in bfloat16"}.get(kind, "")
+    return f"a tensor of shape {shape}{what}"
 
 
 def _padded(numel: int, world: int) -> torch.Tensor:
@@ -36,14 +64,15 @@ def _padded(numel: int, world: int) -> torch.Tensor:
     )
 
 
-def _shard_rank(fn: Callable, shapes: list[tuple[int, ...]]) -> list[dict]:
+def _shard_rank(fn: Callable, shapes: list) -> list[dict]:
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
     for shape in shapes:
         t = _numbered(shape)
         got = fn(t, rank, world)
-        got = got.detach().clone() if isinstance(got, torch.Tensor) else type(got).__name__
-        out.append(dict(got=got, mutated=not torch.equal(t, _numbered(shape))))
+        dtype = got.dtype if isinstance(got, torch.Tensor) else None
+        got = got.detach().float().clone() if dtype is not None else type(got).__name__
+        out.append(dict(got=got, dtype=dtype, mutated=not torch.equal(t, _numbered(shape))))
     return out
 
 
@@ -60,11 +89,31 @@ def _which_elements(got: torch.Tensor, numel: int) -> str:
     return "[" + ", ".join(names) + "]"
 
 
-def _diagnose_shards(world: int, shape: tuple[int, ...], outs: list) -> str | None:
+def _shifted(outs: list, padded: torch.Tensor, chunk: int) -> int:
+    """d (±1) when every rank returned [r·c + d, (r+1)·c + d) of the padded tensor (cut at
+    its ends), else 0."""
+    for d in (1, -1):
+        want = [
+            padded[max(0, r * chunk + d) : max(0, (r + 1) * chunk + d)] for r in range(len(outs))
+        ]
+        if all(torch.equal(got, w) for got, w in zip(outs, want)):
+            return d
+    return 0
+
+
+def _diagnose_shards(world: int, shape, outs: list, dtypes: list | None = None) -> str | None:
     numel = _numbered(shape).numel()
     chunk = -(-numel // world)
     padded = _padded(numel, world)
-    what = f"a tensor of shape {tuple(shape)} ({numel} elements) on {world} ranks"
+    what = f"{_describe(shape)} ({numel} elements) on {world} ranks"
+    want_dtype = _numbered(shape).dtype
+    for rank, dtype in enumerate(dtypes or []):
+        if dtype is not None and dtype != want_dtype:
+            return (
+                f"{what}: rank {rank} returned a {str(dtype)[6:]} chunk: keep the tensor's "
+                f"dtype, {str(want_dtype)[6:]}. torch.zeros(k) is float32 unless told "
+                "dtype=tensor.dtype, and torch.cat promotes to it; F.pad keeps the dtype."
+            )
     rule = (
         f"pad with zeros to {chunk * world} elements (the next multiple of N={world}) and give "
         f"rank r elements [r·{chunk}, (r+1)·{chunk})"
@@ -77,6 +126,14 @@ def _diagnose_shards(world: int, shape: tuple[int, ...], outs: list) -> str | No
                 f"{what}: rank {rank} returned shape {tuple(got.shape)}: flatten first "
                 "(tensor.reshape(-1)); a chunk is a 1-D piece of the flat tensor."
             )
+    shift = _shifted(outs, padded, chunk)
+    if shift:
+        return (
+            f"{what}: every rank's chunk starts {abs(shift)} element(s) "
+            f"{'late' if shift > 0 else 'early'} (rank {world - 1} holds "
+            f"{_which_elements(outs[-1], numel)}): an off-by-one in the slice. Rank r owns "
+            f"[r·{chunk}, (r+1)·{chunk}): start at rank * chunk, stop before (rank + 1) * chunk."
+        )
     sizes = [got.numel() for got in outs]
     if sizes != [chunk] * world:
         if sum(sizes) == numel and len(set(sizes)) > 1:
@@ -144,28 +201,20 @@ def _diagnose_shards(world: int, shape: tuple[int, ...], outs: list) -> str | No
 def check_shard_with_padding(shard_with_padding: Callable) -> None:
     """Run `shard_with_padding(tensor, rank, world_size)` on every rank of worlds of 2, 3, 4."""
     for world, shapes in SHARD_CASES.items():
-        try:
-            results = run_on_world(_shard_rank, world, shard_with_padding, shapes)
-        except RankFailedError as exc:
-            if "IndexError" in str(exc):
-                fail(
-                    f"on {world} ranks rank {exc.rank} asked for a chunk that does not exist: "
-                    "torch.chunk(t, N) returns fewer than N chunks when N does not divide the "
-                    "size (6 elements in 4 chunks: 3 chunks of 2). Pad with zeros to a "
-                    "multiple of N first, then cut N equal chunks."
-                )
-            raise
+        results = run_on_world(_shard_rank, world, shard_with_padding, shapes, hints=SHARD_HINTS)
         for case, shape in enumerate(shapes):
-            problem = _diagnose_shards(world, shape, [r[case]["got"] for r in results])
+            problem = _diagnose_shards(
+                world, shape, [r[case]["got"] for r in results], [r[case]["dtype"] for r in results]
+            )
             if problem:
                 fail(problem)
             if any(r[case]["mutated"] for r in results):
                 fail(
-                    f"the chunks are right but the input tensor of shape {shape} changed: work "
+                    f"the chunks are right but the input, {_describe(shape)}, changed: work "
                     "on a flat copy (torch.cat / F.pad make one), the parameter must not change."
                 )
     passed(
         "shard_with_padding gives every rank ceil(numel/N) elements, chunk r of the zero-padded "
         f"flat tensor, for N = {_and(SHARD_CASES)} (15 elements on 4 ranks: chunks of 4, one "
-        "padding zero)"
+        "padding zero), transposed and bfloat16 tensors included"
     )

@@ -16,7 +16,7 @@ from ..flat import FlatShard
 from ._shared import _and
 from .reduce_scatter import _diagnose_chunk_values
 
-STAGE1_WORLDS = (2, 3, 4)
+STAGE1_WORLDS = (3, 2, 4)  # 3 first: there N, N-1 and 1/N are three different mistakes
 STAGE1_STEPS = 2
 LR = 1e-2
 # float32 summation order differs from one process by a few ulps, and Adam's step m/sqrt(v)
@@ -51,6 +51,9 @@ def _stage1_rank(cls: type) -> list[dict]:
     zero = cls(flat_param, make_adam)
     shard = getattr(zero, "shard", None)
     first = shard.detach().reshape(-1).clone() if isinstance(shard, torch.Tensor) else None
+    view_at = None  # where self.shard starts inside flat_param's storage, if it is a view
+    if isinstance(shard, torch.Tensor) and _same_storage(shard, flat_param):
+        view_at = (shard.data_ptr() - flat_param.data_ptr()) // flat_param.element_size()
     steps = []
     for batch in batches:
         x, y = shard_batch(batch, rank, world)
@@ -77,10 +80,15 @@ def _stage1_rank(cls: type) -> list[dict]:
                     tensor_bytes(optimizer_state_tensors(opt)) if opt is not None else None
                 ),
                 first_shard=first,
+                view_at=view_at,
                 records=[(r.op, r.ring_bytes) for r in ledger.records],
             )
         )
     return steps
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _stage1_reference(world: int) -> list[dict]:
@@ -107,12 +115,22 @@ def _diagnose_shard(s: dict, initial: torch.Tensor, rank: int, world: int) -> st
     """Is self.shard (as __init__ left it) this rank's chunk of flat_param?"""
     chunk = initial.numel() // world
     got = s["first_shard"]
-    if (
-        got is None
-        or got.numel() != chunk
-        or close(got, initial[rank * chunk : (rank + 1) * chunk])
-    ):
+    right = got is not None and close(got, initial[rank * chunk : (rank + 1) * chunk])
+    if got is None or got.numel() != chunk or (right and s["view_at"] == rank * chunk):
         return None
+    if right and s["view_at"] != rank * chunk:
+        where = (
+            "a copy: it shares no storage with flat_param"
+            if s["view_at"] is None
+            else f"a view of flat_param starting at element {s['view_at']}, not {rank * chunk}"
+        )
+        return (
+            f"rank {rank}'s self.shard holds the right values but is {where}. It must be a "
+            f"view of flat_param[{rank * chunk} : {(rank + 1) * chunk}] "
+            "(nn.Parameter(flat_param[a:b]) shares the storage; .clone(), torch.tensor(...) "
+            "or .detach().clone() copy it): a copy doubles this chunk's memory and the "
+            "update lands in it instead of in the model's parameters."
+        )
     for j in range(world):
         if close(got, initial[j * chunk : (j + 1) * chunk]):
             return (
@@ -153,8 +171,10 @@ def _diagnose_memory(s: dict, rank: int, world: int, padded: int) -> str | None:
         )
     if state == 0:
         return (
-            "self.optimizer holds no state after step(): call self.optimizer.step() (Adam "
-            "creates its two moments at the first step)."
+            "self.optimizer holds no state after step(): Adam creates its two moments at its "
+            "first step on a parameter that has a gradient. Either self.optimizer.step() was "
+            "never called, or it ran before self.shard.grad was set (an optimizer skips a "
+            "parameter whose grad is None): set the reduced gradient first, then step."
         )
     if state != expected:
         return (
@@ -180,6 +200,13 @@ def _diagnose_params(s: dict, want: torch.Tensor, rank: int, world: int) -> str 
     others[mine] = False
     own_right = close(s["after"][mine], want[mine], atol=PARAM_ATOL)
     others_stale = torch.equal(s["after"][others], s["before"][others])
+    if own_right and others_stale and any(op == "all_gather" for op, _ in s["records"]):
+        return (
+            f"rank {rank}'s own chunk was updated, and an all-gather ran, but flat_param's "
+            f"chunks of the other N-1 = {world - 1} ranks still hold the previous step's "
+            "values: the all-gather ran before self.optimizer.step(), so it gathered the old "
+            "chunks. Step first, then all-gather the updated chunk."
+        )
     if own_right and others_stale:
         return (
             f"rank {rank}'s own chunk was updated, but flat_param's chunks of the other N-1 = "
@@ -247,7 +274,7 @@ def check_zero_stage1(zero_stage1_cls: type) -> None:
                         f"comm.all_gather of the {padded}-element bucket, {sent_theory:.0f} bytes."
                     )
     passed(
-        f"ZeroStage1 trains like one process with Adam for N = {_and(STAGE1_WORLDS)} "
+        f"ZeroStage1 trains like one process with Adam for N = {_and(sorted(STAGE1_WORLDS))} "
         f"({STAGE1_STEPS} steps): Adam state for 1/N of the parameters, one reduce-scatter and "
         "one all-gather per step, 2(N-1)/N·S bytes as in DDP"
     )

@@ -1,112 +1,15 @@
-"""Checkers for the data-parallel exercises of lesson 01.
-
-1. `check_average_gradients(average_gradients)`: naive DP. After `backward()` every rank
-   calls the learner's `average_gradients(model)`, which must leave in every `p.grad` the
-   mean over ranks (all-reduce SUM, then divide by N). Compared on worlds of 2 and 4 with one
-   process training on the concatenated batch.
-2. `check_grad_bucket(GradBucket)`: one DDP bucket (Li et al. 2020, "PyTorch Distributed",
-   sections 3.2-3.3). `GradBucket(params, world_size)` lays the gradients of `params` out
-   in a flat buffer in the given order; `on_grad_ready(param)` (a post-accumulate-grad hook)
-   copies the gradient into its slot and, when the last one arrives, pre-divides the buffer
-   by N and launches ONE `comm.all_reduce(buffer, async_op=True)`; `wait()` finishes it,
-   writes the mean back into every `param.grad` and readies the bucket for the next step.
-
-Both compare gradients with the reference and read a `comm.record()` ledger, so a wrong
-answer is named: forgot to divide, divided twice, skipped parameters, launched per
-parameter, launched early, wrong offsets.
-"""
+"""data_parallel checker: exercise 2, the hook that fills a bucket."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-from .. import comm
-from ..course.check import close, diagnose_values, fail, grads, passed, run_on_world
-from ..data import shard_batch
-from ..runtime import RankFailedError
-from .fixture import build
-
-GLOBAL_BATCH = 8
-STEPS = 2
-WORLDS = (2, 4)
-
-
-def _fixture():
-    """Lesson 01's MLP (3 layers, one frozen bias), smaller, and its global batches."""
-    return build("mlp", steps=STEPS, global_batch=GLOBAL_BATCH, in_dim=8, hidden=16)
-
-
-def _reference() -> list[dict[str, torch.Tensor]]:
-    """Per-step gradients of one process training on the whole batch."""
-    model, batches, loss_fn = _fixture()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = []
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        out.append(grads(model))
-        opt.step()
-    return out
-
-
-# -- exercise 1: average the gradients (naive DP) -------------------------------------------
-
-
-def _average_rank(average_gradients: Callable[[nn.Module], None]) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches, loss_fn = _fixture()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    steps = []
-    for batch in batches:
-        x, y = shard_batch(batch, rank, world)
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        local = grads(model)
-        with comm.record() as ledger:
-            average_gradients(model)
-        steps.append(dict(local=local, got=grads(model), ops=ledger.ops()))
-        opt.step()
-    return dict(steps=steps)
-
-
-def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> None:
-    """Run `average_gradients(model)` after backward on worlds of 2 and 4; name the mistake."""
-    reference = _reference()
-    n_trainable = len(reference[0])
-    for world in WORLDS:
-        try:
-            results = run_on_world(_average_rank, world, average_gradients)
-        except RankFailedError as exc:
-            if "NoneType" in str(exc):
-                fail(
-                    "your code touched a gradient that is None: a frozen parameter "
-                    "(requires_grad=False) has no gradient. Skip parameters whose grad is None."
-                )
-            raise
-        for step, ref in enumerate(reference):
-            for rank, res in enumerate(results):
-                s = res["steps"][step]
-                problem = diagnose_values(s["got"], ref, s["local"], world)
-                if problem:
-                    fail(f"world of {world}, step {step}, rank {rank}: {problem}")
-        ops = results[0]["steps"][0]["ops"]
-        if ops.count("all_reduce") != n_trainable:
-            fail(
-                f"the gradients are right but the ledger shows {len(ops)} minidist "
-                f"collectives ({ops}); naive DP makes one comm.all_reduce per parameter "
-                f"with a gradient ({n_trainable} here). Use minidist.comm so it is recorded."
-            )
-    passed(
-        f"average_gradients matches one process on the concatenated batch for N={WORLDS} "
-        f"({n_trainable} all-reduces per step, frozen parameter skipped)"
-    )
-
-
-# -- exercise 2: the hook that fills a bucket ------------------------------------------------
+from ... import comm
+from ...course.check import close, diagnose_values, fail, grads, passed, run_on_world
+from ...course.watch import watch_comm
+from ...data import shard_batch
+from ._shared import WORLDS, _fixture, _reference
 
 
 def _bucket_rank(bucket_cls: type) -> dict:
@@ -138,7 +41,7 @@ def _bucket_rank(bucket_cls: type) -> dict:
     for batch in batches:
         x, y = shard_batch(batch, rank, world)
         opt.zero_grad()
-        with comm.record() as ledger:
+        with comm.record() as ledger, watch_comm() as watch:
             state.update(local={}, hooks=0, launches=[], arrivals=[], ledger=ledger)
             loss_fn(model(x), y).backward()
             in_backward = len(ledger.records)
@@ -152,6 +55,8 @@ def _bucket_rank(bucket_cls: type) -> dict:
                 arrivals=state["arrivals"],
                 in_backward=in_backward,
                 records=[(r.op, r.payload_bytes) for r in ledger.records],
+                unwaited=watch.never_waited(),
+                blocking=[c.op for c in watch.calls if c.work is None],
             )
         )
         opt.step()
@@ -240,9 +145,26 @@ def _diagnose_launches(step: dict, names: list[str], total_bytes: int) -> str | 
             "before the bucket was full. Count the gradients still pending and launch at zero."
         )
     if reduces[0] != total_bytes:
+        if reduces[0] == 2 * total_bytes:
+            return (
+                f"the all-reduce carried {reduces[0]} bytes, twice the {total_bytes} of the "
+                "bucket's float32 gradients: the buffer is float64 (8 bytes an element). "
+                "Build it in the gradients' dtype (torch.zeros(n, dtype=params[0].dtype))."
+            )
         return (
             f"the all-reduce carried {reduces[0]} bytes but the bucket holds {total_bytes}: "
             "all-reduce the whole flat buffer."
+        )
+    if step["blocking"]:
+        return (
+            "the bucket's all-reduce is blocking (async_op=False): backward stops in the "
+            "hook until it finishes, so nothing overlaps. Launch it with async_op=True, keep "
+            "the work and wait on it in wait()."
+        )
+    if step["unwaited"]:
+        return (
+            "wait() never waited on the async all-reduce's work: the buffer is only reduced "
+            "after work.wait(); copying it out before reads whatever has arrived so far."
         )
     return None
 
@@ -274,6 +196,6 @@ def check_grad_bucket(bucket_cls: type) -> None:
                 if problem:
                     fail(f"{where}: {problem}")
     passed(
-        f"GradBucket matches one process for N={WORLDS}: one async all-reduce of "
+        f"GradBucket matches one process for N={tuple(sorted(WORLDS))}: one async all-reduce of "
         f"{total_bytes} bytes per step, launched by the last of {len(names)} hooks"
     )

@@ -1,0 +1,164 @@
+"""Checkpoint files as data: checksums, atomic directory swaps, errors that name the file.
+
+Shared by both checkpoint formats (`minidist.fsdp.checkpoint`, `minidist.embedding.checkpoint`).
+A checkpoint directory is complete when it holds `minidist.checksums.json`, written last by
+rank 0 after every rank's files are on disk (write beside, fsync, rename). It records each
+file's size and SHA-256 and, per format, each tensor's, so that a load verifies every byte it
+is about to use and names the file or tensor that differs *before* anything changes: a
+truncated, empty, missing or overwritten shard is a `CheckpointError`, an ordinary
+`Exception` (`ValueError`), never a deep `EOFError` or DCP's `CheckpointException`, which is
+a `BaseException`.
+
+A save is written into `.<name>.unfinished` beside the checkpoint and put in place with two
+renames (the old checkpoint to `.<name>.replaced`, the new one to `<name>`), the scheme of
+write-ahead atomic replacement (POSIX `rename(2)` is atomic within a file system). A process
+killed between the two renames leaves `<name>` missing, a complete `.unfinished` (its
+checksums file present) and the old one in `.replaced`: `recover` finishes the swap, so the
+next load or save finds the new checkpoint where it belongs. A checksum guards against
+corruption, not against an attacker who can rewrite the checksums too: what keeps a crafted
+file from running code is that loads never unpickle anything but plain data (see each
+format's module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+CHECKSUMS = "minidist.checksums.json"
+UNFINISHED, REPLACED = ".unfinished", ".replaced"
+_BLOCK = 1 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as it is; the message names the file and the fault."""
+
+
+# -- checksums -----------------------------------------------------------------------------------
+def sha256_file(path: Path, start: int = 0, length: int | None = None) -> str:
+    """SHA-256 of `length` bytes of `path` from `start` (to the end when None)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = length
+        while left is None or left > 0:
+            block = f.read(_BLOCK if left is None else min(_BLOCK, left))
+            if not block:
+                break
+            h.update(block)
+            left = None if left is None else left - len(block)
+    return h.hexdigest()
+
+
+def sha256_tensor(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes in row-major order (any dtype, any device)."""
+    flat = t.detach().reshape(-1).contiguous().cpu()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def file_record(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def check_file(directory: Path, name: str, record: dict) -> None:
+    """Raise `CheckpointError` unless `directory/name` has the recorded size (and SHA-256)."""
+    path = directory / name
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing (the checkpoint lists it)")
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        what = "empty" if size == 0 else "truncated" if size < record["bytes"] else "longer"
+        raise CheckpointError(
+            f"{path} is {what}: {size} bytes, the checkpoint recorded {record['bytes']}"
+        )
+    if "sha256" in record and sha256_file(path) != record["sha256"]:
+        raise CheckpointError(f"{path}: its bytes differ from the checksum recorded at save")
+
+
+# -- small files written atomically ---------------------------------------------------------------
+def write_json(path: Path, record: dict) -> None:
+    """Write `record` to `path` atomically: beside it, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read as JSON ({e})") from e
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- the directory swap ---------------------------------------------------------------------------
+def unfinished_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{UNFINISHED}")
+
+
+def replaced_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{REPLACED}")
+
+
+def is_complete(directory: Path) -> bool:
+    return (directory / CHECKSUMS).is_file()
+
+
+def _rename(src: Path, dst: Path) -> None:
+    os.rename(src, dst)
+
+
+def put_in_place(unfinished: Path, path: Path) -> None:
+    """Replace `path` by the complete `unfinished` (an earlier checkpoint goes only now)."""
+    replaced = replaced_path(path)
+    shutil.rmtree(replaced, ignore_errors=True)
+    if path.exists():
+        _rename(path, replaced)
+    _rename(unfinished, path)
+    shutil.rmtree(replaced, ignore_errors=True)
+    fsync_dir(path.parent)
+
+
+def recover(path: Path) -> bool:
+    """Finish a swap that was interrupted between its two renames; True when it did.
+
+    Only when `path` is missing and `.<name>.unfinished` is complete (its checksums file is
+    written after every rank's files). Safe when several processes call it at once: the
+    rename happens once, the others find `path` in place.
+    """
+    unfinished = unfinished_path(path)
+    if path.exists() or not is_complete(unfinished):
+        return False
+    try:
+        _rename(unfinished, path)
+    except OSError:
+        if not path.exists():
+            raise
+        return False
+    shutil.rmtree(replaced_path(path), ignore_errors=True)
+    fsync_dir(path.parent)
+    warnings.warn(
+        f"{path} was missing: a save completed but was stopped between its two renames; "
+        f"its complete copy {unfinished.name} is now {path.name}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return True

@@ -1,0 +1,20 @@
+"""Lesson 15, context parallelism: ring attention over a sequence split across ranks.
+
+Notebook `notebooks/15_context_parallel.ipynb`; exercises `exercises/15_context_parallel.ipynb`.
+Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context"
+(arXiv:2310.01889), section 3; the online softmax of Milakov & Gimelshein 2018; the zig-zag
+split of Brandon et al. 2023 ("Striped Attention") as Megatron-LM's context parallelism uses.
+
+- `split.py`: which positions each rank holds, contiguous or zig-zag
+- `ring.py`: `ring_attention` (an autograd Function: forward and backward around the ring),
+  `block_attention` and the online-softmax `merge`
+- `model.py`: `ContextParallelGPT`, the course GPT on 1/c of every sequence
+- `theory.py`: bytes per layer and step, causal work per rank and its imbalance
+- `fixture.py`, `plots.py`, `check.py`, `lesson.py`: the rank functions, figures, exercise
+  checkers and the tour row
+"""
+
+from .model import ContextParallelGPT
+from .ring import ring_attention
+
+__all__ = ["ContextParallelGPT", "ring_attention"]

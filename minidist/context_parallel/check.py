@@ -1,0 +1,279 @@
+"""Checkers for lesson 15's exercises (Liu et al. 2023, "Ring Attention", section 3).
+
+1. `check_merge(merge)`: `merge(o, lse, o_blk, lse_blk)` returns (o', lse'), the attention
+   over the union of two disjoint key sets from the two partial attentions and their
+   log-sum-exps: lse' = log(e^lse + e^lse_blk), o' = o·e^(lse-lse') + o_blk·e^(lse_blk-lse').
+   Checked on many random cases (float32 and float64, rows where one side or both have
+   seen no key yet, lse = -inf, e^100 that overflows float32), then folded over a ring's
+   key blocks in every rank's order against torch's attention on the whole sequence.
+2. `check_block_attention(block_attention)`: `block_attention(q, k, v, q_pos, k_pos,
+   scale)` returns (o, lse) of q's rows over one key block with the causal mask taken from
+   the GLOBAL positions q_pos, k_pos (a key is seen when k_pos <= q_pos); rows that see no
+   key get o = 0 and lse = -inf. Checked on the zig-zag blocks of c = 2 and 3.
+
+Every catalogued mistake (`MERGE_MISTAKES`, `BLOCK_MISTAKES` in the tests) is predicted and
+named; anything else gets where it differs and by how much.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..course.check import fail, passed
+from .ring import block_attention as _block_ref
+from .ring import merge as _merge_ref
+from .split import positions
+
+NEG = float("-inf")
+
+
+def _cases():
+    """(o, lse, o_blk, lse_blk) cases: random, one side empty (-inf), both empty, large."""
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for dtype in (torch.float64, torch.float32):
+        for rows, dim in ((5, 4), (3, 8)):
+            lse = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
+            lse_blk = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
+            lse[0, 0], lse_blk[0, 1], lse[1, 2], lse_blk[1, 2] = NEG, NEG, NEG, NEG
+            lse_blk[1, 0] = 100.0  # large scores: e^100 overflows float32 unless shifted
+            o, o_blk = (
+                torch.randn(2, rows, dim, device="cpu", generator=g, dtype=torch.float64)
+                for _ in "ab"
+            )
+            o[lse == NEG], o_blk[lse_blk == NEG] = 0.0, 0.0
+            out.append(tuple(t.to(dtype) for t in (o, lse, o_blk, lse_blk)))
+    return out
+
+
+def _same(a, b, dtype) -> bool:
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    if a.shape != b.shape:
+        return False
+    finite = torch.isfinite(b)
+    return bool(
+        torch.equal(torch.isfinite(a), finite)
+        and torch.equal(a[~finite], b[~finite])
+        and torch.allclose(a[finite], b[finite], rtol=tol, atol=tol)
+    )
+
+
+def _call(fn, args, what: str):
+    try:
+        return fn(*[a.clone() for a in args])
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # a learner's crash becomes a message
+        fail(f"{what} raised {type(exc).__name__}: {exc}")
+
+
+def _pair(got, what: str):
+    if not (isinstance(got, tuple | list) and len(got) == 2):
+        fail(f"{what} must return a pair (o, lse); it returned {type(got).__name__}.")
+    return got
+
+
+def _merge_diagnosis(case, o, lse) -> str | None:
+    o1, l1, o2, l2 = case
+    dtype = o1.dtype
+    if o.dtype != dtype or lse.dtype != dtype:
+        return f"merge returned {o.dtype}/{lse.dtype} for {dtype} inputs; keep the inputs' dtype."
+    want_o, want_l = _merge_ref(o1, l1, o2, l2)
+    if _same(o, want_o, dtype) and _same(lse, want_l, dtype):
+        return None
+    both_empty = (l1 == NEG) & (l2 == NEG)
+    if torch.isnan(o).any() or torch.isnan(lse).any():
+        where = "rows where neither side has seen a key (both lse = -inf)"
+        if not both_empty.any() or not torch.isnan(o[both_empty]).any():
+            where = "some rows"
+        return (
+            f"merge gave NaN in {where}: e^(lse - lse') with lse = lse' = -inf is e^NaN. "
+            "Where lse' is -inf, subtract 0 instead (those rows stay o = 0, lse = -inf)."
+        )
+    if _same(o, o1 + o2, dtype):
+        return (
+            "o' = o + o_blk: the partial attentions were added without rescaling. Each is "
+            "normalised by its own softmax sum; weight them by e^(lse - lse') and "
+            "e^(lse_blk - lse'), their shares of the merged sum."
+        )
+    if _same(o, (o1 + o2) / 2, dtype):
+        return (
+            "o' is the plain average of the two partial attentions; weight each by its share "
+            "of the merged softmax sum, e^(lse - lse') and e^(lse_blk - lse'), not 1/2."
+        )
+    if _same(lse, torch.maximum(l1, l2), dtype):
+        return (
+            "lse' = max(lse, lse_blk): that is the running MAX of a single-pass softmax, not "
+            "the log-sum-exp of the union: lse' = log(e^lse + e^lse_blk) (torch.logaddexp)."
+        )
+    if _same(lse, l1 + l2, dtype):
+        return "lse' = lse + lse_blk multiplies the two sums; the union's sum is e^lse + e^lse_blk."
+    if not _same(lse, want_l, dtype):
+        bad = ~torch.isclose(lse, want_l, equal_nan=True)
+        return (
+            f"lse' differs at {int(bad.sum())} of {bad.numel()} rows; lse' = "
+            "log(e^lse + e^lse_blk), computed stably (torch.logaddexp)."
+        )
+    safe = want_l.masked_fill(want_l == NEG, 0.0)
+    w1, w2 = torch.exp(l1 - safe).unsqueeze(-1), torch.exp(l2 - safe).unsqueeze(-1)
+    if _same(o, o1 * w1 + o2, dtype) or _same(o, o1 + o2 * w2, dtype):
+        side = "o_blk" if _same(o, o1 * w1 + o2, dtype) else "o"
+        return (
+            f"only one side was rescaled: {side} is added as it is. Both partial attentions "
+            "get their weight: o·e^(lse - lse') + o_blk·e^(lse_blk - lse')."
+        )
+    if _same(o, o1 * w2 + o2 * w1, dtype):
+        return (
+            "the two weights are swapped: o goes with e^(lse - lse'), o_blk with "
+            "e^(lse_blk - lse')."
+        )
+    if _same(o, o1 * torch.exp(safe - l1.clamp_min(-1e30)).unsqueeze(-1), dtype):
+        return "the weights are inverted: e^(lse - lse'), not e^(lse' - lse)."
+    diff = (o - want_o).abs()
+    idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+    return (
+        f"lse' is right but o' differs at {int((diff > 1e-5).sum())} of {diff.numel()} "
+        f"elements, most at {idx} (got {float(o[idx]):.6g}, want {float(want_o[idx]):.6g})."
+    )
+
+
+def _ring_fold(merge, c: int, layout: str) -> float:
+    """Fold `merge` over every rank's key blocks in ring order; largest error vs torch."""
+    g = torch.Generator().manual_seed(c)
+    b, a, s, d = 2, 2, 4 * c, 4
+    q, k, v = (
+        torch.randn(b, a, s, d, device="cpu", generator=g, dtype=torch.float64) for _ in "qkv"
+    )
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    worst = 0.0
+    for r in range(c):
+        qp = positions(s, c, r, layout)
+        o = torch.zeros(b, a, len(qp), d, dtype=torch.float64, device="cpu")
+        lse = torch.full((b, a, len(qp)), NEG, dtype=torch.float64, device="cpu")
+        for step in range(c):
+            kp = positions(s, c, (r - step) % c, layout)
+            blk, blk_lse = _block_ref(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, d**-0.5)
+            o, lse = _pair(merge(o, lse, blk, blk_lse), "merge")
+        worst = max(worst, float((o - ref[:, :, qp]).abs().max()))
+    return worst
+
+
+def check_merge(merge) -> None:
+    """The online-softmax merge on sampled cases, then folded over a ring of c = 2, 3, 4."""
+    cases = _cases()
+    for case in cases:
+        o, lse = _pair(_call(merge, case, "merge"), "merge")
+        problem = _merge_diagnosis(case, o, lse)
+        if problem:
+            fail(problem)
+    mutated = [t.clone() for t in cases[0]]
+    merge(*mutated)
+    if not all(torch.equal(a, b) for a, b in zip(mutated, cases[0])):
+        fail("merge changed its inputs in place; return new tensors (the caller keeps o, lse).")
+    worst = max(_ring_fold(merge, c, lay) for c in (2, 3, 4) for lay in ("zigzag", "contiguous"))
+    if worst > 1e-10:
+        fail(f"folded over a ring, the attention differs from torch's by {worst:.3g}.")
+    passed(
+        f"the online-softmax merge on {len(cases)} sampled cases (float32 and float64, empty "
+        "rows, scores near e^100), and folded over rings of 2, 3 and 4 ranks (zig-zag and "
+        "contiguous) equal to torch's causal attention"
+    )
+
+
+# -- exercise 2: one block with the causal mask from global positions ------------------------
+
+
+def _block_cases():
+    """(q, k, v, q_pos, k_pos, scale) for every (query rank, key rank) pair of zig-zag
+    splits at c = 2 and 3: blocks fully seen, partly seen (the diagonal) and not at all."""
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for c in (2, 3):
+        s, d = 4 * c, 4
+        q, k, v = (
+            torch.randn(2, 2, s, d, device="cpu", generator=g, dtype=torch.float64) for _ in "qkv"
+        )
+        for r in range(c):
+            for j in range(c):
+                qp, kp = positions(s, c, r, "zigzag"), positions(s, c, j, "zigzag")
+                out.append((q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, d**-0.5))
+    return out
+
+
+def _block_diagnosis(case, o, lse) -> str | None:
+    q, k, v, qp, kp, scale = case
+    want_o, want_l = _block_ref(q, k, v, qp, kp, scale)
+    dt = q.dtype
+    if _same(o, want_o, dt) and _same(lse, want_l, dt):
+        return None
+    where = f"queries at positions {qp.tolist()}, keys at {kp.tolist()}"
+    if torch.isnan(o).any() or torch.isnan(lse).any():
+        return (
+            f"{where}: NaN in rows that see no key of this block (every score masked to -inf): "
+            "give them o = 0 and lse = -inf (subtract 0, not -inf, before exp)."
+        )
+    local_q, local_k = torch.arange(len(qp), device="cpu"), torch.arange(len(kp), device="cpu")
+    for name, args in (
+        (
+            "the LOCAL indices 0..n-1 instead of the global positions q_pos, k_pos",
+            (local_q, local_k),
+        ),
+        ("k_pos < q_pos: the diagonal (a token seeing itself) is masked out", (qp, kp + 0.5)),
+    ):
+        alt_o, alt_l = _block_ref(q, k, v, args[0], args[1], scale)
+        if _same(o, alt_o, dt) and _same(lse, alt_l, dt):
+            return f"{where}: your mask uses {name}."
+    anti = _anti_causal(q, k, v, qp, kp, scale)
+    if _same(o, anti[0], dt):
+        return f"{where}: your mask is the wrong way round: a key is seen when k_pos <= q_pos."
+    full = _block_ref(q, k, v, qp, torch.full_like(kp, -1), scale)
+    if _same(o, full[0], dt) and not _same(o, want_o, dt):
+        return f"{where}: no causal mask at all: mask scores where k_pos > q_pos to -inf."
+    for name, sc in (("no 1/√d scale", 1.0), ("1/d instead of 1/√d", scale * scale)):
+        alt_o, alt_l = _block_ref(q, k, v, qp, kp, sc)
+        if _same(o, alt_o, dt):
+            return f"{where}: the scores use {name}: multiply QKᵀ by scale (1/√d, given)."
+    if _same(o, want_o, dt):
+        seen = torch.isfinite(want_l)
+        mx = ((q @ k.transpose(-2, -1)) * scale).masked_fill(kp[None, :] > qp[:, None], NEG)
+        if _same(lse[seen], mx.max(-1).values[seen], dt):
+            return f"{where}: o is right but lse is the row MAX; return the log-sum-exp."
+        return f"{where}: o is right but lse differs: return logsumexp of the masked scores."
+    diff = (o - want_o).abs()
+    return f"{where}: o differs by up to {float(diff.max()):.3g} from the block's attention."
+
+
+def _anti_causal(q, k, v, qp, kp, scale):
+    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(kp[None, :] < qp[:, None], NEG)
+    lse = torch.logsumexp(scores, -1)
+    safe = lse.masked_fill(lse == NEG, 0.0)
+    return torch.exp(scores - safe.unsqueeze(-1)) @ v, lse
+
+
+def check_block_attention(block_attention) -> None:
+    """One key block's causal attention on every zig-zag block pair of c = 2 and 3."""
+    cases = _block_cases()
+    for case in cases:
+        got = _pair(_run_block(block_attention, case), "block_attention")
+        problem = _block_diagnosis(case, *got)
+        if problem:
+            fail(problem)
+    passed(
+        f"one block's causal attention on {len(cases)} zig-zag block pairs (c = 2, 3): fully "
+        "seen, the diagonal, and unseen blocks (o = 0, lse = -inf)"
+    )
+
+
+def _run_block(fn, case):
+    q, k, v, qp, kp, scale = case
+    try:
+        return fn(q.clone(), k.clone(), v.clone(), qp.clone(), kp.clone(), scale)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(f"block_attention raised {type(exc).__name__}: {exc}")
+
+
+__all__ = ["check_merge", "check_block_attention"]

@@ -1,0 +1,170 @@
+"""Ring attention: causal attention over a sequence split across c ranks.
+
+Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
+section 3. Each rank keeps its queries and passes its key/value block around a ring: at
+step i it holds the block of rank r - i, computes the attention of its queries on it, and
+merges the partial result with the online softmax (Milakov & Gimelshein 2018): with m the
+log-sum-exp of the scores seen so far and o the attention over them,
+
+    m' = log(e^m + e^m_blk),    o' = o·e^(m - m') + o_blk·e^(m_blk - m').
+
+After c steps every query has seen every key; a rank sent its own block c-1 times, (c-1)/c
+of the whole sequence's K and V. Causal masking compares global positions; a chunk pair
+whose keys all follow its queries is skipped (no work), which is why the zig-zag split
+balances the ranks. Backward (as FlashAttention-2, Dao 2023, section 3.1.2) recomputes each
+block's probabilities from the saved log-sum-exp; the K/V blocks go around the ring again,
+each with its gradient accumulator, which returns to its owner after c hops. Saved for
+backward: this rank's q, k, v, output and log-sum-exp, 1/c of the whole sequence's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from .split import check_split, chunks_of, positions, rank_chunks
+
+
+def block_attention(q, k, v, q_pos, k_pos, scale):
+    """(o, lse): causal attention of q on one key block alone; rows that see no key of the
+    block get o = 0 and lse = -inf."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    safe = lse.masked_fill(lse == float("-inf"), 0.0)
+    return torch.exp(scores - safe.unsqueeze(-1)) @ v, lse
+
+
+def merge(o, lse, o_blk, lse_blk):
+    """The online-softmax merge of two partial attentions over disjoint key sets."""
+    new = torch.logaddexp(lse, lse_blk)
+    safe = new.masked_fill(new == float("-inf"), 0.0)
+    out = o * torch.exp(lse - safe).unsqueeze(-1) + o_blk * torch.exp(lse_blk - safe).unsqueeze(-1)
+    return out, new
+
+
+class _Ring:
+    """The ring of a group: this rank's place, its neighbours (global ranks), positions."""
+
+    def __init__(self, group, seq: int, layout: str):
+        self.group, self.layout = group, layout
+        self.c, self.r = dist.get_world_size(group), dist.get_rank(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(self.c)
+        ranks = list(ranks)
+        self.next, self.prev = ranks[(self.r + 1) % self.c], ranks[(self.r - 1) % self.c]
+        self.size = check_split(seq, self.c, layout)
+        self.seq = seq
+
+    def owner(self, step: int) -> int:
+        return (self.r - step) % self.c
+
+    def chunks(self, rank: int, device) -> list[torch.Tensor]:
+        """Global positions of rank `rank`'s chunks."""
+        pos = positions(self.seq, self.c, rank, self.layout, device)
+        return list(pos.split(self.size))
+
+    def pass_on(self, tensor: torch.Tensor, tag: str) -> torch.Tensor:
+        """Send `tensor` to the next rank, return what the previous rank sent."""
+        got = torch.empty_like(tensor)
+        works = comm.batch_isend_irecv(
+            [("send", tensor.contiguous(), self.next), ("recv", got, self.prev)],
+            group=self.group, tag=tag,
+        )  # fmt: skip
+        for w in works:
+            w.wait()
+        return got
+
+
+def _pairs(ring: _Ring, step: int, device):
+    """(query chunk slice, key chunk slice, q positions, k positions) that are not masked
+    whole, for the key block held at `step`."""
+    q_chunks, k_chunks = ring.chunks(ring.r, device), ring.chunks(ring.owner(step), device)
+    for i, qp in enumerate(q_chunks):
+        for j, kp in enumerate(k_chunks):
+            if int(kp[0]) <= int(qp[-1]):  # some key at or before some query
+                yield (
+                    slice(i * ring.size, (i + 1) * ring.size),
+                    slice(j * ring.size, (j + 1) * ring.size),
+                    qp,
+                    kp,
+                )
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, layout, seq):
+        ring = _Ring(group, seq, layout)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        o = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        kv = torch.stack([k, v])
+        pairs = 0
+        for step in range(ring.c):
+            for qs, ks, qp, kp in _pairs(ring, step, q.device):
+                blk, blk_lse = block_attention(
+                    q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], qp, kp, scale
+                )
+                o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], blk, blk_lse)
+                pairs += 1
+            if step < ring.c - 1:
+                kv = ring.pass_on(kv, "cp-kv-forward")
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.ring, ctx.scale = ring, scale
+        ctx.mark_non_differentiable(lse)
+        _WORK.append(pairs)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        ring, scale = ctx.ring, ctx.scale
+        delta = (grad_o * o).sum(-1)
+        dq = torch.zeros_like(q)
+        kv, dkv = torch.stack([k, v]), torch.zeros(2, *k.shape, dtype=k.dtype, device=k.device)
+        for step in range(ring.c):
+            for qs, ks, qp, kp in _pairs(ring, step, q.device):
+                kb, vb = kv[0][..., ks, :], kv[1][..., ks, :]
+                scores = (q[..., qs, :] @ kb.transpose(-2, -1)) * scale
+                scores = scores.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
+                p = torch.exp(scores - lse[..., qs].unsqueeze(-1))
+                do = grad_o[..., qs, :]
+                dkv[1][..., ks, :] += p.transpose(-2, -1) @ do
+                ds = p * (do @ vb.transpose(-2, -1) - delta[..., qs].unsqueeze(-1))
+                dq[..., qs, :] += (ds @ kb) * scale
+                dkv[0][..., ks, :] += (ds.transpose(-2, -1) @ q[..., qs, :]) * scale
+            if step < ring.c - 1:
+                kv = ring.pass_on(kv, "cp-kv-backward")
+            if ring.c > 1:  # the accumulator follows its block; after c hops it is home
+                dkv = ring.pass_on(dkv, "cp-dkv-backward")
+        return dq, dkv[0], dkv[1], None, None, None
+
+
+_WORK: list[int] = []  # chunk pairs computed by each forward on this rank (for the lesson)
+
+
+def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None = None):
+    """Causal attention of this rank's queries over the whole sequence split across `group`.
+
+    q, k, v: [batch, heads, s/c, head_dim], this rank's tokens in the `layout`'s order
+    (`split.positions`); `seq` is the whole sequence's length (default c · s/c). Returns
+    this rank's rows of softmax(QKᵀ/√d + causal mask)·V.
+    """
+    c = dist.get_world_size(group)
+    seq = q.shape[-2] * c if seq is None else seq
+    chunks_of(layout, c)
+    if q.shape[-2] * c != seq:
+        raise ValueError(f"ring_attention: {q.shape[-2]} local positions × c={c} != seq={seq}")
+    return _RingAttention.apply(q, k, v, group, layout, seq)[0]
+
+
+def work_per_forward() -> list[int]:
+    """Chunk pairs this rank computed in each ring-attention forward since the last call."""
+    out = list(_WORK)
+    _WORK.clear()
+    return out
+
+
+__all__ = ["ring_attention", "block_attention", "merge", "rank_chunks", "work_per_forward"]

@@ -1,0 +1,243 @@
+"""A learner's crash, hang or endless loop turned into a checker message, never a traceback.
+
+A checker runs the learner's code on a world (`check.run_on_world`) or in this process
+(`call_learner`). Whatever that code raises reaches the learner as a `LearnerFailed`: what
+was raised, where in *their* code (the deepest frame outside minidist, torch and Python's
+library: a notebook cell or the learner's own file), and the likely cause in the exercise's
+terms, from the checker's `hints`. `hints` maps a regular expression (searched in the
+exception's type, message and the failing line) to the likely cause, or is a function of a
+`Failure` returning one (or None).
+
+A rank that fails inside a collective (gloo's "Connection closed by peer", "Received data
+size doesn't match expected size", a rank that left while its peers still waited) gets
+`COLLECTIVE_HINT` and the rank that failed first; a world still running at its timeout gets
+the same hint, or the learner's loop that never ended is named as such.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..runtime import RankFailedError
+
+COLLECTIVE_HINT = (
+    "every rank must make the same collectives, in the same order, with the same sizes "
+    "(a collective inside an `if` that holds on some ranks only, a different loop count, or "
+    "a buffer of another size on one rank ends like this)"
+)
+IN_PROCESS_TIMEOUT_S = 5.0
+_COLLECTIVE_PATTERNS = (
+    r"Connection (closed|reset) by peer",
+    r"doesn't match (the )?expected size",
+    r"Received data size",
+    r"DistBackendError",
+    r"gloo",
+    r"Broken pipe",
+    r"Timed out waiting",
+)
+_LIBRARY = (str(Path(__file__).resolve().parents[1]), "site-packages", "/lib/python3", "<frozen")
+# What commonly goes wrong, whatever the exercise (a checker's own hints come first).
+GENERIC_HINTS: dict[str, str] = {
+    r"view size is not compatible": ".view() needs memory laid out in order (a transposed or "
+    "sliced tensor is not): use .reshape(), which copies only when it must",
+    r"'NoneType' object": "a value was None where your code expected a tensor: a parameter "
+    "without a gradient (frozen, or not used in the loss) has p.grad None; skip it",
+    r"^IndexError|out of (range|bounds)": "an index one past the end (an off-by-one: count "
+    "from 0, the last of N items is N-1, and range(a, b) stops before b)",
+    r"must match the size|size mismatch|shape .* is invalid|mat1 and mat2": "two tensors of "
+    "different sizes met: a chunk or buffer of the wrong length (elements vs bytes, padded vs "
+    "unpadded, whole vs 1/N)",
+    r"expected scalar type|dtype": "tensors of two dtypes met: keep the dtype you were given",
+    r"leaf Variable that requires grad": "an in-place write into a parameter while autograd "
+    "records: do it under torch.no_grad()",
+}
+
+
+class CheckFailed(AssertionError):
+    """The learner's code ran but gave a wrong answer; the message says what to look at."""
+
+
+class LearnerFailed(CheckFailed, RankFailedError):
+    """The learner's code raised, hung or crashed a rank; the message explains it.
+
+    A `RankFailedError` too (with `.rank`), so checkers that catch one still see it, and its
+    message quotes the exception's own last line, which they may search.
+    """
+
+    def __init__(self, rank: int | None, message: str):
+        AssertionError.__init__(self, message)
+        self.rank = rank
+
+
+@dataclass
+class Failure:
+    """What a traceback says: the exception and the learner's frame it came from."""
+
+    kind: str  # the exception's type name ("IndexError"), or "" when the rank just died
+    message: str  # its message (or how the process died)
+    where: str  # "`fn` (file, line N): <source line>", or "" when no learner frame
+    source: str  # the learner's failing line ("" when unknown)
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind}: {self.message}\n{self.source}"
+
+    def said(self) -> str:
+        message = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", self.message)
+        message = re.sub(r"\.? ?This is typically caused.*", "", message, flags=re.S)
+        what = f"{self.kind}: {message}" if self.kind else message
+        return what if len(what) < 300 else what[:300] + " ..."
+
+
+def parse_traceback(text: str) -> Failure:
+    """The last exception in a formatted traceback and the deepest learner frame under it."""
+    block = re.split(r"\n(?:During handling|The above exception)[^\n]*\n", text)[-1]
+    frames = re.findall(r'  File "([^"]+)", line (\d+), in (\S+)\n(?:    (.*)\n)?', block)
+    mine = [f for f in frames if not any(lib in f[0] for lib in _LIBRARY)]
+    where, source = "", ""
+    if mine:
+        path, line, fn, source = mine[-1]
+        cell = "a notebook cell" if "ipykernel" in path or path.startswith("<") else path
+        where = f"`{fn}` ({cell}, line {line})" + (f": `{source.strip()}`" if source else "")
+        source = source.strip()
+    frame_list = list(re.finditer(r'  File "[^"]+", line \d+, in \S+\n', block))
+    rest = block[frame_list[-1].end() :] if frame_list else block
+    lines = rest.split("\n")
+    first = next((i for i, ln in enumerate(lines) if ln and not ln.startswith(" ")), len(lines))
+    last = "\n".join(lines[first:]).strip()
+    match = re.match(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$", last, re.S)
+    if not frames or not match:  # a rank that died: how, and what native code said last
+        lines = [ln.strip() for ln in text.strip().splitlines()] or [text]
+        said = next((ln for ln in lines if ln.startswith("what():")), lines[-1])
+        detail = said.removeprefix("what():").strip() if len(lines) > 1 else ""
+        how = lines[0].split("; the last lines")[0]
+        return Failure("", f"{how} ({detail})" if detail else how, "", "")
+    kind = match.group(1).rsplit(".", 1)[-1]
+    return Failure(kind, (match.group(2) or "").strip(), where, source)
+
+
+Hints = Mapping[str, str] | Callable[[Failure], str | None] | None
+
+
+def likely_cause(failure: Failure, hints: Hints = None, generic: bool = True) -> str | None:
+    """The checker's hint that fits `failure` (first match wins), else a generic one."""
+    if callable(hints):
+        found = hints(failure)
+        if found:
+            return found
+        hints = None
+    for table in (hints or {}, GENERIC_HINTS if generic else {}):
+        for pattern, cause in table.items():
+            if re.search(pattern, failure.text, re.M):
+                return cause
+    return None
+
+
+def in_collective(text: str) -> bool:
+    return any(re.search(p, text, re.I) for p in _COLLECTIVE_PATTERNS)
+
+
+def explain_rank_failure(
+    exc: RankFailedError, world_size: int | None, hints: Hints = None, hang_hint: str = ""
+) -> LearnerFailed:
+    """The checker message for a rank that raised or died on a world."""
+    text = str(exc).split("\n", 1)[-1]
+    after = re.search(r"\(ranks (\[[\d, ]*\]) failed after it\)", text)
+    text = text[: after.start()] if after else text
+    failure = parse_traceback(text)
+    world = f"on a world of {world_size}, " if world_size else ""
+    others = f"; ranks {after.group(1)} failed after it" if after else ""
+    said = failure.text if failure.kind else text
+    if in_collective(said) and not likely_cause(failure, hints, generic=False):
+        where = f" in {failure.where}" if failure.where else ""
+        message = (
+            f"{world}rank {exc.rank} failed first, inside a collective{where} "
+            f"({failure.said()}: a peer had left it or sent another size){others}: "
+            f"{COLLECTIVE_HINT}. {hang_hint}"
+        )
+        return LearnerFailed(exc.rank, message.rstrip())
+    return LearnerFailed(exc.rank, _message(f"{world}rank {exc.rank}", failure, hints, others))
+
+
+def _message(who: str, failure: Failure, hints: Hints, others: str = "") -> str:
+    if not failure.kind:
+        return f"{who} died: {failure.message}{others}. " + COLLECTIVE_HINT + "."
+    where = f" in {failure.where}" if failure.where else ""
+    cause = likely_cause(failure, hints)
+    because = f" Likely cause: {cause}." if cause else ""
+    return f"{who}: your code raised {failure.said()}{where}{others}.{because}"
+
+
+class _LearnerTimeout(BaseException):
+    """Raised in this process when the learner's code outlives its time (not an Exception:
+    a learner's `except Exception` must not swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Interrupt the block after `seconds` (main thread only; elsewhere it runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def _stop(signum, frame):
+        raise _LearnerTimeout()
+
+    previous = signal.signal(signal.SIGALRM, _stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def bounded(seconds: float, diagnose: Callable[..., str | None], *args: Any) -> str | None:
+    """`diagnose(*args)` (a checker's own search: replaying a schedule, probing a table),
+    stopped after `seconds`: then a message saying what could not be finished, so that a
+    check always answers in seconds, whatever the learner's answer makes the search do."""
+    try:
+        with time_limit(seconds):
+            return diagnose(*args)
+    except _LearnerTimeout:
+        name = getattr(diagnose, "__name__", "the diagnosis")
+        return (
+            f"the answer is wrong, and the checker's search for why ({name}) did not finish "
+            f"in {seconds:g} s: your code's results send it very far (a step or an index "
+            "that never comes back to where it should, or a loop that does not end)."
+        )
+
+
+def call_learner(
+    fn: Callable,
+    *args: Any,
+    hints: Hints = None,
+    what: str = "",
+    timeout_s: float = IN_PROCESS_TIMEOUT_S,
+    **kwargs: Any,
+) -> Any:
+    """Call the learner's `fn` in this process: an exception or a loop that never ends
+    becomes a `LearnerFailed` naming it (`what` says for which input, e.g. "on rank 2 of 4")."""
+    who = what or f"calling {getattr(fn, '__name__', 'your function')}"
+    try:
+        with time_limit(timeout_s):
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except _LearnerTimeout:
+        raise LearnerFailed(
+            None,
+            f"{who}: your code was still running after {timeout_s:g} s (a correct answer "
+            "takes milliseconds): a loop that never ends, or one far too long.",
+        ) from None
+    except Exception as exc:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        raise LearnerFailed(None, _message(who, parse_traceback(text), hints)) from None

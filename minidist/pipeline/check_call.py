@@ -1,0 +1,105 @@
+"""Calling a learner's function from a pure (no-world) checker: a crash becomes a message.
+
+`learner_call(fn, *args, call=..., hints=...)` calls `fn(*args)` under a time limit. A
+`NotImplementedError` (the exercise's stub) goes through as itself; any other exception
+becomes a `CheckFailed` that says what the learner's code raised, where (the learner's own
+line, not the checker's) and, from `hints` ({exception type name or message fragment:
+likely cause}), the likely cause in the exercise's terms. A call that runs longer than
+`limit_s` (an endless probe loop, say) fails the same way instead of hanging the check.
+Lessons 10-12 use it too; it depends on nothing but `course.check`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..course.check import CheckFailed, fail
+
+PACKAGE = Path(__file__).resolve().parent.parent  # minidist/
+LIMIT_S = 2.0  # a right answer takes microseconds
+
+
+class LearnerTimeout(Exception):
+    """The learner's function ran past the checker's time limit."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise `LearnerTimeout` inside the block after `seconds` (main thread only: SIGALRM;
+    elsewhere, e.g. a checker run from a worker thread, no limit). An outer timer (pytest-
+    timeout's, say) is re-armed afterwards with the time it had left."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise LearnerTimeout(f"still running after {seconds:g} s")
+
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)  # e.g. pytest-timeout's
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_delay > 0:  # re-arm the outer timer with what was left of it
+            left = max(outer_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+
+
+def where_raised(exc: BaseException) -> str:
+    """The innermost frame of the traceback outside minidist/ (the learner's line)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not Path(f.filename).resolve().is_relative_to(PACKAGE)]
+    frame = (own or frames or [None])[-1]
+    if frame is None:
+        return ""
+    line = f": `{frame.line.strip()}`" if frame.line else ""
+    return f" at line {frame.lineno} of your code{line}"
+
+
+def learner_call(
+    fn: Callable,
+    *args: Any,
+    call: str = "",
+    hints: dict[str, str] | None = None,
+    limit_s: float = LIMIT_S,
+    expect: type[BaseException] | tuple = (),
+    **kwargs: Any,
+) -> Any:
+    """`fn(*args, **kwargs)`; a crash or a run past `limit_s` is reported as a CheckFailed.
+
+    `call` names the call in the message ("insert(table, 7)"); `hints` maps an exception
+    type name ("IndexError") or a fragment of its message to the likely cause; `expect`:
+    exceptions the exercise asks for here, raised as they are.
+    """
+    try:
+        with time_limit(limit_s):
+            return fn(*args, **kwargs)
+    except (NotImplementedError, CheckFailed):
+        raise
+    except expect:
+        raise
+    except LearnerTimeout:
+        cause = (hints or {}).get("LearnerTimeout", "a loop that never ends")
+        fail(f"{call or fn.__name__} was still running after {limit_s:g} s (a right answer "
+             f"takes microseconds): likely {cause}.")  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 (the learner's crash is the diagnosis)
+        name, text = type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else ""
+        cause = next(
+            (h for key, h in (hints or {}).items() if key == name or (key in text and key)),
+            None,
+        )
+        fail(
+            f"{call or fn.__name__} raised {name}({text!r}){where_raised(exc)}."
+            + (f" Likely cause: {cause}" if cause else "")
+        )

@@ -1,0 +1,84 @@
+"""Bad arguments across the library: each refused with a message naming the argument and the
+rule, before anything starts or changes (a bool is not an int here, NaN is not a number of
+seconds); and a loss scaler that skips every step says why."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import minidist
+from minidist.embedding.hash_table import HashTable
+from minidist.mixed_precision import DynamicLossScaler
+from minidist.parameter_server.server import ShardServer
+from minidist.pipeline import schedule
+
+
+def never_runs():
+    raise AssertionError("a world started despite bad arguments")
+
+
+CASES = {
+    "schedule virtual for 1f1b": (
+        lambda: schedule("1f1b", 2, 4, virtual=3),
+        "virtual=3 .* needs kind='interleaved'",
+    ),
+    "schedule 2.5 stages": (lambda: schedule("gpipe", 2.5, 4), r"stages=2\.5 must be an int"),
+    "schedule microbatches '4'": (
+        lambda: schedule("1f1b", 2, "4"),
+        "microbatches='4' must be an int >= 1",
+    ),
+    "schedule bool stages": (lambda: schedule("1f1b", True, 4), "stages=True must be an int"),
+    "hash table capacity True": (lambda: HashTable(capacity=True), "capacity=True must be an int"),
+    "launch world_size True": (lambda: minidist.launch(never_runs, True), "world_size must be"),
+    "launch timeout nan": (
+        lambda: minidist.launch(never_runs, 2, timeout_s=math.nan),
+        "timeout_s must be > 0 and finite",
+    ),
+    "launch timeout inf": (
+        lambda: minidist.launch(never_runs, 2, timeout_s=math.inf),
+        "timeout_s must be > 0 and finite",
+    ),
+    "scaler init_scale nan": (
+        lambda: DynamicLossScaler(init_scale=math.nan),
+        "init_scale=nan must be a finite number > 0",
+    ),
+    "scaler init_scale inf": (
+        lambda: DynamicLossScaler(init_scale=math.inf),
+        "init_scale=inf must be a finite number > 0",
+    ),
+    "scaler growth_interval True": (
+        lambda: DynamicLossScaler(growth_interval=True),
+        "growth_interval=True must be an int",
+    ),
+    "server staleness -1": (
+        lambda: ShardServer(torch.zeros(4), [1], staleness=-1),
+        "staleness=-1 must be an int >= 0",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_arguments_are_named(case):
+    call, message = CASES[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_scaler_that_skips_every_step_warns_once_naming_the_cause():
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = DynamicLossScaler(init_scale=2.0**16, warn_after=5)
+    nan_batch = torch.full((3,), math.nan)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(40):
+            optimizer.zero_grad()
+            scaler.scale((weight * nan_batch).sum()).backward()
+            assert not scaler.step(optimizer)
+            scaler.update()
+    stuck = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(stuck) == 1 and "5 steps skipped in a row" in str(stuck[0].message)
+    assert "NaN or inf in the input batch" in str(stuck[0].message)
+    assert torch.equal(weight.detach(), torch.ones(3))  # every step skipped, as before

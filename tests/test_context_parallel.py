@@ -1,0 +1,85 @@
+"""Context parallelism (lesson 15): ring attention equals torch's attention, the
+context-parallel GPT equals the dense GPT, and bytes, memory and work equal the theory
+(Liu et al. 2023, "Ring Attention", section 3)."""
+
+import pytest
+import torch
+
+import minidist
+from minidist.context_parallel import ContextParallelGPT, theory
+from minidist.context_parallel.fixture import attention_rank, layer_activations_rank, train_on_rank
+from minidist.context_parallel.split import positions
+from minidist.megatron.fixture import STEPS, build_dense, compare, matches, reference
+
+# Tolerances: ring attention in float64 against torch's attention agrees to 1e-12 (the same
+# sums in another order); the GPT in float32 within lesson 07's (the fixture's) tolerances.
+
+
+@pytest.mark.parametrize("c", [2, 3, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_ring_attention_equals_torch_attention_and_saves_one_c_th(c, layout):
+    seq = 24 if c == 3 else 16
+    for worst, saved, saved_whole in minidist.launch(attention_rank, c, layout, 2, 4, seq, 8):
+        assert worst < 1e-12
+        assert saved * c == saved_whole  # q, k, v, output, log-sum-exp: 1/c of each
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference()
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_context_parallel_gpt_equals_the_dense_gpt_and_its_bytes_the_theory(c, ref):
+    model, batches, _ = build_dense()
+    cfg = model.cfg
+    b, s = batches[0][0].shape
+    for layout in ("zigzag", "contiguous"):
+        runs = minidist.launch(train_on_rank, c, layout)
+        for run in runs:
+            assert matches(compare(run.trace, ref)), compare(run.trace, ref)
+        sent = sum(r.ring_bytes for r in runs[0].records) / STEPS
+        assert sent == pytest.approx(
+            theory.bytes_sent_per_step(cfg.layers, b, s, cfg.hidden, c, runs[0].trainable)
+        )
+        forward = sum(r.ring_bytes for r in runs[0].records if r.tag == "cp-kv-forward")
+        per_layer = forward / STEPS / cfg.layers
+        assert per_layer == (c - 1) / c * theory.kv_bytes(b, s, cfg.hidden)
+        # causal work: chunk pairs per forward on each rank
+        assert [run.work[0] for run in runs] == theory.causal_pairs(layout, c)
+
+
+@pytest.mark.parametrize("c", [1, 2, 4])
+def test_a_layer_saves_one_c_th_of_the_dense_activations(c):
+    dense = minidist.launch(layer_activations_rank, 1)[0]
+    assert all(a * c == dense for a in minidist.launch(layer_activations_rank, c))
+
+
+@pytest.mark.parametrize("c", [1, 2, 3, 5, 8])
+def test_the_splits_cover_the_sequence_once_and_zigzag_balances_the_work(c):
+    seq = 4 * c
+    for layout in ("zigzag", "contiguous"):
+        held = torch.cat([positions(seq, c, r, layout) for r in range(c)])
+        assert sorted(held.tolist()) == list(range(seq))
+    assert theory.imbalance("zigzag", c) == 1.0
+    assert theory.imbalance("contiguous", c) == pytest.approx(2 * c / (c + 1))
+    # the pairs computed are exactly those not masked whole
+    size = seq // (2 * c)
+    for r in range(c):
+        chunks = [r, 2 * c - 1 - r]
+        pairs = sum(1 for qi in chunks for kj in range(2 * c) if kj * size <= (qi + 1) * size - 1)
+        assert pairs == theory.causal_pairs("zigzag", c)[r]
+
+
+def _refused(seq_len, layout, dropout=0.0):
+    model = build_dense(seq_len=seq_len, dropout=dropout).model
+    try:
+        ContextParallelGPT(model, None, layout)
+    except ValueError as e:
+        return str(e)
+
+
+def test_bad_splits_and_dropout_are_refused_by_name():
+    assert "not divisible by 8" in minidist.launch(_refused, 4, 12, "zigzag")[0]
+    assert "layout must be one of" in minidist.launch(_refused, 2, 16, "striped")[0]
+    assert "dropout=0.1" in minidist.launch(_refused, 2, 16, "zigzag", 0.1)[0]

@@ -1,0 +1,160 @@
+"""`python -m minidist plan` as a learner meets it: every bad option refused at parse time in
+argparse's own format (exit status 2, the option named), large sizes answered fast, and the
+output saying what it planned, against which budget, and what to change when nothing fits.
+In process (`minidist.__main__.main`), one call per case, no subprocess."""
+
+import re
+
+import pytest
+
+from minidist.__main__ import main
+
+GPT = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128"]
+PARAMS = ["--params", "1e9"]
+
+
+def _run(capsys, *args: str) -> tuple[str, str]:
+    assert main(["plan", *args]) == 0
+    out = capsys.readouterr()
+    return out.out, out.err
+
+
+def _values(out: str) -> dict[str, str]:
+    """name -> value (the first word after '=')."""
+    return {
+        name: rest.split(" ", 1)[0]
+        for name, rest in (line.split("=", 1) for line in out.splitlines() if "=" in line[:60])
+    }
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ([*PARAMS, "--world", "0"], ["argument --world", ">= 1"]),
+        ([*PARAMS, "--world", "8", "--tp", "0"], ["argument --tp", ">= 1"]),
+        ([*PARAMS, "--world", "8", "--pp", "0"], ["argument --pp", ">= 1"]),
+        ([*PARAMS, "--world", "8", "--dp", "0"], ["argument --dp", ">= 1"]),
+        ([*PARAMS, "--world", "-4"], ["argument --world", ">= 1"]),
+        ([*PARAMS, "--world", "2.5"], ["argument --world", "whole number"]),
+        ([*PARAMS, "--world", "abc"], ["argument --world", "whole number"]),
+        ([*PARAMS, "--world", "1e22"], ["argument --world", "10^21"]),
+        (["--params", "nan", "--world", "8"], ["argument --params", "finite"]),
+        (["--params", "inf", "--world", "8"], ["argument --params", "finite"]),
+        (["--params", "-5", "--world", "8"], ["argument --params", "> 0"]),
+        (["--params", "0.3", "--world", "8"], ["argument --params", "between 1"]),
+        ([*GPT[:2], "--hidden", "1000000000", *GPT[4:], "--world", "8"], ["hidden", "64-bit"]),
+        (["--layers", "1e12", *GPT[2:], "--world", "8"], ["--layers 1000000000000", "at most"]),
+        ([*GPT[:4], "--heads", "7", *GPT[6:], "--world", "8"], ["--hidden 256", "--heads 7"]),
+        ([*GPT, "--world", "8", "--micro-batch", "0"], ["argument --micro-batch", ">= 1"]),
+        ([*GPT, "--world", "8", "--microbatches", "0"], ["argument --microbatches", ">= 1"]),
+        ([*GPT, "--world", "8", "--global-batch", "0"], ["argument --global-batch", ">= 1"]),
+        ([*GPT, "--world", "8", "--pp", "2", "--virtual", "3"], ["--virtual 3", "interleaved"]),
+        ([*GPT, "--world", "8", "--virtual", "0"], ["argument --virtual", ">= 1"]),
+        ([*GPT, "--world", "8", "--memory-gib", "-1"], ["argument --memory-gib", "> 0"]),
+        ([*GPT, "--world", "8", "--memory-gib", "nan"], ["argument --memory-gib", "finite"]),
+        ([*GPT, "--world", "8", "--memory-gib", "inf"], ["argument --memory-gib", "finite"]),
+        ([*GPT, "--world", "8", "--top", "0"], ["argument --top", ">= 1"]),
+        ([*PARAMS, "--world", "6", "--tp", "4"], ["--world 6", "--tp 4"]),
+        ([*PARAMS, "--world", "8", "--dp", "2", "--tp", "2"], ["--dp 2", "--world 8"]),
+        ([*PARAMS, "--world", "8", "--shard-size", "3", "--zero", "3"], ["--shard-size 3"]),
+        ([*PARAMS, "--world", "8", "--reduce-dtype", "bf16", "--precision", "fp32"],
+         ["--reduce-dtype bf16", "--precision mixed"]),
+        ([*PARAMS, "--world", "8", "--tp", "2"], ["tp=2", "configuration"]),
+        ([*PARAMS, *GPT, "--world", "8"], ["not both"]),
+        (["--layers", "4", "--world", "8"], ["missing", "--hidden"]),
+        ([*GPT, "--world", "16", "--pp", "16"], ["pp=16", "layers=4"]),
+        ([*GPT, "--world", "8", "--global-batch", "16", "--micro-batch", "3"],
+         ["micro-batches of 3 sequences"]),
+        ([*GPT, "--world", "8", "--global-batch", "12", "--micro-batch", "1"],
+         ["micro-batches of 1 sequence over"]),
+        ([*GPT, "--world", "8", "--zero", "2", "--optimizer", "sgd"], ["zero=2", "Adam"]),
+        ([*GPT, "--world", "8", "--schedule", "2f2b"], ["argument --schedule", "invalid choice"]),
+    ],
+)  # fmt: skip
+def test_bad_option_is_refused_in_argparse_format(capsys, args, words):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m minidist plan" in err and "error:" in err, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*PARAMS, "--world", "100000000000000000000"],
+        [*PARAMS, "--world", "1e20", "--zero", "3"],
+        [*GPT, "--world", "1e20", "--micro-batch", "1"],
+        [*GPT, "--world", "18446744073709551557"],  # a prime: Miller-Rabin, no search
+        [*GPT, "--world", str(1000000007 * 998244353)],  # two primes: Pollard's rho
+    ],
+)
+def test_huge_worlds_are_answered(capsys, args):
+    """The sweep factors the world instead of counting 1..n (which took minutes); counts
+    are never timed here, only answered."""
+    out, _ = _run(capsys, *args)
+    assert "fits=" in out
+
+
+def test_help_prints_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    helps = capsys.readouterr().out.split("options:", 1)[1]
+    blocks = {}  # option -> its help text, joined
+    for block in re.split(r"\n  (?=--)", helps):
+        blocks[block.split()[0]] = " ".join(block.split())
+    for option in ("--tp", "--dp", "--optimizer", "--cluster", "--reduce-dtype", "--virtual"):
+        assert blocks[option].count("default") == 1, blocks[option]
+    assert "dgx-a100: A100 SXM 80 GB" in blocks["--cluster"]
+    assert "two fp32 moments" in blocks["--optimizer"]
+
+
+def test_params_only_never_claims_a_fit(capsys):
+    """A parameter count plans no activations: fits is unknown when the states fit, no when
+    they alone do not, and the output says which budget it was judged against."""
+    out, _ = _run(capsys, "--params", "175e9", "--world", "1024", "--zero", "3")
+    values = _values(out)
+    assert values["activations_bytes_per_rank"] == "not_planned"
+    assert values["fits"] == "unknown" and "activations are not planned" in out
+    assert int(values["budget_bytes_per_rank"]) == 80 * 10**9
+    out, _ = _run(capsys, "--params", "175e9", "--world", "8", "--zero", "3")
+    assert _values(out)["fits"] == "no" and "model states alone" in out
+
+
+def test_output_names_units_budget_and_reduce_dtype(capsys):
+    out, _ = _run(capsys, *GPT, "--world", "8", "--memory-gib", "2", "--reduce-dtype", "bf16")
+    values = _values(out)
+    assert values["fits"] == "yes" and "of 2.15 GB per rank" in out
+    assert values["budget_bytes_per_rank"] == str(2 * 2**30) and "--memory-gib" in out
+    assert values["grad_reduce_dtype"] == "bf16"
+    assert re.search(r"model_state_bytes_per_rank=\d+ \(\d+\.\d\d MB, \d+\.\d\d MiB\)", out)
+    fp32, _ = _run(capsys, *GPT, "--world", "8")
+    assert _values(fp32)["grad_reduce_dtype"] == "fp32"
+    sent = [int(_values(o)["bytes_sent[all_reduce@dp]"]) for o in (out, fp32)]
+    assert sent[0] * 2 == sent[1]  # bf16 gradients: half the bytes
+
+
+def test_activations_decide_the_fit(capsys):
+    """A budget above the model states but below states + activations: fits=no."""
+    out, _ = _run(capsys, *GPT, "--world", "8")
+    values = _values(out)
+    states, total = int(values["model_state_bytes_per_rank"]), int(values["memory_bytes_per_rank"])
+    assert int(values["activations_bytes_per_rank"]) == total - states > 0
+    budget_gib = str((states + total) / 2 / 2**30)
+    out, _ = _run(capsys, *GPT, "--world", "8", "--memory-gib", budget_gib)
+    assert _values(out)["fits"] == "no"
+
+
+def test_nothing_fits_says_what_to_change(capsys):
+    out, _ = _run(capsys, *GPT, "--world", "8", "--memory-gib", "0.001")
+    assert "(0 fit in" in out and "# none fits: the smallest" in out
+    assert "--recompute" in out and "--memory-gib" in out
+
+
+def test_pipeline_note_says_one_micro_batch(capsys):
+    out, err = _run(capsys, *GPT, "--world", "4", "--pp", "4", "--microbatches", "1")
+    assert _values(out)["bubble"] == "0.7500"
+    assert "pp=4 with 1 micro-batch leaves" in err
