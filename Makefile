@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
+.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ tour: $(STAMP)
 	$(PY) -m minidist tour
 
 test: $(STAMP) lint test-unit test-triton-latest test-notebooks
+
+# The checks that need a GPU (compiled Triton kernels, NCCL worlds), name=value lines; on a
+# machine without one it says so and exits 0. Not part of `make test` (CI has no GPU).
+test-gpu: $(STAMP)
+	env -u TRITON_INTERPRET $(PY) -m minidist gpucheck
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -6,7 +6,14 @@ Start here: `minidist.launch(fn, world_size)` runs `fn` on a world of real proce
 """
 
 from . import comm, memory
-from .runtime import RankFailedError, WorldTimeoutError, default_backend, launch, under_torchrun
+from .runtime import (
+    RankFailedError,
+    WorldTimeoutError,
+    default_backend,
+    launch,
+    rank_device,
+    under_torchrun,
+)
 
 __all__ = [
     "launch",
@@ -14,6 +21,7 @@ __all__ = [
     "WorldTimeoutError",
     "under_torchrun",
     "default_backend",
+    "rank_device",
     "comm",
     "memory",
     "plan",

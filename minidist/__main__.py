@@ -1,4 +1,5 @@
-"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | grade ... | site`."""
+"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | grade ... | site |
+gpucheck`."""
 
 from __future__ import annotations
 
@@ -41,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     site = sub.add_parser("site", help="build the course website from notebooks/")
     site.add_argument("--out", default="build/site", help="output folder (replaced)")
 
+    sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
+
     args = parser.parse_args(argv)
+    if args.command == "gpucheck":
+        from .gpucheck import main as gpucheck
+
+        return gpucheck()
     if args.command == "grade":
         from .course.grade import run_grade
 

@@ -11,6 +11,11 @@ the group's size and ranks, the payload in bytes, and the bytes this rank sends 
 where S is the size of the full tensor (the all-gather output, the reduce-scatter input).
 Records also carry start and end times (an async op ends when its future completes), which
 is what the data-parallel timeline draws.
+
+Devices: NCCL moves only CUDA tensors; gloo moves CPU tensors (and CUDA ones only in
+all-reduce and broadcast). A tensor the group's backend cannot move is refused here, naming
+the op, the tensor's tag, its device and the backend, before the backend sees it.
+`group_device(group)` is where a small bookkeeping tensor for that group must live.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from .backends import _NO_PAYLOAD, _check_devices, group_backend, group_device  # noqa: F401
 
 ReduceOp = dist.ReduceOp
 
@@ -148,7 +155,7 @@ def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
     ranks = _group_ranks(group)
     parts = list(tensor) if isinstance(tensor, list | tuple) else [tensor]
     payload = sum(t.numel() * t.element_size() for t in parts)
-    tensor = parts[0] if parts else torch.empty(0)
+    tensor = parts[0] if parts else _NO_PAYLOAD
     rec = CommRecord(
         op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
         start=time.perf_counter(), tag=tag,
@@ -160,7 +167,9 @@ def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
     return rec
 
 
-def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag=""):
+def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag="", others=()):
+    if tensor is not _NO_PAYLOAD:
+        _check_devices(op, (tensor, *others), group, tag)
     rec = _log(op, tensor, group, tag=tag)
     work = _on_board(op, tag, group, call, async_op)
     return _stamp_end(rec, work if async_op else None) or work
@@ -223,7 +232,7 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, t
     return _run(
         "reduce_scatter", input, group, async_op,
         lambda: _reduce_scatter_flat(output, input, op=op, group=group, async_op=async_op),
-        tag,
+        tag, (output,),
     )  # fmt: skip
 
 
@@ -233,7 +242,7 @@ def all_gather(output, input, group=None, async_op=False, tag=""):
     gather = dist.all_gather if isinstance(output, list | tuple) else _all_gather_flat
     return _run(
         "all_gather", output, group, async_op,
-        lambda: gather(output, input, group=group, async_op=async_op), tag,
+        lambda: gather(output, input, group=group, async_op=async_op), tag, (input,),
     )  # fmt: skip
 
 
@@ -261,6 +270,7 @@ def all_to_all(
     tag="",
 ):
     """Rank i's j-th input chunk lands as rank j's i-th output chunk."""
+    _check_devices("all_to_all", (output, input), group, tag)
     rec = _log("all_to_all", input, group, tag=tag)
     if rec is not None and rec.group_size > 1:
         # The (N-1)/N factor assumes even chunks; record what this rank really sends instead.
@@ -282,14 +292,14 @@ def all_to_all(
 
 def barrier(group=None, tag=""):
     """Wait until every rank of `group` arrives (recorded with no payload)."""
-    return _run("barrier", torch.empty(0), group, False, lambda: dist.barrier(group=group), tag)
+    return _run("barrier", _NO_PAYLOAD, group, False, lambda: dist.barrier(group=group), tag)
 
 
 def all_gather_object(output: list, obj, group=None, tag=""):
     """`output[r]` receives rank r's picklable `obj` (recorded without a byte count: the
     pickled size is not known before; used for checks, not for training traffic)."""
     return _run(
-        "all_gather_object", torch.empty(0), group, False,
+        "all_gather_object", _NO_PAYLOAD, group, False,
         lambda: dist.all_gather_object(output, obj, group=group), tag,
     )  # fmt: skip
 
@@ -311,11 +321,12 @@ def batch_isend_irecv(ops: list[tuple], group=None, tag="") -> list:
     pipeline from deadlocking when every rank sends before it receives.
     """
     ranks = _group_ranks(group)
-    for kind, _, peer, *_ in ops:  # every op checked before any is posted or recorded
+    for kind, tensor, peer, *_ in ops:  # every op checked before any is posted or recorded
         if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op kind must be 'send' or 'recv', got {kind!r}")
         if peer not in ranks:
             raise ValueError(f"batch_isend_irecv: peer={peer} of a {kind} is not in {ranks}")
+        _check_devices(f"batch_isend_irecv ({kind})", (tensor,), group, tag)
     p2p = []
     for kind, tensor, peer, *message_tag in ops:
         fn = dist.isend if kind == "send" else dist.irecv

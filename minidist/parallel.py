@@ -94,16 +94,18 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
     error names the first entry that differs and which ranks hold which version.
     """
     mine = _describe(module)
-    n = dist.get_world_size(group)
+    n, dev = dist.get_world_size(group), comm.group_device(group)  # where the backend sends
     # (torch.frombuffer refuses an empty buffer: a model without parameters or buffers)
-    encoded = torch.tensor(list(mine.encode()), dtype=torch.uint8)
-    lengths = torch.zeros(n, dtype=torch.int64)
-    comm.all_gather(lengths, torch.tensor([encoded.numel()]), group=group, tag="verify-model")
+    encoded = torch.tensor(list(mine.encode()), dtype=torch.uint8, device=dev)
+    lengths = torch.zeros(n, dtype=torch.int64, device=dev)
+    mine_length = torch.tensor([encoded.numel()], device=dev)
+    comm.all_gather(lengths, mine_length, group=group, tag="verify-model")
     longest = int(lengths.max())
-    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
     padded[: encoded.numel()] = encoded
-    everyone = torch.empty(n * longest, dtype=torch.uint8)
+    everyone = torch.empty(n * longest, dtype=torch.uint8, device=dev)
     comm.all_gather(everyone, padded, group=group, tag="verify-model")
+    everyone, lengths = everyone.cpu(), lengths.cpu()
     texts = [
         bytes(everyone[r * longest : r * longest + int(lengths[r])].tolist()).decode()
         for r in range(n)

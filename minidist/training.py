@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .parallel import ParallelModule, named_grads, named_parameters
+from .policy import module_device, to_device
 
 
 @dataclass
@@ -67,14 +68,17 @@ def train(
     `model` is a plain module (the single-process reference) or a `ParallelModule`, whose
     `finish_gradient_sync()` runs between backward and step and whose full state is read
     through the comparison contract. `forward` replaces `model(x)`, e.g. a torch
-    `DistributedDataParallel` around `model`.
+    `DistributedDataParallel` around `model`. Each batch moves to the model's device (a GPU
+    rank's); the trace's tensors come back on the CPU, where the reference is compared.
     """
     optimizer = optimizer or make_optimizer(model.parameters())
     forward = forward or model
     parallel = isinstance(model, ParallelModule)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
+    device = module_device(model)
     for x, y in batches:
+        x, y = to_device(x, device), to_device(y, device)
         optimizer.zero_grad()
         loss = loss_fn(forward(x), y)
         loss.backward()
@@ -84,7 +88,11 @@ def train(
         optimizer.step()
         losses.append(loss.item())
     params = model.full_parameters() if parallel else named_parameters(model)
-    return TrainTrace(losses, grads, params)
+    return TrainTrace(losses, _on_cpu(grads), _on_cpu(params))
+
+
+def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.cpu() for k, v in tensors.items()}
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -217,3 +217,27 @@ def _bad_peer():
 
 def test_p2p_peer_outside_the_group_is_refused_before_anything_is_posted():
     assert minidist.launch(_bad_peer, 2) == [[], []]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_a_tensor_the_backend_cannot_move_is_refused_by_comm(monkeypatch, backend):
+    """A fake group on CPUs: the refusal comes before the backend (or the ledger) is reached."""
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: pytest.fail("reached the backend"))
+    monkeypatch.setattr(comm, "_group_ranks", lambda group: (0, 1))
+    wrong = torch.ones(3) if backend == "nccl" else torch.ones(3, device="meta")
+    rule = "NCCL moves only CUDA tensors" if backend == "nccl" else "gloo moves CPU tensors"
+    with comm.record() as ledger:
+        message = f"the tensor tagged 'grads' is on {wrong.device}, which backend '{backend}'"
+        with pytest.raises(ValueError, match=f"comm.all_reduce: {message} cannot move: {rule}"):
+            comm.all_reduce(wrong, tag="grads")
+        with pytest.raises(
+            ValueError, match=r"comm.reduce_scatter: the tensor tagged '\(untagged\)'"
+        ):
+            comm.reduce_scatter(torch.empty(1, device="meta"), torch.empty(2, device="meta"))
+        with pytest.raises(ValueError, match=r"comm.batch_isend_irecv \(send\)"):
+            comm.batch_isend_irecv([("send", wrong, 1)])
+    assert ledger.records == []
+    expected = "cpu" if backend == "gloo" else None
+    if expected:
+        assert comm.group_device() == torch.device(expected)

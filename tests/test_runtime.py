@@ -426,3 +426,36 @@ def test_bad_minidist_backend_is_named(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="world_size=4, GPUs=1"):
         default_backend(4)
+
+
+def rank_device_name():
+    return str(minidist.rank_device())
+
+
+def test_device_picks_the_backend_and_refuses_too_few_gpus(monkeypatch):
+    from minidist.runtime import world_backend
+
+    monkeypatch.delenv("MINIDIST_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert world_backend("cpu", None, 4) == "gloo"
+    assert world_backend("auto", None, 2) == "nccl"  # enough GPUs: one per rank
+    assert world_backend("auto", None, 4) == "gloo"  # too few: CPUs
+    assert world_backend("cuda", None, 2) == "nccl"
+    assert world_backend(None, "nccl", 2) == "nccl"  # backend= as before
+    assert world_backend(None, None, 4) == "gloo"
+    with pytest.raises(ValueError, match="needs one GPU per rank: 4 ranks but 2 GPUs"):
+        world_backend("cuda", None, 4)
+    with pytest.raises(ValueError, match="device='cpu' runs on backend 'gloo', but backend='nccl'"):
+        world_backend("cpu", "nccl", 2)
+    with pytest.raises(ValueError, match="device must be one of .* got 'tpu'"):
+        world_backend("tpu", None, 2)
+
+
+def test_rank_device_is_the_cpu_under_gloo():
+    assert minidist.rank_device() == torch.device("cpu")  # outside any world
+    assert minidist.launch(rank_device_name, 2, device="cpu") == ["cpu", "cpu"]
+    if not torch.cuda.is_available():
+        assert minidist.launch(rank_device_name, 1, device="auto") == ["cpu"]
+        with pytest.raises(ValueError, match="2 ranks but 0 GPUs"):
+            minidist.launch(rank_device_name, 2, device="cuda")

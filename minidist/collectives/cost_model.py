@@ -46,7 +46,7 @@ def time_all_reduce(sizes_bytes: list[int], repeats: int = 5, group=None) -> lis
     """
     out = []
     for size in sizes_bytes:
-        tensor = torch.ones(max(1, size // 4), dtype=torch.float32)
+        tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=comm.group_device(group))
         comm.all_reduce(tensor, group=group)
         times = []
         for _ in range(repeats):

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..registry import TourRow, tour_row
-from ..runtime import launch
+from ..runtime import launch, rank_device
 from . import theory
 from .ring import ring_all_reduce
 
@@ -19,7 +19,7 @@ TOUR_TOL = 1e-5
 
 def _ring_rank(numel: int):
     g = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randn(numel, generator=g)
+    x = torch.randn(numel, device="cpu", generator=g).to(rank_device())
     expected = x.clone()
     comm.all_reduce(expected)
     with comm.record() as ledger:

@@ -34,11 +34,14 @@ def _cases():
     out = []
     for dtype in (torch.float64, torch.float32):
         for rows, dim in ((5, 4), (3, 8)):
-            lse = torch.randn(2, rows, generator=g, dtype=torch.float64) * 3
-            lse_blk = torch.randn(2, rows, generator=g, dtype=torch.float64) * 3
+            lse = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
+            lse_blk = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
             lse[0, 0], lse_blk[0, 1], lse[1, 2], lse_blk[1, 2] = NEG, NEG, NEG, NEG
             lse_blk[1, 0] = 100.0  # large scores: e^100 overflows float32 unless shifted
-            o, o_blk = (torch.randn(2, rows, dim, generator=g, dtype=torch.float64) for _ in "ab")
+            o, o_blk = (
+                torch.randn(2, rows, dim, device="cpu", generator=g, dtype=torch.float64)
+                for _ in "ab"
+            )
             o[lse == NEG], o_blk[lse_blk == NEG] = 0.0, 0.0
             out.append(tuple(t.to(dtype) for t in (o, lse, o_blk, lse_blk)))
     return out
@@ -161,13 +164,15 @@ def _ring_fold(merge, c: int, layout: str) -> float:
     """Fold `merge` over every rank's key blocks in ring order; largest error vs torch."""
     g = torch.Generator().manual_seed(c)
     b, a, s, d = 2, 2, 4 * c, 4
-    q, k, v = (torch.randn(b, a, s, d, generator=g, dtype=torch.float64) for _ in "qkv")
+    q, k, v = (
+        torch.randn(b, a, s, d, device="cpu", generator=g, dtype=torch.float64) for _ in "qkv"
+    )
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     worst = 0.0
     for r in range(c):
         qp = positions(s, c, r, layout)
-        o = torch.zeros(b, a, len(qp), d, dtype=torch.float64)
-        lse = torch.full((b, a, len(qp)), NEG, dtype=torch.float64)
+        o = torch.zeros(b, a, len(qp), d, dtype=torch.float64, device="cpu")
+        lse = torch.full((b, a, len(qp)), NEG, dtype=torch.float64, device="cpu")
         for step in range(c):
             kp = positions(s, c, (r - step) % c, layout)
             blk, blk_lse = _block_ref(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, d**-0.5)
@@ -208,7 +213,9 @@ def _block_cases():
     out = []
     for c in (2, 3):
         s, d = 4 * c, 4
-        q, k, v = (torch.randn(2, 2, s, d, generator=g, dtype=torch.float64) for _ in "qkv")
+        q, k, v = (
+            torch.randn(2, 2, s, d, device="cpu", generator=g, dtype=torch.float64) for _ in "qkv"
+        )
         for r in range(c):
             for j in range(c):
                 qp, kp = positions(s, c, r, "zigzag"), positions(s, c, j, "zigzag")
@@ -239,7 +246,7 @@ def _block_diagnosis(case, o, lse) -> str | None:
             f"{where}: NaN in rows that see no key of this block (every score masked to -inf): "
             "give them o = 0 and lse = -inf (subtract 0, not -inf, before exp)."
         )
-    local_q, local_k = torch.arange(len(qp)), torch.arange(len(kp))
+    local_q, local_k = torch.arange(len(qp), device="cpu"), torch.arange(len(kp), device="cpu")
     for name, args in (
         (
             "the LOCAL indices 0..n-1 instead of the global positions q_pos, k_pos",

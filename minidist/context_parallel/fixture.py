@@ -48,7 +48,8 @@ def attention_rank(layout: str, batch: int = 2, heads: int = 4, seq: int = 16, d
     c, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
     q, k, v, up = (
-        torch.randn(batch, heads, seq, dim, generator=g, dtype=torch.float64) for _ in "qkvu"
+        torch.randn(batch, heads, seq, dim, device="cpu", generator=g, dtype=torch.float64)
+        for _ in "qkvu"
     )
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
     with SavedActivations() as saved_whole:
@@ -69,7 +70,7 @@ def layer_activations_rank(layout: str = "zigzag", batch: int = 8) -> int:
     model = build_dense().model
     cp = ContextParallelGPT(model, None, layout)
     pos = cp.positions(model.cfg.seq_len)
-    x = torch.randn(batch, len(pos), model.cfg.hidden, requires_grad=True)
+    x = torch.randn(batch, len(pos), model.cfg.hidden, requires_grad=True, device="cpu")
     with SavedActivations(cp) as saved:
         cp.module.blocks[0](x)
     return saved.bytes

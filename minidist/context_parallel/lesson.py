@@ -64,7 +64,7 @@ def _cp_bench_rank(rounds: int, steps: int) -> dict:
     b, a, s, d = (BENCH[k] for k in ("batch", "heads", "seq", "dim"))
     c, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(b, a, s, d, generator=g) for _ in "qkv")
+    q, k, v = (torch.randn(b, a, s, d, device="cpu", generator=g) for _ in "qkv")
     pos = positions(s, c, r, "zigzag")
     mine = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
 

@@ -41,6 +41,7 @@ def check_split(seq: int, c: int, layout: str) -> int:
 def positions(seq: int, c: int, rank: int, layout: str = "zigzag", device=None) -> torch.Tensor:
     """The global positions of rank `rank`'s tokens, in the order it holds them."""
     size = check_split(seq, c, layout)
+    device = "cpu" if device is None else device  # named: the guard refuses an implicit one
     return torch.cat(
         [
             torch.arange(k * size, (k + 1) * size, device=device)

@@ -33,13 +33,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..mixed_precision.policy import (
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..policy import (
     MixedPrecision,
     cast_floating,
     cast_module_state,
     divide_factors,
 )
-from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .buckets import GradBucket, MiB, plan_buckets
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from .. import comm
 from ..data import CharTokenizer, lm_batches, make_corpus, regression_batches, shard_batch
 from ..models import GPT, MLP, GPTConfig, MLPConfig, lm_loss
+from ..runtime.device import rank_device
 from ..training import TrainTrace, make_optimizer, train
 from .bucketed import BucketedDataParallel
 from .naive import NaiveDataParallel
@@ -46,7 +47,7 @@ def build(
     torch.manual_seed(seed)
     if name == "mlp":
         cfg = MLPConfig(**{**MLP_SIZES, **sizes})
-        model = MLP(cfg)
+        model = MLP(cfg).to(rank_device())  # a GPU rank's under NCCL, else the CPU
         model.layers[0].bias.requires_grad_(False)  # a frozen parameter
         batches = regression_batches(steps, global_batch, cfg.in_dim, cfg.out_dim, seed=seed)
         return Fixture(model, batches, F.mse_loss)
@@ -54,7 +55,7 @@ def build(
         text = make_corpus(200, seed=seed)
         tok = CharTokenizer(text)
         cfg = GPTConfig(vocab_size=tok.vocab_size, **{**GPT_SIZES, **sizes})
-        model = GPT(cfg)  # lm_head.weight is tok_emb.weight: a tied parameter
+        model = GPT(cfg).to(rank_device())  # lm_head.weight is tok_emb.weight: tied
         model.ln_f.bias.requires_grad_(False)  # a frozen parameter
         batches = lm_batches(tok.encode(text), steps, global_batch, cfg.seq_len, seed=seed)
         return Fixture(model, batches, lm_loss)
@@ -157,6 +158,6 @@ def unused_on_rank(use_b_on_ranks: tuple[int, ...], find_unused: bool) -> dict:
     torch.manual_seed(0)
     model = TwoHeads()
     ddp = BucketedDataParallel(model, find_unused_parameters=find_unused, first_bucket_cap_mb=1e-4)
-    x = torch.randn(2, 4) + dist.get_rank()
+    x = torch.randn(2, 4, device=next(model.parameters()).device) + dist.get_rank()
     ddp(x, dist.get_rank() in use_b_on_ranks).sum().backward()
     return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}

@@ -88,7 +88,7 @@ def _ddp_bench_rank(rounds: int, steps: int, bucket_cap_mb: float) -> dict:
     opt_ours = torch.optim.SGD(ours_model.parameters(), lr=0.01)
     opt_native = torch.optim.SGD(torch_model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(dist.get_rank())
-    idx = torch.randint(cfg.vocab_size, (8, cfg.seq_len), generator=g)
+    idx = torch.randint(cfg.vocab_size, (8, cfg.seq_len), device="cpu", generator=g)
 
     def step(model, opt):
         opt.zero_grad()

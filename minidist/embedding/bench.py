@@ -43,8 +43,10 @@ MIN_BYTES_PER_KEY = {"find": 32, "insert": 48}
 def distinct_keys(n: int, seed: int = 0, device="cpu") -> torch.Tensor:
     """`n` distinct int64 keys spread over the whole range (negative ones too), shuffled."""
     g = torch.Generator().manual_seed(seed)
-    keys = torch.randint(-(1 << 62), 1 << 62, (n + n // 8 + 16,), generator=g).unique()
-    keys = keys[torch.randperm(keys.numel(), generator=g)][:n]
+    keys = torch.randint(
+        -(1 << 62), 1 << 62, (n + n // 8 + 16,), device="cpu", generator=g
+    ).unique()
+    keys = keys[torch.randperm(keys.numel(), device="cpu", generator=g)][:n]
     if keys.numel() < n:
         raise RuntimeError(f"distinct_keys: drew {keys.numel()} distinct keys, wanted {n}")
     return keys.to(device)
@@ -58,11 +60,15 @@ def table_vs_dict(n: int, rounds: int, steps: int) -> dict[str, float]:
     lookup = {k: r for k, r in zip(keys.tolist(), table.find(keys).tolist())}
 
     def dict_find():
-        torch.tensor([lookup.get(k, -1) for k in keys.tolist()], dtype=torch.int64)
+        torch.tensor([lookup.get(k, -1) for k in keys.tolist()], dtype=torch.int64, device="cpu")
 
     def dict_insert():
         fresh: dict[int, int] = {}
-        torch.tensor([fresh.setdefault(k, len(fresh)) for k in keys.tolist()], dtype=torch.int64)
+        torch.tensor(
+            [fresh.setdefault(k, len(fresh)) for k in keys.tolist()],
+            dtype=torch.int64,
+            device="cpu",
+        )
 
     find = interleaved_ab(lambda: table.find(keys), dict_find, rounds, steps)
     insert = interleaved_ab(

@@ -90,33 +90,37 @@ def criteo_data(
     if samples < 1:
         raise ValueError(f"criteo_data: samples={samples} must be >= 1")
     g = torch.Generator().manual_seed(seed)
-    counts = torch.poisson(torch.full((samples, DENSE), 3.0), generator=g)
-    dense = torch.log1p(counts * torch.rand(samples, DENSE, generator=g) * 4)
-    v = torch.randn(DENSE, generator=g, dtype=torch.float64) * 0.3
+    counts = torch.poisson(torch.full((samples, DENSE), 3.0, device="cpu"), generator=g)
+    dense = torch.log1p(counts * torch.rand(samples, DENSE, device="cpu", generator=g) * 4)
+    v = torch.randn(DENSE, device="cpu", generator=g, dtype=torch.float64) * 0.3
     logit = dense.double() @ v
-    lengths = torch.ones(samples, slots, dtype=torch.int64)
+    lengths = torch.ones(samples, slots, dtype=torch.int64, device="cpu")
     multi = slots - min(slots, ONE_HOT)
     if multi:
-        lengths[:, ONE_HOT:] = torch.randint(1, 4, (samples, multi), generator=g)
+        lengths[:, ONE_HOT:] = torch.randint(1, 4, (samples, multi), device="cpu", generator=g)
     per_slot = []
     for s, vocab in enumerate(vocab_sizes(slots, largest_vocab)):
-        popularity = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** alpha
+        popularity = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64, device="cpu") ** alpha
         n = int(lengths[:, s].sum())
         keys = slot_keys(s, torch.multinomial(popularity, n, True, generator=g))
-        bag = torch.repeat_interleave(torch.arange(samples), lengths[:, s])
-        w = torch.zeros(samples, dtype=torch.float64).index_add_(0, bag, hidden_weight(keys))
+        bag = torch.repeat_interleave(torch.arange(samples, device="cpu"), lengths[:, s])
+        w = torch.zeros(samples, dtype=torch.float64, device="cpu").index_add_(
+            0, bag, hidden_weight(keys)
+        )
         logit += w / lengths[:, s]
         per_slot.append(keys)
     logit += BIAS - logit.mean()  # about a third of the samples are clicks
-    labels = (torch.rand(samples, generator=g, dtype=torch.float64) < logit.sigmoid()).float()
+    labels = (
+        torch.rand(samples, device="cpu", generator=g, dtype=torch.float64) < logit.sigmoid()
+    ).float()
     # Interleave the slots sample-major: bag b = sample b // slots, slot b % slots.
     flat_lengths = lengths.reshape(-1)
-    row_offsets = torch.zeros(flat_lengths.numel() + 1, dtype=torch.int64)
+    row_offsets = torch.zeros(flat_lengths.numel() + 1, dtype=torch.int64, device="cpu")
     row_offsets[1:] = torch.cumsum(flat_lengths, 0)
-    values = torch.empty(int(row_offsets[-1]), dtype=torch.int64)
+    values = torch.empty(int(row_offsets[-1]), dtype=torch.int64, device="cpu")
     for s, keys in enumerate(per_slot):
         starts = row_offsets[:-1].view(samples, slots)[:, s]
-        within = torch.arange(keys.numel()) - torch.repeat_interleave(
+        within = torch.arange(keys.numel(), device="cpu") - torch.repeat_interleave(
             torch.cumsum(lengths[:, s], 0) - lengths[:, s], lengths[:, s]
         )
         values[torch.repeat_interleave(starts, lengths[:, s]) + within] = keys

@@ -50,8 +50,8 @@ def _key_list(keys, who: str, name: str) -> list[int]:
 def to_csr(bags: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-bag key lists -> (values, row_offsets), HugeCTR's CSR input."""
     keys = [_key_list(b, "to_csr", f"bags[{i}]") for i, b in enumerate(bags)]
-    lengths = torch.tensor([len(b) for b in keys], dtype=torch.int64)
-    values = torch.tensor([k for b in keys for k in b], dtype=torch.int64)
+    lengths = torch.tensor([len(b) for b in keys], dtype=torch.int64, device="cpu")
+    values = torch.tensor([k for b in keys for k in b], dtype=torch.int64, device="cpu")
     return values, _offsets(lengths)
 
 

@@ -184,7 +184,7 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
             owner = key_owner(values, n, self.placement)
             order, send = torch.argsort(owner, stable=True), torch.bincount(owner, minlength=n)
         else:
-            send = torch.zeros(n, dtype=torch.int64)
+            send = torch.zeros(n, dtype=torch.int64, device=row_offsets.device)
         # Counts and batch sizes in one exchange: every rank learns every rank's bags.
         info = _exchange_counts(torch.stack([send, torch.full_like(send, bags)], 1), self.group)
         if error is not None:

@@ -58,7 +58,7 @@ class CTRData:
 
     def keys(self) -> torch.Tensor:
         """Every key occurrence, in order."""
-        return torch.tensor([k for b in self.bags for k in b], dtype=torch.int64)
+        return torch.tensor([k for b in self.bags for k in b], dtype=torch.int64, device="cpu")
 
 
 def slot_key(slot: int, ids: torch.Tensor) -> torch.Tensor:
@@ -72,11 +72,11 @@ def ctr_data(
     if slots > len(SLOT_BASE):
         raise ValueError(f"ctr_data: slots={slots} must be <= {len(SLOT_BASE)}")
     g = torch.Generator().manual_seed(seed)
-    popularity = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** alpha
-    lengths = torch.randint(1, 4, (samples, slots), generator=g)
+    popularity = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64, device="cpu") ** alpha
+    lengths = torch.randint(1, 4, (samples, slots), device="cpu", generator=g)
     lengths[:, 0] = 1  # slot 0 is one-hot
     bags: list[list[int]] = []
-    scores = torch.zeros(samples, dtype=torch.float64)
+    scores = torch.zeros(samples, dtype=torch.float64, device="cpu")
     for i in range(samples):
         for s in range(slots):
             ids = torch.multinomial(popularity, int(lengths[i, s]), True, generator=g)
@@ -84,7 +84,7 @@ def ctr_data(
             # the hidden rule: each key votes -1, 0 or +1 (from its hash), summed over the sample
             scores[i] += float(((fmix64(keys) & 3) - 1.5).sign().sum())
             bags.append(keys.tolist())
-    noise = torch.randn(samples, generator=g, dtype=torch.float64)
+    noise = torch.randn(samples, device="cpu", generator=g, dtype=torch.float64)
     labels = (scores + noise > 0).to(torch.float32)
     return CTRData(bags, labels, slots)
 

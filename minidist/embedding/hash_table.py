@@ -38,24 +38,14 @@ import os
 
 import torch
 
-EMPTY_KEY = -(1 << 63)  # int64 min marks an empty slot
-_LOW31 = (1 << 31) - 1
-_FMIX_C1 = 0xFF51AFD7ED558CCD - (1 << 64)
-_FMIX_C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
+from .probing import torch_find, torch_insert
+from .slots import EMPTY_KEY, fmix64  # noqa: F401 (importable from here, as before)
+
 BACKENDS = ("triton", "torch")
 
 
 class HashTableFullError(RuntimeError):
     """An insert would put more keys in the table than its capacity."""
-
-
-def fmix64(keys: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 64-bit finalizer on int64 (wrapping multiply, logical shifts)."""
-    k = keys ^ ((keys >> 33) & _LOW31)
-    k = k * _FMIX_C1
-    k = k ^ ((k >> 33) & _LOW31)
-    k = k * _FMIX_C2
-    return k ^ ((k >> 33) & _LOW31)
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -178,17 +168,13 @@ class HashTable:
     def _find(self, keys: torch.Tensor) -> torch.Tensor:
         if self.backend == "triton":
             return _triton_find(self, keys)
-        from .probing import torch_find
-
-        return torch_find(self, keys)
+        return torch_find(self._slot_keys, self._slot_rows, keys)
 
     def _insert(self, keys: torch.Tensor, rows_in: torch.Tensor | None) -> torch.Tensor:
         """Insert distinct absent keys; rows from the counter, or `rows_in` (rehash)."""
         if self.backend == "triton":
             return _triton_insert(self, keys, rows_in)
-        from .probing import torch_insert
-
-        return torch_insert(self, keys, rows_in)
+        return torch_insert(self._slot_keys, self._slot_rows, self._counter, keys, rows_in)
 
 
 def _block(n: int) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# fmix64 (MurmurHash3's finaliser), written out as `hash_table._fmix64` does in torch: the
+# fmix64 (MurmurHash3's finaliser), written out as `slots.fmix64` does in torch: the
 # multipliers 0xff51afd7ed558ccd and 0xc4ceb9fe1a85ec53 as two's-complement int64 literals,
 # and `& (2^31 - 1)` after `>> 33` making the arithmetic shift a logical one.
 

@@ -43,7 +43,7 @@ def probe_chain(table: HashTable, key: int) -> list[int]:
     """The slots linear probing visits for `key`, home slot first, up to where it stops
     (the key's slot, or the empty slot that proves it missing)."""
     mask = table.num_slots - 1
-    slot = int(fmix64(torch.tensor([key]))[0]) & mask
+    slot = int(fmix64(torch.tensor([key], device="cpu"))[0]) & mask
     chain = [slot]
     for _ in range(table.num_slots):
         stored = int(table._slot_keys[slot])

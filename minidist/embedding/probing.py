@@ -1,5 +1,8 @@
 """The torch back end of `hash_table.HashTable`: linear probing run lane-parallel, in rounds.
 
+It works on the slot arrays it is given (`slots.py` says what they hold): `slot_keys`,
+`slot_rows` and, for insert, the row counter; `num_slots` is `slot_rows.numel()`.
+
 The Triton kernels (`kernels.py`) give every key a lane that loops until its probe ends; here
 the lanes advance together, one tensor op per step for all of them (Alcantara et al. 2009,
 "Real-time parallel hashing on the GPU", the same scheme run as rounds):
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .hash_table import _FMIX_C1, _FMIX_C2, _LOW31, EMPTY_KEY, HashTable, fmix64
+from .slots import _FMIX_C1, _FMIX_C2, _LOW31, EMPTY_KEY, fmix64
 
 # keys per first-probe pass; lanes left when probing turns to windows of _TAIL_SLOTS slots
 _CHUNK, _TAIL_LANES, _TAIL_SLOTS = 1 << 16, 1024, 32
@@ -52,31 +55,30 @@ def _home_slots(keys: torch.Tensor, mask: int, out: torch.Tensor) -> torch.Tenso
     return k.bitwise_and_(mask)
 
 
-def torch_find(t: HashTable, keys: torch.Tensor) -> torch.Tensor:
+def torch_find(slot_keys: torch.Tensor, slot_rows: torch.Tensor, keys: torch.Tensor):
     """Lane-parallel linear probing that tracks slots, not rows: every key reads its home
     slot (`_CHUNK` keys at a time, so the temporaries stay in cache); the keys whose home
     holds another key (about 1/5 at load 0.5) probe on in `_probe_on`; one gather of the
     final slots' rows ends it (an empty slot's row is -1)."""
-    mask, n = t.num_slots - 1, keys.numel()
+    mask, n = slot_rows.numel() - 1, keys.numel()
     slots, lanes = torch.empty_like(keys), []
     for i in range(0, max(n, 1), _CHUNK):
         part, home = (
             keys[i : i + _CHUNK],
             _home_slots(keys[i : i + _CHUNK], mask, slots[i : i + _CHUNK]),
         )
-        lanes.append((t._slot_keys.index_select(0, home) != part).nonzero().view(-1).add_(i))
+        lanes.append((slot_keys.index_select(0, home) != part).nonzero().view(-1).add_(i))
     lanes = torch.cat(lanes)
     if lanes.numel():
         start = slots.index_select(0, lanes).add_(1).bitwise_and_(mask)
-        slots.index_copy_(0, lanes, _probe_on(t, keys.index_select(0, lanes), start))
-    return t._slot_rows.index_select(0, slots)
+        slots.index_copy_(0, lanes, _probe_on(slot_keys, mask, keys.index_select(0, lanes), start))
+    return slot_rows.index_select(0, slots)
 
 
-def _probe_on(t: HashTable, keys: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+def _probe_on(slot_keys: torch.Tensor, mask: int, keys: torch.Tensor, slot: torch.Tensor):
     """The slot where each key's probe from `slot` ends: its own, or an empty one. One slot
     per round for the lanes still probing, then `_TAIL_SLOTS` slots per round once at most
     `_TAIL_LANES` lanes are left on long chains (a few ops per round, not per slot)."""
-    mask, slot_keys = t.num_slots - 1, t._slot_keys
     end, lanes = None, None  # lanes: positions in `keys` of the lanes still probing
     while keys.numel() > _TAIL_LANES:
         stored = slot_keys.index_select(0, slot)
@@ -107,36 +109,36 @@ def _probe_on(t: HashTable, keys: torch.Tensor, slot: torch.Tensor) -> torch.Ten
     return end
 
 
-def torch_insert(t: HashTable, keys: torch.Tensor, rows_in: torch.Tensor | None):
+def torch_insert(slot_keys, slot_rows, counter, keys: torch.Tensor, rows_in: torch.Tensor | None):
     """Rounds over the lanes still probing, as the kernel's CAS loop: lanes reading an empty
     slot contend and the lowest lane wins it (`_lowest_contender`); the winners' new rows go
     out in slot order; lanes reading another key move to the next slot, and losers read
     their slot again next round. A small batch costs O(keys), not O(slots)."""
-    mask, n, dev = t.num_slots - 1, keys.numel(), keys.device
-    rows = torch.empty_like(keys)
+    num_slots, n, dev = slot_rows.numel(), keys.numel(), keys.device
+    mask, rows = num_slots - 1, torch.empty_like(keys)
     # a slot-sized claim array pays off for small tables and big batches: small batches
     # into big tables sort their wanted slots instead
-    big = t.num_slots > _CLAIM_SLOTS and _CLAIM_BATCH * n < t.num_slots
-    claim = None if big else torch.full((t.num_slots,), n, device=dev)
+    big = num_slots > _CLAIM_SLOTS and _CLAIM_BATCH * n < num_slots
+    claim = None if big else torch.full((num_slots,), n, device=dev)
     lanes, slot = torch.arange(n, device=dev), _home_slots(keys, mask, torch.empty_like(keys))
     while lanes.numel():
-        empty = t._slot_keys.index_select(0, slot) == EMPTY_KEY
+        empty = slot_keys.index_select(0, slot) == EMPTY_KEY
         at = empty.nonzero().view(-1)
         contenders, wanted = lanes.index_select(0, at), slot.index_select(0, at)
         won = at.index_select(0, _lowest_contender(wanted, contenders, claim, n))
         winners, won_slots = lanes.index_select(0, won), slot.index_select(0, won)
         if rows_in is None:
-            t._slot_rows.index_copy_(
+            slot_rows.index_copy_(
                 0,
-                _ascending(won_slots, t.num_slots),
-                t._counter + torch.arange(won.numel(), device=dev),
+                _ascending(won_slots, num_slots),
+                counter + torch.arange(won.numel(), device=dev),
             )
-            t._counter += won.numel()
-            got = t._slot_rows.index_select(0, won_slots)
+            counter += won.numel()  # in place: the table's counter
+            got = slot_rows.index_select(0, won_slots)
         else:
             got = rows_in.index_select(0, winners)
-            t._slot_rows.index_copy_(0, won_slots, got)
-        t._slot_keys.index_copy_(0, won_slots, keys.index_select(0, winners))
+            slot_rows.index_copy_(0, won_slots, got)
+        slot_keys.index_copy_(0, won_slots, keys.index_select(0, winners))
         rows.index_copy_(0, winners, got)
         slot.add_(~empty).bitwise_and_(mask)  # another key sits here: probe the next slot
         going = torch.ones_like(empty).index_fill_(0, won, False).nonzero().view(-1)

@@ -134,8 +134,8 @@ def _pair(label: str, ours_fn, native_fn, cfg, idx, eval_idx, rounds, steps) -> 
 def _zero_bench_rank(rounds: int, steps: int) -> dict:
     cfg = GPTConfig(**CFG)
     g = torch.Generator().manual_seed(dist.get_rank())
-    idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), generator=g)
-    eval_idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), generator=g)
+    idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), device="cpu", generator=g)
+    eval_idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), device="cpu", generator=g)
     t0 = time.perf_counter()
     out = _pair("fsdp", _ours_fsdp, _native_fsdp, cfg, idx, eval_idx, rounds, steps)
     out |= _pair("zero1", _ours_zero1, _native_zero1, cfg, idx, eval_idx, rounds, steps)

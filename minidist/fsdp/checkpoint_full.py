@@ -26,7 +26,7 @@ from .checkpoint_safe import dcp_load
 def _placeholder(md):
     """A destination for one checkpoint entry read whole (DCP fills tensors in place)."""
     if isinstance(md, TensorStorageMetadata):
-        return torch.empty(md.size, dtype=md.properties.dtype)
+        return torch.empty(md.size, dtype=md.properties.dtype, device="cpu")
     return None
 
 

@@ -75,7 +75,7 @@ def _sharded(model) -> _Sharded:
             f = dist.get_world_size(model.shard_group)
             mesh = DeviceMesh.from_group(
                 [model.replicate_group, model.shard_group], _device(units),
-                mesh=torch.arange(model.world).view(model.world // f, f),
+                mesh=torch.arange(model.world, device="cpu").view(model.world // f, f),
                 mesh_dim_names=("replicate", "shard"),
             )  # fmt: skip
             placements = (Replicate(), Shard(0))

@@ -35,13 +35,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..mixed_precision.policy import (
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..policy import (
     MixedPrecision,
     cast_floating,
     cast_module_state,
     divide_factors,
 )
-from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
 
@@ -182,7 +182,7 @@ class FullyShardedDataParallel(ParallelModule):
         if policy is not None:
             grad = grad.to(policy.reduce_dtype)
         grad.div_(pre)  # the sum of the pre-divided parts, post-divided, is the mean
-        chunk = torch.empty(unit.layout.chunk, dtype=grad.dtype)
+        chunk = torch.empty(unit.layout.chunk, dtype=grad.dtype, device=grad.device)
         work = comm.reduce_scatter(
             chunk, grad, group=self.shard_group, async_op=True, tag=f"unit{unit.index}-grads"
         )

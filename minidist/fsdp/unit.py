@@ -91,7 +91,7 @@ class FlatParamUnit:
     @torch.no_grad()
     def gathered_copy(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """All-gather chunks like `tensor` (this rank's) into new full tensors per parameter."""
-        full = torch.empty(self.layout.padded, dtype=tensor.dtype)
+        full = torch.empty(self.layout.padded, dtype=tensor.dtype, device=tensor.device)
         comm.all_gather(full, tensor.detach(), group=self.group, tag="full-state")
         return [v.clone() for v in self.layout.views(full)]
 

@@ -80,9 +80,9 @@ def compare(trace: TrainTrace, ref: TrainTrace, losses: list[float] | None = Non
     `losses` replaces `trace.losses` (lesson 08: a dp rank's loss is its slice's; the
     global batch's is the mean over the dp ranks, `dp_mean_losses`).
     """
-    got = torch.tensor(trace.losses if losses is None else losses)
+    got = torch.tensor(trace.losses if losses is None else losses, device="cpu")
     return dict(
-        loss=float((got - torch.tensor(ref.losses)).abs().max()),
+        loss=float((got - torch.tensor(ref.losses, device="cpu")).abs().max()),
         grad=max_abs_diff(trace.grads, ref.grads),
         param=max_abs_diff(trace.params, ref.params),
     )
@@ -225,6 +225,6 @@ def dropout_streams_on_rank(seed: int = 0, draws: int = 2) -> tuple[list, torch.
     rng = TensorParallelRNG(seed=seed, group=None)
     torch.manual_seed(seed + 1)
     with rng.fork():
-        inside = [(torch.rand(8) > 0.5).int() for _ in range(draws)]
-    outside = (torch.rand(8) > 0.5).int()
+        inside = [(torch.rand(8, device="cpu") > 0.5).int() for _ in range(draws)]
+    outside = (torch.rand(8, device="cpu") > 0.5).int()
     return inside, outside

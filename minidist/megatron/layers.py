@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
+from ..policy import module_device
 from .ops import copy_to_tp, reduce_from_tp
 from .sequence import linear_with_sequence_gather, reduce_scatter_to_sequence
 
@@ -59,7 +60,7 @@ def gather_split(local: torch.Tensor, split: tuple[int, int, int], group) -> tor
     """The dense tensor from every rank's part (`split` = (dim, blocks, full size))."""
     dim, blocks, size = split
     n = dist.get_world_size(group)
-    out = torch.empty(n * local.numel(), dtype=local.dtype)
+    out = torch.empty(n * local.numel(), dtype=local.dtype, device=local.device)
     comm.all_gather(out, local.contiguous().reshape(-1), group=group, tag="full-state")
     parts = [p.view(local.shape).chunk(blocks, dim) for p in out.chunk(n)]
     full = torch.cat([torch.cat([p[b] for p in parts], dim) for b in range(blocks)], dim)
@@ -112,14 +113,24 @@ class TensorParallelRNG:
     positions of its different heads; outside the regions (replicated activations) every
     tp rank must draw the same masks. So the default generator, seeded alike everywhere,
     serves outside; inside, `fork()` swaps in this rank's stream (seed + 2718 + tp rank, as
-    Megatron-LM does) and saves where it got to.
+    Megatron-LM does) and saves where it got to. The stream is the one of `device`'s
+    generator: the CPU's, or on a GPU the CUDA generator that its dropout draws from
+    (Megatron-LM's `CudaRNGStatesTracker`).
     """
 
-    def __init__(self, seed: int, group):
-        self.state = torch.Generator().manual_seed(seed + 2718 + dist.get_rank(group)).get_state()
+    def __init__(self, seed: int, group, device="cpu"):
+        self.device = torch.device(device)
+        seeded = torch.Generator(device=self.device).manual_seed(seed + 2718 + dist.get_rank(group))
+        self.state = seeded.get_state()
 
     @contextlib.contextmanager
     def fork(self):
+        if self.device.type == "cuda":
+            with torch.random.fork_rng(devices=[self.device]):
+                torch.cuda.set_rng_state(self.state, self.device)
+                yield
+                self.state = torch.cuda.get_rng_state(self.device)
+            return
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.state)
             yield
@@ -135,7 +146,7 @@ class ParallelAttention(nn.Module):
         if dense.heads % n:
             raise ValueError(f"ParallelAttention: heads={dense.heads} not divisible by tp={n}")
         self.heads, self.dropout = dense.heads // n, dense.dropout
-        self.rng = TensorParallelRNG(seed, group)
+        self.rng = TensorParallelRNG(seed, group, module_device(dense))
         self.qkv = ColumnParallelLinear(dense.qkv, group, blocks=3)
         self.proj = RowParallelLinear(dense.proj, group)
 

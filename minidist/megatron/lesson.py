@@ -243,7 +243,7 @@ def _tp_bench_rank(rounds: int, steps: int) -> dict:
     torch.manual_seed(0)
     dense = MLPStack(h, layers)
     g = torch.Generator().manual_seed(1)  # the same data on every rank: TP replicates it
-    data = tuple(torch.randn(b, s, h, generator=g) for _ in range(4))
+    data = tuple(torch.randn(b, s, h, device="cpu", generator=g) for _ in range(4))
     ours = _minidist_tp(copy.deepcopy(dense))
     out = ab_against_torch(ours, lambda: _torch_tp(copy.deepcopy(dense)), data, rounds, steps)
     return out | {"params": sum(p.numel() for p in dense.parameters())}

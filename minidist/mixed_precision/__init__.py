@@ -5,7 +5,7 @@ Notebook `notebooks/04_mixed_precision.ipynb`; exercises `exercises/04_mixed_pre
 Micikevicius et al. 2018, "Mixed Precision Training" (ICLR); Kalamkar et al. 2019, "A Study
 of BFLOAT16 for Deep Learning Training"; Rajbhandari et al. 2020, "ZeRO", section 3.1.
 
-- `policy.py`: `MixedPrecision` (param and reduce dtypes), pre/post-divide factors, casts
+- `minidist/policy.py` (below every lesson; 01-03 use it too): `MixedPrecision`, casts
 - `scaler.py`: `DynamicLossScaler`, `torch.amp.GradScaler`'s rule with a shared "found inf"
 - `theory.py`: number formats and where values fall in them, 2Ψ + 2Ψ + 12Ψ per stage, bytes
 - `fixture.py`: the rank functions the notebook, tests and tour run
@@ -13,7 +13,7 @@ of BFLOAT16 for Deep Learning Training"; Rajbhandari et al. 2020, "ZeRO", sectio
 - `check.py`: the exercise checkers; `lesson.py`: the tour rows
 """
 
-from .policy import MixedPrecision, divide_factors
+from ..policy import MixedPrecision, divide_factors
 from .scaler import DynamicLossScaler
 
 __all__ = ["MixedPrecision", "DynamicLossScaler", "divide_factors"]

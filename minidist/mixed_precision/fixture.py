@@ -24,9 +24,9 @@ from ..data import shard_batch
 from ..data_parallel.fixture import STEPS, build
 from ..fsdp.fixture import UNITS
 from ..fsdp.fully_sharded import FullyShardedDataParallel
+from ..policy import MixedPrecision
 from ..training import train
 from ..zero.fixture import ADAM
-from .policy import MixedPrecision
 from .scaler import DynamicLossScaler
 
 
@@ -95,7 +95,7 @@ def grad_scaler_scales(steps: int, overflow_steps=(), **scaler_args) -> list[flo
     """`torch.amp.GradScaler("cpu")`'s scale after each of `steps` steps when the gradient
     overflows at `overflow_steps` (GradScaler's defaults unless `scaler_args` says)."""
     scaler = torch.amp.GradScaler("cpu", **scaler_args)
-    p = nn.Parameter(torch.ones(2))
+    p = nn.Parameter(torch.ones(2, device="cpu"))
     opt = torch.optim.SGD([p], lr=0.1)
     scales = []
     for step in range(steps):

@@ -19,6 +19,7 @@ import torch
 from ..data_parallel.fixture import build
 from ..fsdp import fixture as fsdp_fixture
 from ..fsdp import theory as fsdp_theory
+from ..policy import MixedPrecision
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from ..training import TrainTrace
@@ -26,7 +27,6 @@ from ..zero import fixture as zero_fixture
 from ..zero.lesson import TOUR_BUCKET_MB
 from ..zero.lesson import memory_theory as zero_layout
 from . import theory
-from .policy import MixedPrecision
 
 MODEL = "gpt"
 # bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 2e-3 per operation), fp16 11 bits:
@@ -62,8 +62,10 @@ def tracks_fp32(
     mean is the global loss), `params` per rank after the last step, `reference` fp32 in one
     process. Returns (within both tolerances, largest loss difference, largest parameter
     distance as a fraction of the distance fp32 travelled)."""
-    mean = torch.tensor(losses, dtype=torch.float64).mean(0)
-    loss_diff = float((mean - torch.tensor(reference.losses, dtype=torch.float64)).abs().max())
+    mean = torch.tensor(losses, dtype=torch.float64, device="cpu").mean(0)
+    loss_diff = float(
+        (mean - torch.tensor(reference.losses, dtype=torch.float64, device="cpu")).abs().max()
+    )
     travelled = distance(start_parameters(), reference.params)
     path = max(distance(p, reference.params) for p in params) / travelled
     return loss_diff < LOSS_TOL[dtype] and path < PATH_TOL[dtype], loss_diff, path
@@ -79,7 +81,7 @@ def _save_losses(out_dir: Path, label: str, runs, ref: TrainTrace, filename: str
 
     from .plots import plot_loss_curves
 
-    losses = torch.tensor([trace.losses for trace, *_ in runs]).mean(0).tolist()
+    losses = torch.tensor([trace.losses for trace, *_ in runs], device="cpu").mean(0).tolist()
     fig = plot_loss_curves(
         {label: losses}, ref.losses, f"{label} vs fp32 in one process",
         tolerances={label: LOSS_TOL[torch.bfloat16]},

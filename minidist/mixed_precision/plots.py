@@ -52,7 +52,7 @@ def plot_number_lines(
     fig, axes = plt.subplots(len(dtypes), 1, figsize=(9, 2.7 * len(dtypes)), sharex=True)
     axes = list(axes) if len(dtypes) > 1 else [axes]
     lo, hi = xlim
-    bins = torch.arange(lo, hi + 0.5, 0.5).tolist()
+    bins = torch.arange(lo, hi + 0.5, 0.5, device="cpu").tolist()
     colors = plt.get_cmap("tab10")
     shift = math.log2(scale)
     for ax, dtype in zip(axes, dtypes):

@@ -74,8 +74,11 @@ class DynamicLossScaler:
         if self._found_inf is not None:
             raise RuntimeError("unscale_() was already called since the last update()")
         inv = 1.0 / self.scale_value
-        found = torch.zeros(())
-        for grad in gradients(optimizer):
+        grads = list(gradients(optimizer))
+        dev = grads[0].device if grads else ("cpu" if not dist.is_initialized() else None)
+        dev = dev or comm.group_device(self.group)
+        found = torch.zeros((), device=dev)  # the flag lives beside the gradients
+        for grad in grads:
             grad.mul_(inv)
             found = torch.maximum(found, (~torch.isfinite(grad)).any().float())
         if dist.is_initialized():

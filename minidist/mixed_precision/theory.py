@@ -25,8 +25,8 @@ import torch
 
 from .. import comm
 from ..fsdp import theory as fsdp_theory
+from ..policy import MixedPrecision
 from ..zero import theory as zero_theory
-from .policy import MixedPrecision
 
 FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 FOUND_INF_BYTES = 4  # the scaler's flag: one float32
@@ -199,9 +199,9 @@ def ring_mean(
     """The mean of one element held by N ranks, reduced in `dtype` as a ring adds it: each
     rank's value divided by `pre` and rounded to `dtype`, summed one rank at a time in
     `dtype`, the sum divided by `post`. Returns (largest partial sum, mean), as floats."""
-    total = torch.tensor(0.0, dtype=dtype)
+    total = torch.tensor(0.0, dtype=dtype, device="cpu")
     largest = 0.0
     for v in values:
-        total = total + (torch.tensor(v, dtype=dtype) / pre).to(dtype)
+        total = total + (torch.tensor(v, dtype=dtype, device="cpu") / pre).to(dtype)
         largest = max(largest, abs(float(total)))
     return largest, float(total / post)

@@ -44,9 +44,9 @@ def two_level_all_reduce(tensor: torch.Tensor, layout: TwoLevelLayout, inner: st
     outer = kinds[1] if inner == kinds[0] else kinds[0]
     n_in, n_out = layout.size(inner), layout.size(outer)
     flat = tensor.view(-1)
-    buf = torch.zeros(padded_numel(flat.numel(), n_in, n_out), dtype=flat.dtype)
+    buf = flat.new_zeros(padded_numel(flat.numel(), n_in, n_out))
     buf[: flat.numel()] = flat
-    chunk = torch.empty(buf.numel() // n_in, dtype=flat.dtype)
+    chunk = buf.new_empty(buf.numel() // n_in)
     comm.reduce_scatter(chunk, buf, group=layout.group(inner), tag=inner)
     comm.all_reduce(chunk, group=layout.group(outer), tag=outer)
     comm.all_gather(buf, chunk, group=layout.group(inner), tag=inner)

@@ -66,7 +66,9 @@ class OffloadOptimizer(OptimizerWrapper):
         self.on_cuda = any(p.is_cuda for p in params)
         self.pinned = self.on_cuda
         self.masters = [
-            torch.empty(p.shape, dtype=torch.float32, pin_memory=self.pinned).copy_(p.detach())
+            torch.empty(p.shape, dtype=torch.float32, device="cpu", pin_memory=self.pinned).copy_(
+                p.detach()
+            )
             for p in params
         ]
         for m in self.masters:
@@ -80,14 +82,14 @@ class OffloadOptimizer(OptimizerWrapper):
             self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
             for i, m in enumerate(self.masters):
                 self.inner.state[m] = {
-                    "step": torch.tensor(0.0),
+                    "step": torch.tensor(0.0, device="cpu"),  # the host tier's step
                     "exp_avg": self._file(f"{i}.exp_avg", m),
                     "exp_avg_sq": self._file(f"{i}.exp_avg_sq", m),
                 }
         self.moved = {"device_to_host": 0, "host_to_device": 0}
 
     def _host_zeros(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(like.shape, dtype=torch.float32, pin_memory=self.pinned)
+        return torch.zeros(like.shape, dtype=torch.float32, device="cpu", pin_memory=self.pinned)
 
     def _file(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """A zero-filled float32 tensor shaped like `like` whose storage is a new file,

@@ -54,7 +54,9 @@ def run_worker(
     read, seconds per step). Ends with a pull of every worker's every push."""
     check_schedule(n_fetch, n_push)
     pushes = set(push_steps(len(batches), n_push))
-    accrued = torch.zeros(sum(p.numel() for p in keys.trainable(model)))
+    accrued = torch.zeros(
+        sum(p.numel() for p in keys.trainable(model)), device=next(model.parameters()).device
+    )
     losses, versions, times = [], [], []
     for step, batch in enumerate(batches):
         t0 = time.perf_counter()

@@ -77,8 +77,8 @@ def parameter_server_row(world_size: int, out_dir: Path) -> TourRow:
     served = [r for r in results if isinstance(r, ServerResult)]
     trained = [r for r in results if isinstance(r, WorkerResult)]
     diff = max(max_abs_diff(w.params, ref.params) for w in trained)
-    mean_losses = torch.tensor([w.losses for w in trained]).mean(0)
-    losses_ok = bool((mean_losses - torch.tensor(ref.losses)).abs().max() < LOSS_TOL)
+    mean_losses = torch.tensor([w.losses for w in trained], device="cpu").mean(0)
+    losses_ok = bool((mean_losses - torch.tensor(ref.losses, device="cpu")).abs().max() < LOSS_TOL)
     psi = sum(p.numel() for p in keys.trainable(_model()))
     steps = len(ref.losses)
     sent = worker_bytes_measured(trained[0], servers, steps)
@@ -103,7 +103,7 @@ def _model():
 
 def _torus_input(rank: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1200 + rank)
-    return torch.randn(TORUS_NUMEL, generator=g)
+    return torch.randn(TORUS_NUMEL, device="cpu", generator=g)
 
 
 def torus_on_rank(rows: int, cols: int, inner: str = "row") -> tuple[float, dict[str, float]]:
@@ -160,7 +160,7 @@ def all_reduce_shapes_on_rank(rows: int, cols: int, numel: int) -> dict[str, tup
 
     mesh, nodes = Mesh2D(rows, cols), Nodes(cols)
     g = torch.Generator().manual_seed(1200 + dist.get_rank())
-    data = torch.randn(numel, generator=g)
+    data = torch.randn(numel, device="cpu", generator=g)
     out = {}
     expected = data.clone()
     with comm.record() as ledger:

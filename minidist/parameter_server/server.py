@@ -87,7 +87,7 @@ class ShardServer:
 
     def serve(self) -> ShardServer:
         """Answer pushes and pulls until every worker said it is done."""
-        header = torch.empty(HEADER, dtype=torch.int64)
+        header = torch.empty(HEADER, dtype=torch.int64, device=comm.group_device())
         done = 0
         while done < len(self.worker_ranks):
             src = comm.recv(header, None, tag="ps-header")
@@ -136,7 +136,8 @@ class ShardServer:
         still = []
         for rank, need in self._waiting:
             if self.version >= need:
-                answer = [("send", torch.tensor([self.version]), rank, VERSION_TAG),
+                version = torch.tensor([self.version], device=comm.group_device())
+                answer = [("send", version, rank, VERSION_TAG),
                           ("send", self.param.data, rank, VALUES_TAG)]  # fmt: skip
                 for work in comm.batch_isend_irecv(answer, tag="pull"):
                     work.wait()

@@ -30,13 +30,16 @@ class Worker:
         self.read_versions = [0] * len(server_ranks)
 
     def _header(self, op: int, clock: int, read_version: int = 0) -> torch.Tensor:
-        return torch.tensor([op, clock, read_version], dtype=torch.int64)
+        return torch.tensor(
+            [op, clock, read_version], dtype=torch.int64, device=comm.group_device()
+        )
 
     def pull(self, clock: int, everything: bool = False) -> list[int]:
         """Fresh parameters into the model, as allowed at `clock` (`everything`: wait for
         every update of clocks < `clock`). Returns each server's version."""
-        versions = [torch.empty(1, dtype=torch.int64) for _ in self.server_ranks]
-        slices = [torch.empty(stop - start) for start, stop in self.ranges]
+        dev, values_at = comm.group_device(), next(self.model.parameters()).device
+        versions = [torch.empty(1, dtype=torch.int64, device=dev) for _ in self.server_ranks]
+        slices = [torch.empty(stop - start, device=values_at) for start, stop in self.ranges]
         recvs = [op for v, x, s in zip(versions, slices, self.server_ranks)
                  for op in (("recv", v, s, VERSION_TAG), ("recv", x, s, VALUES_TAG))]  # fmt: skip
         works = comm.batch_isend_irecv(recvs, tag="pull")

@@ -33,6 +33,7 @@ from .. import comm
 from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, verify_same_model
+from ..policy import module_device
 from .schedules import schedule
 
 
@@ -121,17 +122,22 @@ class PipelineParallel(ParallelModule):
         # seconds, start after the step's receive: the real run's Gantt chart and bubble
         self.timings: list[tuple[str, int, float, float]] | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """The stage's device: batches, received activations and gradients land here."""
+        return module_device(self.module)
+
     # -- one training step ----------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Forward and backward of every micro-batch of `batch`, gradients synchronised.
         Returns the batch's mean loss (on every stage)."""
-        x, y = batch
+        x, y = (t.to(self.device) for t in batch)  # tensors follow the stage's module
         if x.shape[0] % self.m:
             raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
         xs, ys = x.chunk(self.m), y.chunk(self.m)
         shape = (x.shape[0] // self.m, x.shape[1], self.hidden)
         inputs, outputs, saved, sends = {}, {}, {}, []
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=self.device)
         for op, i, *chunk in self.steps:
             c = chunk[0] if chunk else 0
             stage, key = self.chunks[c], (i, c)
@@ -198,7 +204,7 @@ class PipelineParallel(ParallelModule):
         return comm.batch_isend_irecv([("send", t.contiguous(), peer, message)], tag="pp")[0]
 
     def _recv(self, shape, direction: int, chunk: int = 0) -> torch.Tensor:
-        buffer = torch.empty(shape)
+        buffer = torch.empty(shape, device=self.device)
         peer, _ = self._neighbour(direction, chunk)
         message = 2 * chunk + (direction > 0)  # from after: a gradient; from before: an input
         comm.batch_isend_irecv([("recv", buffer, peer, message)], tag="pp")[0].wait()
@@ -256,7 +262,7 @@ def _free_sent(sends: list) -> list:
     for work, out in sends:
         if work.is_completed():
             if out is not None:
-                out.data = torch.empty(0)
+                out.data = torch.empty(0, device=out.device)
         else:
             pending.append((work, out))
     return pending

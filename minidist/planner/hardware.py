@@ -75,7 +75,7 @@ CLUSTERS = {
 
 def measure_memory_bandwidth(numel: int = 1 << 22, repeats: int = 10) -> float:
     """Bytes/s of a float32 copy (read + write) of `numel` elements (best of `repeats`)."""
-    src, dst = torch.randn(numel), torch.empty(numel)
+    src, dst = torch.randn(numel, device="cpu"), torch.empty(numel, device="cpu")
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()

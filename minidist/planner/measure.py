@@ -30,7 +30,7 @@ WARMUP, STEPS = 3, 12
 
 def _batch(model: ModelSpec, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, model.vocab, (sequences, model.seq + 1), generator=g)
+    idx = torch.randint(0, model.vocab, (sequences, model.seq + 1), device="cpu", generator=g)
     return idx[:, :-1], idx[:, 1:]
 
 

@@ -143,7 +143,7 @@ def linear_chain(layers: int, segment: int | None, width: int = 64, batch: int =
     torch.manual_seed(0)
     chain = [nn.Linear(width, width, bias=False) for _ in range(layers)]
     params = [layer.weight for layer in chain]
-    x = torch.randn(batch, width, requires_grad=True)
+    x = torch.randn(batch, width, requires_grad=True, device="cpu")
     return chain_bytes(chain, x, segment, params=params)
 
 

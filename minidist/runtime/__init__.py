@@ -31,6 +31,8 @@ collection, by-value shipping of notebook functions and the fast-fail guarantees
 
 Where each piece lives:
 - `parent`: `launch`, shipping `fn` to spawned ranks, reaping the ranks.
+- `device`: `world_backend` (launch's `device=`: cpu/gloo, cuda/NCCL, auto) and
+  `rank_device`, the device of this rank (`cuda:LOCAL_RANK` under NCCL, else the CPU).
 - `backend`: `default_backend`, `start_method_for` (fork or spawn) and their checks.
 - `rank`: `_rank_main`, the body of each rank (rendezvous, barrier, result message).
 - `stderr`: `_StderrTail`, the parent's end of a rank's stderr pipe.
@@ -48,6 +50,7 @@ from .backend import (  # noqa: F401
     start_method_for,
 )
 from .collect import _GRACE_S, RankFailedError, WorldTimeoutError, _collect, _exit_message  # noqa: F401
+from .device import DEVICES, rank_device, world_backend  # noqa: F401
 from .parent import _main_module_hidden, _reap, _ship, launch  # noqa: F401
 from .rank import _COLLECTIVE_TIMEOUT_MARGIN_S, _rank_main  # noqa: F401
 from .stderr import _STDERR_TAIL_BYTES, _STDERR_TAIL_LINES, _StderrTail, _write_fd2  # noqa: F401
@@ -59,4 +62,11 @@ from .torchrun import (
 # Named (in tracebacks, reprs and pickles) from where callers import them, as before the split.
 RankFailedError.__module__ = WorldTimeoutError.__module__ = __name__
 
-__all__ = ["launch", "RankFailedError", "WorldTimeoutError", "under_torchrun", "default_backend"]
+__all__ = [
+    "launch",
+    "RankFailedError",
+    "WorldTimeoutError",
+    "under_torchrun",
+    "default_backend",
+    "rank_device",
+]

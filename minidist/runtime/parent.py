@@ -29,9 +29,10 @@ from typing import Any
 
 import cloudpickle
 
-from .backend import _check_backend, _pick_start_method, default_backend
+from .backend import _pick_start_method
 from .board import create_board
 from .collect import _collect
+from .device import world_backend
 from .rank import _rank_main
 from .stderr import _StderrTail
 from .torchrun import _join_torchrun_world, under_torchrun
@@ -78,6 +79,7 @@ def launch(
     world_size: int | None,
     *args: Any,
     backend: str | None = None,
+    device: str | None = None,
     timeout_s: float = 120.0,
     start_method: str | None = None,
     threads_per_rank: int | None = None,
@@ -91,6 +93,9 @@ def launch(
         world_size: number of processes (ranks) to start.
         backend: "gloo" or "nccl"; default `default_backend(world_size)`: gloo unless the
             environment variable MINIDIST_BACKEND says "nccl".
+        device: "cpu" (gloo), "cuda" (NCCL, rank r on `cuda:r`; fewer GPUs than ranks is
+            refused) or "auto" (CUDA when there are at least `world_size` GPUs, else CPUs);
+            default: the device of `backend`. `minidist.rank_device()` tells a rank its own.
         timeout_s: the whole world is stopped after this many seconds (under torchrun, where
             nothing can be stopped, it is the timeout of every collective).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
@@ -98,14 +103,13 @@ def launch(
             cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
     """
     if under_torchrun():
-        return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s)
+        return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, device)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
     number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
     if not (number and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"launch: timeout_s must be > 0 and finite (seconds), got {timeout_s!r}")
-    backend = backend or default_backend(world_size)
-    _check_backend(backend, world_size, "launch: backend")
+    backend = world_backend(device, backend, world_size)
     method = _pick_start_method(start_method, backend, threads_per_rank)
     if method == "fork":
         # Importing it is what makes a process's first torch optimizer slow (~1 s, and N

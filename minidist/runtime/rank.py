@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..device_guard import rank_guard
 from .board import CallBoard
 
 _COLLECTIVE_TIMEOUT_MARGIN_S = 10.0
@@ -93,7 +94,8 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
             # ("connectFullMesh failed ... Connection closed by peer").
             dist.barrier()
         joined = True
-        message = ("ok", fn(*args, **kwargs), time.time())
+        with rank_guard():  # MINIDIST_DEVICE_GUARD=1: no tensor without a device (tests)
+            message = ("ok", fn(*args, **kwargs), time.time())
     except BaseException:
         # Stamped before this rank leaves the group: the others fail only after that.
         message = ("error", traceback.format_exc(), time.time())

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .backend import default_backend
+from .device import world_backend
 
 
 def under_torchrun() -> bool:
@@ -21,7 +21,7 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s) -> list:
+def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, device=None) -> list:
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size is not None and world_size != env_world:
         raise ValueError(
@@ -29,8 +29,8 @@ def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s) -> li
             "pass world_size=None (or the same number) under torchrun"
         )
     if not dist.is_initialized():
-        backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        if backend == "nccl":
+        backend = world_backend(device, backend, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if backend == "nccl":  # LOCAL_RANK picks this process's GPU
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     result = fn(*args, **kwargs)

@@ -38,13 +38,13 @@ SP_HANG_HINT = (
 def _inputs(tp_rank: int, dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(100 + tp_rank)
     b, s, h = SP_SHAPE
-    return torch.randn(b, h, s, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randn(b, h, s, device="cpu", generator=g, dtype=torch.float64).to(dtype)
 
 
 def _upstream(tp_rank: int, t: int, dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(200 + tp_rank)
     b, s, h = SP_SHAPE
-    return torch.randn(b, s // t, h, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randn(b, s // t, h, device="cpu", generator=g, dtype=torch.float64).to(dtype)
 
 
 def _sp_rank(cls: type, tp: int) -> list[dict]:
@@ -161,7 +161,7 @@ def _diagnose_forward(res: dict, rank: int, world: int) -> str | None:
             )
     diff = (y - want).abs()
     worst = int(diff.argmax())
-    pos = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
+    pos = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst, device="cpu"), diff.shape))
     return (
         f"{where}: forward's block differs from the sum's block {q} at {int((diff > 1e-5).sum())} "
         f"of {diff.numel()} elements, most at index {pos} (got {y[pos]:.6g}, want "
@@ -213,7 +213,7 @@ def _diagnose_backward(res: dict, rank: int, world: int) -> str | None:
 
 def _diagnose_ledger(res: dict, rank: int, world: int) -> str | None:
     tp_ranks = tuple(res["tp_ranks"])
-    nbytes = math.prod(SP_SHAPE) * torch.empty(0, dtype=res["dtype"]).element_size()
+    nbytes = math.prod(SP_SHAPE) * torch.empty(0, dtype=res["dtype"], device="cpu").element_size()
     where = f"on a world of {world}, rank {rank}"
     fwd = [(op, tuple(r), n) for op, r, n in res["forward"]]
     if not fwd:

@@ -84,7 +84,7 @@ def layer_terms_on_rank(batch: int, sequence_parallel: bool = True) -> dict[str,
     block = tp.blocks[0]
     start, stop = sequence_block(s, None) if sequence_parallel else (0, s)
     g = torch.Generator().manual_seed(dist.get_rank() if sequence_parallel else 0)
-    x = torch.randn(batch, stop - start, h, generator=g, requires_grad=True)
+    x = torch.randn(batch, stop - start, h, device="cpu", generator=g, requires_grad=True)
     terms = _TermsSaved(tp, block.attn.heads)
     with torch.autograd.graph.saved_tensors_hooks(terms._pack, lambda t: t):
         terms.part("layer norm inputs")

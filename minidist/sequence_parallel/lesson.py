@@ -96,7 +96,9 @@ def _sp_bench_rank(rounds: int, steps: int) -> dict:
     torch.manual_seed(0)
     dense = MLPStack(h, layers)
     g = torch.Generator().manual_seed(1)  # every rank its block of the same sequences
-    data = tuple(split_sequence(torch.randn(b, s, h, generator=g), None) for _ in range(4))
+    data = tuple(
+        split_sequence(torch.randn(b, s, h, device="cpu", generator=g), None) for _ in range(4)
+    )
     ours = _minidist_sp(copy.deepcopy(dense))
     out = ab_against_torch(ours, lambda: _torch_sp(copy.deepcopy(dense)), data, rounds, steps)
     return out | {"params": sum(p.numel() for p in dense.parameters())}

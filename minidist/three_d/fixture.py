@@ -99,7 +99,7 @@ def measured_on_rank(tp: int = 2, pp: int = 2) -> dict:
     memory = model_state_bytes(
         pipe.module, opt.inner, extra_params=[opt.shard], extra_grads=[opt.shard.grad]
     )
-    mean = torch.tensor(losses)
+    mean = torch.tensor(losses, device=comm.group_device(dp))
     if layout.dp_size > 1:  # every replica's loss is its slice's: the mean is the batch's
         comm.all_reduce(mean, group=dp, tag="loss")
         mean /= layout.dp_size

@@ -37,10 +37,13 @@ def train_3d(tp: int = 2, pp: int = 2) -> dict:
         local = shard_batch(batch, layout.dp_rank, layout.dp_size)
         losses.append(pipe.train_step(local))
         opt.step()
-    mean = torch.tensor(losses)
     if layout.dp_size > 1:  # every replica's loss is its slice's: the mean is the batch's
         from .. import comm
 
+        mean = torch.tensor(losses, device=comm.group_device(dp))
+
         comm.all_reduce(mean, group=dp, tag="loss")
         mean /= layout.dp_size
+    else:
+        mean = torch.tensor(losses, device="cpu")
     return {"losses": mean.tolist(), "params": pipe.full_parameters(), "grid": layout.mine}

@@ -64,7 +64,8 @@ class FlatShard:
         """This rank's chunk of a padded flat buffer (a view)."""
         return flat[self.start : self.start + self.chunk]
 
-    def valid(self) -> torch.Tensor:
-        """A mask over this rank's chunk: True where a parameter element lives, False on padding."""
-        index = torch.arange(self.start, self.start + self.chunk)
+    def valid(self, device=None) -> torch.Tensor:
+        """A mask over this rank's chunk, on `device` (the CPU by default): True where a
+        parameter element lives, False on padding."""
+        index = torch.arange(self.start, self.start + self.chunk, device=device or "cpu")
         return index < self.numel

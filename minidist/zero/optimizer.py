@@ -42,11 +42,11 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
     def step(self) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat_grad = self.layout.flatten([g.float() for g in grads]).div_(self.world)
-        chunk = torch.empty(self.layout.chunk)
+        chunk = flat_grad.new_empty(self.layout.chunk)
         comm.reduce_scatter(chunk, flat_grad, group=self.group, tag="zero1-grads")
         self.shard.grad = chunk
         self.inner.step()
-        full = torch.empty(self.layout.padded)
+        full = self.shard.new_empty(self.layout.padded)
         comm.all_gather(full, self.shard.detach().clone(), group=self.group, tag="zero1-params")
         for p, view in zip(self.params, self.layout.views(full)):
             p.copy_(view)

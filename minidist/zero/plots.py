@@ -128,7 +128,7 @@ def plot_flat_shard(
 ) -> Figure:
     """The flat padded buffer of parameters of `shapes`: one cell per element, coloured by
     parameter, padding hatched, a thick line between ranks' chunks, the owner below each."""
-    layout = FlatShard([torch.empty(tuple(s)) for s in shapes], world_size, 0)
+    layout = FlatShard([torch.empty(tuple(s), device="cpu") for s in shapes], world_size, 0)
     names = list(names) if names is not None else [f"p{i}" for i in range(len(shapes))]
     cmap = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(max(4.0, 0.42 * layout.padded + 1.5), 1.9))

@@ -37,13 +37,13 @@ import torch.nn as nn
 
 from .. import comm
 from ..data_parallel.buckets import MiB, plan_buckets
-from ..mixed_precision.policy import (
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
+from ..policy import (
     MixedPrecision,
     cast_floating,
     cast_module_state,
     divide_factors,
 )
-from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .flat import FlatShard
 from .sharded_optimizer import ShardedOptimizer, _group_index, clip_sharded_grad_norm_
 
@@ -140,7 +140,9 @@ class ZeroDataParallel(ParallelModule):
             for g in range(len(options))
             if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
         ]
-        self.optimizer = ShardedOptimizer(self, optimizer_class(inner_groups, **defaults))
+        self.optimizer = ShardedOptimizer(
+            optimizer_class(inner_groups, **defaults), module, self.buckets, self._after_step
+        )
         self.pre_divide, self.post_divide = (
             divide_factors(self.world) if mixed_precision else (float(self.world), 1.0)
         )
@@ -191,7 +193,7 @@ class ZeroDataParallel(ParallelModule):
             if self.mixed_precision is not None:
                 grad = grad.to(self.mixed_precision.reduce_dtype)
             grad.div_(self.pre_divide)  # the sum of the pre-divided parts, post-divided: mean
-            ready.reduced = torch.empty(ready.layout.chunk, dtype=grad.dtype)
+            ready.reduced = grad.new_empty(ready.layout.chunk)
             ready.work = comm.reduce_scatter(
                 ready.reduced, grad, group=self.group, async_op=True,
                 tag=f"grad-bucket{self.next_bucket}",
@@ -221,6 +223,13 @@ class ZeroDataParallel(ParallelModule):
 
     # -- the step -------------------------------------------------------------------------------
     @torch.no_grad()
+    def _after_step(self) -> None:
+        """The updated chunks are gathered now, or before the next forward."""
+        if self.gather_weights == "after_step":
+            self.gather_parameters()
+        else:
+            self._gather_pending = True
+
     def gather_parameters(self) -> None:
         """All-gather every bucket's updated chunks into the full parameters."""
         works = [
@@ -266,6 +275,6 @@ class ZeroDataParallel(ParallelModule):
 
     @torch.no_grad()
     def _gathered(self, b: _Bucket, chunk: torch.Tensor) -> list[torch.Tensor]:
-        full = torch.empty(b.layout.padded, dtype=torch.float32)
+        full = torch.empty(b.layout.padded, dtype=torch.float32, device=chunk.device)
         comm.all_gather(full, chunk.detach().float(), group=self.group, tag="full-grads")
         return [v.clone() for v in b.layout.views(full)]

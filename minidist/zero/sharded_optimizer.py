@@ -20,7 +20,7 @@ Not here: the buckets, hooks and collectives of the gradients (`sharded.py`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -28,9 +28,6 @@ import torch.nn as nn
 from .. import comm
 from ..training import OptimizerWrapper
 from .flat import FlatShard
-
-if TYPE_CHECKING:
-    from .sharded import ZeroDataParallel
 
 
 @torch.no_grad()
@@ -45,10 +42,11 @@ def clip_sharded_grad_norm_(
     """
     if max_norm <= 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    partial = torch.zeros(())
+    dev = next((g.device for _, g in chunks if g is not None), comm.group_device(group))
+    partial = torch.zeros((), device=dev)
     for layout, grad in chunks:
         if grad is not None:
-            partial += grad[layout.valid()].float().pow(2).sum()
+            partial += grad[layout.valid(dev)].float().pow(2).sum()
     comm.all_reduce(partial, group=group, tag="grad-norm")
     norm = math.sqrt(float(partial))
     if norm > max_norm:
@@ -60,34 +58,41 @@ def clip_sharded_grad_norm_(
 
 class ShardedOptimizer(OptimizerWrapper):
     """What `ZeroDataParallel.optimizer` is: the inner optimizer on this rank's chunks, then
-    the gather of the updated chunks. Mirrors the torch optimizer API the loops use."""
+    the gather of the updated chunks. Mirrors the torch optimizer API the loops use.
 
-    def __init__(self, owner: ZeroDataParallel, inner: torch.optim.Optimizer):
-        self.owner, self.inner = owner, inner
+    It works on the data it is given: the wrapped `module` (whose gradients it clears), the
+    `buckets` (each with a `shard` parameter and a reduced `grad_chunk`) and `after_step`,
+    which gathers the updated chunks now or marks them for the next forward."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        module: nn.Module,
+        buckets: list,
+        after_step: Callable[[], None],
+    ):
+        self.inner, self.module, self.buckets, self.after_step = inner, module, buckets, after_step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
-        for p in self.owner.module.parameters():
+        for p in self.module.parameters():
             p.grad = None
-        for b in self.owner.buckets:
+        for b in self.buckets:
             b.grad_chunk = None
 
     def gradients(self) -> list[torch.Tensor]:
         """This rank's reduced gradient chunks, the ones the step will use (in the compute
         dtype with mixed precision): what a loss scaler unscales and checks."""
-        return [b.grad_chunk for b in self.owner.buckets if b.grad_chunk is not None]
+        return [b.grad_chunk for b in self.buckets if b.grad_chunk is not None]
 
     def step(self) -> None:
-        casts = [b for b in self.owner.buckets if b.grad_chunk is not None and b.shard.grad is None]
+        casts = [b for b in self.buckets if b.grad_chunk is not None and b.shard.grad is None]
         for b in casts:  # mixed precision: the fp32 gradient exists during the step only
             b.shard.grad = b.grad_chunk.float()
         self.inner.step()
         for b in casts:
             b.shard.grad = None
-        if self.owner.gather_weights == "after_step":
-            self.owner.gather_parameters()
-        else:
-            self.owner._gather_pending = True
+        self.after_step()
 
 
 def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[int, int]:

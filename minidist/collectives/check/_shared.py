@@ -34,11 +34,11 @@ RULES = {
 
 
 def _all_reduce_input(rank: int, n: int, length: int) -> torch.Tensor:
-    return 2.0**rank + 2.0**n * torch.arange(length, dtype=torch.float32)
+    return 2.0**rank + 2.0**n * torch.arange(length, dtype=torch.float32, device="cpu")
 
 
 def _all_gather_input(rank: int, n: int, length: int) -> torch.Tensor:
-    return 100.0 * rank + torch.arange(length, dtype=torch.float32)
+    return 100.0 * rank + torch.arange(length, dtype=torch.float32, device="cpu")
 
 
 def _run_rank(fn: Callable, make_input: Callable, length: int):

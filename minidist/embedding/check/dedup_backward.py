@@ -28,7 +28,7 @@ from ._shared import as_list
 
 EXAMPLE = [4, 5, 1, 2, 3, 5, 1, 3, 2, 1]  # the worked example of notebook 11
 # 40 occurrences of 5 rows: enough for torch.argsort's default (unstable) sort to reorder ties
-MANY = torch.randint(0, 5, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+MANY = torch.randint(0, 5, (40,), device="cpu", generator=torch.Generator().manual_seed(0)).tolist()
 DEDUP_CASES = (EXAMPLE, [7], [3, 3, 3], [9, 0, 9, 2, 0, 9, 11, 2], MANY)
 HINTS = {
     "IndexError": "grad_pooled has one row per bag: occurrence i reads grad_pooled[bags[i]], "
@@ -47,7 +47,7 @@ def _want_dedup(rows: torch.Tensor):
 
 def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
     for case in DEDUP_CASES:
-        rows = torch.tensor(case)
+        rows = torch.tensor(case, device="cpu")
         got = learner_call(
             sort_and_dedup, rows.clone(), call=f"sort_and_dedup({case})", hints=HINTS
         )
@@ -105,17 +105,17 @@ def _diagnose_dedup(sort_and_dedup: Callable) -> str | None:
 
 def _grad_case(seed: int, n: int, bags: int, dim: int, table: int):
     g = torch.Generator().manual_seed(seed)
-    rows = torch.randint(0, table, (n,), generator=g)
-    bag = torch.sort(torch.randint(0, bags, (n,), generator=g)).values
+    rows = torch.randint(0, table, (n,), device="cpu", generator=g)
+    bag = torch.sort(torch.randint(0, bags, (n,), device="cpu", generator=g)).values
     counts = torch.bincount(bag, minlength=bags).clamp(min=1)
     weights = 1.0 / counts[bag].float()  # the mean combiner's weights
-    grad = torch.randn(bags, dim, generator=g)
+    grad = torch.randn(bags, dim, device="cpu", generator=g)
     return rows, bag, grad, weights
 
 
 def _want_grads(rows, bag, grad, weights, loss_scale, table):
-    dense = torch.zeros(table, grad.shape[1], requires_grad=True)
-    pooled = torch.zeros(grad.shape[0], grad.shape[1]).index_add(
+    dense = torch.zeros(table, grad.shape[1], requires_grad=True, device="cpu")
+    pooled = torch.zeros(grad.shape[0], grad.shape[1], device="cpu").index_add(
         0, bag, dense[rows] * weights[:, None]
     )
     (pooled * grad).sum().backward()
@@ -127,9 +127,9 @@ def _variants(rows, bag, grad, weights, loss_scale):
     """What common mistakes compute, by name."""
     unique = rows.unique()
     index = {int(r): u for u, r in enumerate(unique)}
-    last = torch.zeros(unique.numel(), grad.shape[1])
+    last = torch.zeros(unique.numel(), grad.shape[1], device="cpu")
     plain, twice, mean = torch.zeros_like(last), torch.zeros_like(last), torch.zeros_like(last)
-    counts = torch.zeros(unique.numel())
+    counts = torch.zeros(unique.numel(), device="cpu")
     for i, r in enumerate(rows.tolist()):
         last[index[r]] = weights[i] * grad[bag[i]] / loss_scale
         plain[index[r]] += grad[bag[i]] / loss_scale
@@ -150,7 +150,7 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
     for seed, (n, bags, dim, scale) in enumerate([(10, 4, 3, 1.0), (30, 7, 2, 8.0)]):
         rows, bag, grad, weights = _grad_case(seed, n, bags, dim, table)
         if seed == 0:
-            rows = torch.tensor(EXAMPLE)
+            rows = torch.tensor(EXAMPLE, device="cpu")
         call = f"row_gradients on {n} occurrences of {bags} bags"
         got = learner_call(row_gradients, rows.clone(), bag.clone(), grad.clone(),
                            weights.clone(), scale, call=call, hints=HINTS)  # fmt: skip
@@ -225,7 +225,7 @@ def check_dedup_backward(sort_and_dedup: Callable, row_gradients: Callable) -> N
     problem = _diagnose_dedup(sort_and_dedup) or _diagnose_grads(row_gradients)
     if problem:
         fail(problem)
-    order, unique, offsets = sort_and_dedup(torch.tensor(EXAMPLE))
+    order, unique, offsets = sort_and_dedup(torch.tensor(EXAMPLE, device="cpu"))
     passed(
         f"rows {EXAMPLE} -> sorted {[EXAMPLE[i] for i in as_list(order)]}, run_offsets "
         f"{as_list(offsets)}, {len(as_list(unique))} unique rows; row gradients equal the "

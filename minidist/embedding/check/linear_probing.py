@@ -259,7 +259,7 @@ def check_linear_probing(insert: Callable, find: Callable) -> None:
     g = torch.Generator().manual_seed(0)
     for trial in range(20):  # random keys, negative too, against a dict and the probe
         table, want, keys = ProbeTable(16), {}, []
-        for k in torch.randint(-40, 40, (30,), generator=g).tolist():
+        for k in torch.randint(-40, 40, (30,), device="cpu", generator=g).tolist():
             if k not in want and len(want) == table.capacity:
                 break
             want.setdefault(k, len(want))

@@ -44,8 +44,12 @@ def _scatter(received, order):
     return out
 
 
+def _bags(batch, slots):
+    return torch.arange(batch * slots, device="cpu")
+
+
 def _slot_owner(batch, slots, world):
-    return (torch.arange(batch * slots) % slots) % world
+    return (torch.arange(batch * slots, device="cpu") % slots) % world
 
 
 # Other outputs a mistake computes from what arrived: (function, message).
@@ -56,7 +60,7 @@ VARIANTS = [
     (lambda r, b, s, n: r[torch.argsort(_slot_owner(b, s, n), stable=True)],
      "you gathered, received[order], where the permutation must scatter: the bag that came "
      "back j-th is order[j], so out[order] = received (or received[argsort(order)])."),
-    (lambda r, b, s, n: _scatter(r, torch.argsort(torch.arange(b * s) % n, stable=True)),
+    (lambda r, b, s, n: _scatter(r, torch.argsort(_bags(b, s) % n, stable=True)),
      "the owner of bag b is the owner of its slot, (b mod slots) mod N, not b mod N (the two "
      "agree only when N divides the slots)."),
     (lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n), stable=True))
@@ -73,7 +77,7 @@ def _order(batch: int, slots: int, world: int, owner: Callable, sample_major: bo
     if not sample_major:
         pairs.sort(key=lambda p: p[1])
     order = [p for q in range(world) for p in pairs if owner(p[1], slots, world) == q]
-    return torch.tensor(order, dtype=torch.float32).reshape(-1, 2)
+    return torch.tensor(order, dtype=torch.float32, device="cpu").reshape(-1, 2)
 
 
 def _modulo(s: int, slots: int, world: int) -> int:
@@ -175,8 +179,8 @@ def check_localized_reorder(reorder: Callable) -> None:
         fail(problem)
     g = torch.Generator().manual_seed(0)
     for batch, slots, world in [(5, 26, 4), (7, 13, 3)]:  # real vectors, D = 8
-        pooled = torch.randn(batch * slots, 8, generator=g)
-        bag_owner = (torch.arange(batch * slots) % slots) % world
+        pooled = torch.randn(batch * slots, 8, device="cpu", generator=g)
+        bag_owner = (torch.arange(batch * slots, device="cpu") % slots) % world
         received = pooled[torch.argsort(bag_owner, stable=True)]
         if not torch.equal(reorder(received, batch, slots, world), pooled):
             fail(f"batch {batch}, {slots} slots, N = {world}, D = 8: rows out of place.")

@@ -22,7 +22,9 @@ from ...course.check import fail, passed
 from ...pipeline.check_call import learner_call
 from ..distributed import key_owner
 
-OWNER_KEYS = torch.tensor([0, 1, 5, 7, -1, -2, -5, -8, 1 << 40, -(1 << 40) - 3, 12, -13])
+OWNER_KEYS = torch.tensor(
+    [0, 1, 5, 7, -1, -2, -5, -8, 1 << 40, -(1 << 40) - 3, 12, -13], device="cpu"
+)
 
 
 HINTS = {
@@ -40,14 +42,14 @@ SKEWED = [[0, 1, 5, -3, 5, 1], [2, 6, 10, 6], [3, 7, -1], [4, 8, 4]]
 
 def _batches(world: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(world)
-    return [torch.randint(-50, 50, (5 + 3 * r,), generator=g) for r in range(world)]
+    return [torch.randint(-50, 50, (5 + 3 * r,), device="cpu", generator=g) for r in range(world)]
 
 
 def _key_sets():
     yield 2, _batches(2)
     yield 4, _batches(4)
-    yield 4, [torch.tensor(k) for k in SKEWED]
-    yield 3, [torch.tensor(k) for k in SKEWED[:3]]
+    yield 4, [torch.tensor(k, device="cpu") for k in SKEWED]
+    yield 3, [torch.tensor(k, device="cpu") for k in SKEWED[:3]]
 
 
 def _right_splits(batches, rank, world) -> tuple[list[int], list[int]]:

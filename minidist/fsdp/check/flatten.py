@@ -38,7 +38,7 @@ def _flat_params(shapes, kind: str = "") -> list[torch.nn.Parameter]:
     out, start = [], 1
     for i, shape in enumerate(shapes):
         n = _numel(shape)
-        values = torch.arange(start, start + n, dtype=torch.float32).reshape(shape)
+        values = torch.arange(start, start + n, dtype=torch.float32, device="cpu").reshape(shape)
         if kind == "T" and i == 0:
             values = values.t().contiguous().t()
         out.append(torch.nn.Parameter(values.to(torch.bfloat16) if kind == "bf16" else values))
@@ -124,8 +124,8 @@ def _diagnose_flatten(out, shapes, rank: int, world: int) -> str | None:
             f"the chunk has {got.numel()} elements; every rank's chunk has "
             f"ceil({total} / {world}) = {c} (the flat buffer padded to {full}, cut in {world})."
         )
-    flat = torch.zeros(full)
-    flat[:total] = torch.arange(1, total + 1, dtype=torch.float32)
+    flat = torch.zeros(full, device="cpu")
+    flat[:total] = torch.arange(1, total + 1, dtype=torch.float32, device="cpu")
     want = flat[rank * c : (rank + 1) * c]
     if torch.equal(got, want):
         return None

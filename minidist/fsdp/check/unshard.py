@@ -40,11 +40,11 @@ def _read(views) -> list[torch.Tensor | None]:
 
 def _unshard_rank(unshard: Callable, reshard: Callable) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    layout = FlatShard([torch.empty(s) for s in UNSHARD_SHAPES], world, rank)
-    flat = torch.zeros(layout.padded)
-    flat[: layout.numel] = torch.arange(1, layout.numel + 1, dtype=torch.float32)
+    layout = FlatShard([torch.empty(s, device="cpu") for s in UNSHARD_SHAPES], world, rank)
+    flat = torch.zeros(layout.padded, device="cpu")
+    flat[: layout.numel] = torch.arange(1, layout.numel + 1, dtype=torch.float32, device="cpu")
     chunk = layout.own(flat).clone()
-    full = torch.empty(layout.padded)
+    full = torch.empty(layout.padded, device="cpu")
     full.untyped_storage().resize_(0)  # freed, as between two uses of the unit
     shapes = [torch.Size(s) for s in UNSHARD_SHAPES]
     out: dict = dict(padded=layout.padded, numel=layout.numel, offsets=layout.offsets)
@@ -117,7 +117,7 @@ def _diagnose_unshard(res: dict, world: int) -> str | None:
             "`full` itself (full[a:b].view(shape)) and do not clone, so that the module "
             "computes with the gathered storage and backward's re-gather refills it."
         )
-    flat = torch.arange(1, res["numel"] + 1, dtype=torch.float32)
+    flat = torch.arange(1, res["numel"] + 1, dtype=torch.float32, device="cpu")
     for i, (got, off) in enumerate(zip(res["first"], res["offsets"])):
         n = _numel(UNSHARD_SHAPES[i])
         want = flat[off : off + n]

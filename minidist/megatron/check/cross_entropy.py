@@ -40,7 +40,7 @@ def _ce_inputs(world: int, vocab: int, scale: float, offset: float, owners=None)
     and the middle column of a range, V' and columns per rank."""
     g = torch.Generator().manual_seed(7 + world + vocab)
     padded = -(-vocab // world) * world
-    logits = offset + scale * torch.randn(CE_TOKENS, padded, generator=g)
+    logits = offset + scale * torch.randn(CE_TOKENS, padded, device="cpu", generator=g)
     logits[:, vocab:] += 3 * scale  # vocab padding: not part of the vocabulary
     per = padded // world
     owners = owners or range(world)
@@ -49,7 +49,8 @@ def _ce_inputs(world: int, vocab: int, scale: float, offset: float, owners=None)
         [
             min(owners[i % len(owners)] * per + where[i // len(owners) % 3], vocab - 1)
             for i in range(CE_TOKENS)
-        ]
+        ],
+        device="cpu",
     )
     return logits, targets, padded, per
 
@@ -97,7 +98,7 @@ def _ce_variants(case: str) -> dict:
     """{variant: the loss on each rank} for the right answer and the named mistakes."""
     world, vocab, *_ = CE_CASES[case]
     logits, targets, padded, per = _case_inputs(case)
-    real = logits.masked_fill(torch.arange(padded) >= vocab, float("-inf"))
+    real = logits.masked_fill(torch.arange(padded, device="cpu") >= vocab, float("-inf"))
     parts = [real[:, r * per : (r + 1) * per] for r in range(world)]
     peak = real.max(dim=-1).values
     total = (real - peak[:, None]).exp().sum(-1)
@@ -116,9 +117,9 @@ def _ce_variants(case: str) -> dict:
 
     local_peaks = torch.stack([p.max(dim=-1).values for p in parts])
     local_total = sum((p - m[:, None]).exp().sum(-1) for p, m in zip(parts, local_peaks))
-    owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS)]
+    owner_peak = local_peaks[targets // per, torch.arange(CE_TOKENS, device="cpu")]
     lse_all = logits.logsumexp(-1)  # padding columns included
-    one_more = logits.masked_fill(torch.arange(padded) > vocab, float("-inf"))
+    one_more = logits.masked_fill(torch.arange(padded, device="cpu") > vocab, float("-inf"))
     one_more_peak = one_more.max(dim=-1).values
     same = {
         "padding_off_by_one": (

@@ -21,14 +21,16 @@ G_HANG_HINT = (
 
 def _g_input(tp_rank: int) -> torch.Tensor:
     """(i + 1) + 100·2^q at element i on tp rank q: every sum and every rank recognisable."""
-    return torch.arange(1, G_NUMEL + 1, dtype=torch.float32) + 100 * 2**tp_rank
+    return torch.arange(1, G_NUMEL + 1, dtype=torch.float32, device="cpu") + 100 * 2**tp_rank
 
 
 def _g_upstream(tp_rank: int) -> torch.Tensor:
     """The gradient arriving at g's output. In a model it is the same on every rank (after g
     all is replicated); here each tp rank gets its own, so that any communication in
     backward changes the values (identity returns this rank's own)."""
-    return torch.tensor([1.0, -2.0, 3.0, 0.5, -1.5, 2.0])[:G_NUMEL] + 10.0 * 3**tp_rank
+    return (
+        torch.tensor([1.0, -2.0, 3.0, 0.5, -1.5, 2.0], device="cpu")[:G_NUMEL] + 10.0 * 3**tp_rank
+    )
 
 
 def _g_rank(cls: type, tp: int) -> dict:

@@ -107,7 +107,7 @@ def _test_mistake(world: int, found: list) -> str | None:
 
 def right_found_inf(grads: list[torch.Tensor]) -> bool:
     """The answer: a 0/1 flag per rank, all-reduced with MAX (what `DynamicLossScaler` does)."""
-    found = torch.zeros(())
+    found = torch.zeros((), device="cpu")
     for g in grads:
         found = torch.maximum(found, (~torch.isfinite(g)).any().float())
     comm.all_reduce(found, op=comm.ReduceOp.MAX)

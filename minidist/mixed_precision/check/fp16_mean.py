@@ -21,7 +21,9 @@ TINY = 2.0**-23
 
 def fp16_input(rank: int) -> torch.Tensor:
     """Rank r's fp16 gradient: a large value, a tiny one and an ordinary one."""
-    return torch.tensor([30000.0 - 2000.0 * rank, TINY, rank + 1.0], dtype=torch.float16)
+    return torch.tensor(
+        [30000.0 - 2000.0 * rank, TINY, rank + 1.0], dtype=torch.float16, device="cpu"
+    )
 
 
 def _fp16_rank(fn: Callable) -> dict:

@@ -22,8 +22,11 @@ GROUPS = ((0, 1), (2,))  # indices into NAMES, one tuple per param group
 SHAPES = ((4,), (2, 3), (3,))
 LRS = (0.01, 0.02)  # per group
 OVERFLOWS = {2: (2, 1, INF), 6: (1, 5, INF), 7: (0, 3, -INF), 11: (0, 0, NAN)}
-START = tuple(torch.linspace(-1.0, 2.0, math.prod(s)).reshape(s) for s in SHAPES)
-COEF = tuple(torch.linspace(0.5, -1.5, math.prod(s)).reshape(s) + i for i, s in enumerate(SHAPES))
+START = tuple(torch.linspace(-1.0, 2.0, math.prod(s), device="cpu").reshape(s) for s in SHAPES)
+COEF = tuple(
+    torch.linspace(0.5, -1.5, math.prod(s), device="cpu").reshape(s) + i
+    for i, s in enumerate(SHAPES)
+)
 LR = LRS[0]
 
 

@@ -48,7 +48,7 @@ def _call(fn: Callable, directory: str, name: str, like: torch.Tensor):
 
 
 def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int) -> None:
-    like = torch.empty(shape, dtype=FILE_LIKE_DTYPES[i % len(FILE_LIKE_DTYPES)])
+    like = torch.empty(shape, dtype=FILE_LIKE_DTYPES[i % len(FILE_LIKE_DTYPES)], device="cpu")
     name = f"{i}.exp_avg"
     path = os.path.join(directory, name)
     n = like.numel()
@@ -91,7 +91,7 @@ def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int
         )
     if t.any():
         fail("a fresh state must start at zeros (a new file, grown by from_file, reads zeros).")
-    values = torch.arange(1, n + 1, dtype=torch.float32).reshape(shape)
+    values = torch.arange(1, n + 1, dtype=torch.float32, device="cpu").reshape(shape)
     t.copy_(values)  # what Adam does to exp_avg, in place
     on_disk = np.fromfile(path, dtype=np.float32)
     if not np.array_equal(on_disk, values.reshape(-1).numpy()):
@@ -105,7 +105,7 @@ def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int
 
 
 def _diagnose_existing(fn: Callable, directory: str) -> None:
-    like = torch.empty(4, 3)
+    like = torch.empty(4, 3, device="cpu")
     name = "0.exp_avg_sq"
     path = os.path.join(directory, name)
     other = np.full(2 * like.numel(), 0.25, dtype=np.float32)  # another model's state

@@ -165,7 +165,7 @@ def _torus_ledger_on_rank() -> dict[str, dict[str, float]]:
     mesh = Mesh2D(2, 2)
     out = {}
     for inner in ("row", "column"):
-        x = torch.ones(REAL_NUMEL) * (dist.get_rank() + 1)
+        x = torch.ones(REAL_NUMEL, device="cpu") * (dist.get_rank() + 1)
         with comm.record() as ledger:
             torus_all_reduce(x, mesh, inner=inner)
         assert torch.equal(x, torch.full_like(x, 10.0))  # 1 + 2 + 3 + 4

@@ -24,7 +24,7 @@ RS_HANG_HINT = (
 
 def _grad_input(rank: int, numel: int) -> torch.Tensor:
     """Rank r, element i: (i + 1) + 100·2^r. Sums over different sets of ranks all differ."""
-    return torch.arange(1, numel + 1, dtype=torch.float32) + 100.0 * 2**rank
+    return torch.arange(1, numel + 1, dtype=torch.float32, device="cpu") + 100.0 * 2**rank
 
 
 def _rs_rank(fn: Callable, numel: int) -> dict:

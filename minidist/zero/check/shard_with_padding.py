@@ -42,7 +42,7 @@ def _numbered(case) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    t = torch.arange(1, n + 1, dtype=torch.float32).reshape(shape)
+    t = torch.arange(1, n + 1, dtype=torch.float32, device="cpu").reshape(shape)
     if kind == "T":
         t = t.t().contiguous().t()  # same values, non-contiguous
     return t.to(torch.bfloat16) if kind == "bf16" else t
@@ -57,7 +57,10 @@ def _describe(case) -> str:
 def _padded(numel: int, world: int) -> torch.Tensor:
     chunk = -(-numel // world)
     return torch.cat(
-        [torch.arange(1, numel + 1, dtype=torch.float32), torch.zeros(chunk * world - numel)]
+        [
+            torch.arange(1, numel + 1, dtype=torch.float32, device="cpu"),
+            torch.zeros(chunk * world - numel, device="cpu"),
+        ]
     )
 
 
@@ -181,7 +184,7 @@ def _diagnose_shards(world: int, shape, outs: list, dtypes: list | None = None) 
                 f"(r+1)·{chunk}) = {_which_elements(want, numel)}: what a reduce-scatter hands "
                 "rank r and an all-gather puts back in rank order."
             )
-        front = torch.cat([torch.zeros(chunk * world - numel), padded[:numel]])
+        front = torch.cat([torch.zeros(chunk * world - numel, device="cpu"), padded[:numel]])
         if torch.equal(got, front[rank * chunk : (rank + 1) * chunk]):
             return (
                 f"{what}: the padding went in front of the elements (rank {rank} holds "

@@ -196,7 +196,7 @@ def _diagnose_params(s: dict, want: torch.Tensor, rank: int, world: int) -> str 
             "parameters are views of the flat_param you were given: write into it in place, "
             "comm.all_gather(self.flat_param, ...)."
         )
-    others = torch.ones(want.numel(), dtype=torch.bool)
+    others = torch.ones(want.numel(), dtype=torch.bool, device="cpu")
     others[mine] = False
     own_right = close(s["after"][mine], want[mine], atol=PARAM_ATOL)
     others_stale = torch.equal(s["after"][others], s["before"][others])

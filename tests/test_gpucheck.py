@@ -1,0 +1,77 @@
+"""The GPU check's CPU side: its no-GPU exit, its sections, and its checks run on CPUs."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minidist import gpucheck
+from minidist.training import TrainTrace
+
+
+def test_without_a_gpu_it_says_so_and_exits_0(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = []
+    assert gpucheck.main(lines.append) == 0
+    assert lines[0] == "gpu=none"
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "minidist", "gpucheck"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.splitlines()[0] == "gpu=none"
+
+
+def test_a_section_prints_name_value_lines_and_survives_a_failure():
+    lines = []
+    assert gpucheck.section("a", lambda: {"x": 0.5, "ok": True}, lines.append)
+    assert lines[:2] == ["a_x=0.5", "a_ok=True"] and lines[2].startswith("a_seconds=")
+    lines.clear()
+    assert not gpucheck.section("b", lambda: 1 / 0, lines.append)
+    assert lines[0].startswith("b_error=ZeroDivisionError") and "b_ok=False" in lines
+
+
+def test_the_trace_is_found_in_every_fixture_result_shape():
+    p = {"w": torch.ones(2)}
+    trace = TrainTrace([1.0, 0.5], {}, p)
+    for result in (trace, (trace, None), {"trace": trace}, {"losses": [1.0, 0.5], "params": [p]}):
+        losses, params = gpucheck._trace_of(result)
+        assert losses == [1.0, 0.5] and params is p
+    with pytest.raises(TypeError, match="no training trace"):
+        gpucheck._trace_of(3)
+
+
+def test_triton_against_torch_runs_on_the_interpreter():
+    """The same comparison as on a GPU, on few keys under TRITON_INTERPRET."""
+    figures = gpucheck.triton_vs_torch(n=512, dim=4, device="cpu")
+    assert figures == {"keys": 512, "same_keys_found": True, "same_vectors": True,
+                       "same_bags": True, "same_grads": True, "ok": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [gpucheck.WRAPPERS[1], gpucheck.WRAPPERS[-1]], ids=str)
+def test_a_wrapper_in_a_world_of_one_against_itself_on_cpus(case):
+    figures = gpucheck.wrapper_in_world_of_one(case, "cpu")
+    assert figures == {"loss_diff": 0.0, "param_diff": 0.0, "ok": True}
+
+
+def test_tour_rows_reports_each_row_and_survives_a_broken_one(monkeypatch):
+    from minidist import registry
+
+    def good(world, folder):
+        return registry.TourRow("good", True, 1e-7, 100, 100, 8.0, 8.0)
+
+    def off_theory(world, folder):
+        return registry.TourRow("off", True, 0.0, 120, 100, None, None)
+
+    def broken(world, folder):
+        raise ValueError(f"world_size={world} must be >= 8")
+
+    rows = {"Good row": good, "off theory": off_theory, "3D (t x p)": broken}
+    monkeypatch.setattr(registry, "tour_rows", lambda: rows)
+    out = gpucheck.tour_rows(2)
+    assert out["good_row"] == "yes/1.0e-07" and out["good_row_memory"] == "100/100"
+    assert out["off_theory_memory"] == "120/100"
+    assert out["3d__t_x_p"] == "error: ValueError: world_size=2 must be >= 8"
+    assert out["ok"] is False
+    del rows["off theory"], rows["3D (t x p)"]
+    assert gpucheck.tour_rows(2)["ok"] is True
