@@ -32,16 +32,21 @@ def _routings():
     """(expert ids, E, capacity factor): random, skewed, one expert, unused experts."""
     g = torch.Generator().manual_seed(16)
     out = [
-        (torch.tensor([0, 1, 0, 0, 2, 0, 1]), 3, 1.0),
-        (torch.zeros(5, dtype=torch.long), 1, 1.0),
+        (torch.tensor([0, 1, 0, 0, 2, 0, 1], device="cpu"), 3, 1.0),
+        (torch.zeros(5, dtype=torch.long, device="cpu"), 1, 1.0),
     ]
     for i in range(40):
         e = (2, 3, 4, 8)[i % 4]
-        t = int(torch.randint(1, 41, (1,), generator=g))
-        skew = torch.rand(e, generator=g) ** (1 + i % 3 * 2)  # some experts rarely chosen
+        t = int(torch.randint(1, 41, (1,), generator=g, device="cpu"))
+        skew = torch.rand(e, generator=g, device="cpu") ** (
+            1 + i % 3 * 2
+        )  # some experts rarely chosen
         ids = torch.multinomial(skew / skew.sum(), t, replacement=True, generator=g)
         out.append((ids, e, FACTORS[i % len(FACTORS)]))
-    out += [(torch.full((9,), 2, dtype=torch.long), 4, 1.0), (torch.arange(8) % 4, 4, 1.0)]
+    out += [
+        (torch.full((9,), 2, dtype=torch.long, device="cpu"), 4, 1.0),
+        (torch.arange(8, device="cpu") % 4, 4, 1.0),
+    ]
     return out
 
 
@@ -161,13 +166,20 @@ def _aux_cases():
     g = torch.Generator().manual_seed(61)
     out = []
     for t, e in ((1, 2), (6, 4), (16, 8), (33, 3), (12, 4)):
-        probs = torch.softmax(torch.randn(t, e, generator=g, dtype=torch.float64) * 2, -1)
+        probs = torch.softmax(
+            torch.randn(t, e, generator=g, dtype=torch.float64, device="cpu") * 2, -1
+        )
         out.append((probs, probs.argmax(-1)))
     e = 4
-    out.append((torch.full((8, e), 1 / e, dtype=torch.float64), torch.arange(8) % e))
-    one = torch.zeros(8, e, dtype=torch.float64)
+    out.append(
+        (
+            torch.full((8, e), 1 / e, dtype=torch.float64, device="cpu"),
+            torch.arange(8, device="cpu") % e,
+        )
+    )
+    one = torch.zeros(8, e, dtype=torch.float64, device="cpu")
     one[:, 2] = 1.0
-    out.append((one, torch.full((8,), 2)))
+    out.append((one, torch.full((8,), 2, device="cpu")))
     return out
 
 

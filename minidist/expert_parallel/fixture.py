@@ -30,11 +30,11 @@ def build(groups: int, k: int = 1, capacity_factor: float = 1.0, steps: int = 3,
     moe = MoE(**SIZES, k=k, capacity_factor=capacity_factor, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     h = SIZES["hidden"]
-    mix = torch.randn(h, h, generator=g) / h**0.5
-    common = torch.randn(h, generator=g)
+    mix = torch.randn(h, h, generator=g, device="cpu") / h**0.5
+    common = torch.randn(h, generator=g, device="cpu")
     batches = []
     for _ in range(steps):
-        x = torch.randn(groups * TOKENS, h, generator=g) + shift * common
+        x = torch.randn(groups * TOKENS, h, generator=g, device="cpu") + shift * common
         batches.append((x, torch.tanh(x @ mix)))
     return moe, batches
 

@@ -39,7 +39,7 @@ def plot_balance(runs: dict[float, object]):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
     width = 0.8 / len(runs)
     for i, (alpha, run) in enumerate(runs.items()):
-        counts = torch.tensor(run.first_choices[-1])
+        counts = torch.tensor(run.first_choices[-1], device="cpu")
         xs = [x + (i - (len(runs) - 1) / 2) * width for x in range(len(counts))]
         left.bar(xs, counts.tolist(), width, label=f"α = {alpha}")
         right.plot(run.aux, label=f"aux, α = {alpha}")
