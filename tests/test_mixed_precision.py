@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.data_parallel.fixture import build
@@ -62,6 +64,19 @@ def test_bad_input_is_named():
 def test_divide_factors_split_n(world):
     pre, post = divide_factors(world)
     assert pre * post == world and pre <= post and world % pre == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(world=st.integers(1, 1 << 16))
+def test_divide_factors_pre_is_the_largest_power_of_two_up_to_sqrt_n(world):
+    """pre: a power of 2 dividing N with pre² <= N, and no larger one is (2·pre does not
+    divide N, or (2·pre)² > N); post = N / pre, exactly."""
+    pre, post = divide_factors(world)
+    assert isinstance(pre, float) and pre.is_integer()
+    k = int(pre)
+    assert k & (k - 1) == 0 and world % k == 0 and k * k <= world
+    assert world % (2 * k) or (2 * k) ** 2 > world
+    assert post == world / k and pre * post == world
 
 
 def memory_rank(world_dtype):

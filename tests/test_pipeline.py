@@ -102,10 +102,10 @@ def test_pipeline_equals_single_process(kind, p, m):
     for r in minidist.launch(pipeline_rank, p, kind, m, p):
         assert r["losses"] == pytest.approx(ref.losses, abs=LOSS_TOL)
         assert max_abs_diff(r["params"], ref.params) < PARAM_TOL  # tied embedding in sync
-        if kind != "zb-h1":  # activations alive: m (GPipe), min(p - r, m) (1F1B)
-            expected = theory.peak_microbatches(r["stage"], p, m, kind)
-            assert r["peak"] == expected
-            assert r["peak_bytes"] == expected * r["per_mb"]
+        # activations alive: m (GPipe), min(p - r, m) (1F1B), until W: min(p, m) (ZB-H1)
+        expected = theory.peak_microbatches(r["stage"], p, m, kind)
+        assert r["peak"] == expected
+        assert r["peak_bytes"] == expected * r["per_mb"]
 
 
 def test_dp_times_pp_reduces_once_per_step():
@@ -157,3 +157,34 @@ def test_virtual_chunks_need_the_interleaved_schedule():
 
     with pytest.raises(minidist.RankFailedError, match="virtual=2 needs kind='interleaved'"):
         minidist.launch(rank_fn, 2)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_zb_h1_postpones_r_weight_steps_on_stage_r(p):
+    """Stage r runs min(r, m) W steps after its last B (Qi et al. 2024, section 3.1); a W
+    holds its micro-batch's activations, so every stage peaks at min(p, m) micro-batches."""
+    for m in range(1, 2 * p + 2):
+        steps = schedule("zb-h1", p, m)
+        timeline = simulate(steps, weight=1)
+        for r, stage in enumerate(steps):
+            k = theory.postponed_weight_steps(r, p, m)
+            last_b = max(j for j, s in enumerate(stage) if s[0] == "B")
+            # after the last B: its own W (unless postponed), then W of micro-batches 0..k-1
+            own = [("W", m - 1)] if k < m else []
+            assert stage[last_b + 1 :] == own + [("W", i) for i in range(k)]
+            for i in range(k, m):  # every other W right after its B
+                assert stage.index(("W", i)) == stage.index(("B", i)) + 1
+            assert sorted(stage) == sorted(
+                [(op, i) for op in "FBW" for i in range(m)]
+            )  # every step once
+        held = timeline.peak_held()
+        assert held == [theory.peak_microbatches(r, p, m, "zb-h1") for r in range(p)]
+        assert timeline.peak_in_flight() == [min(p - r, m) for r in range(p)]  # F..B: 1F1B's
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_zb_h1_bubble_for_every_m_also_fewer_than_the_stages(p):
+    """With m < p the pipeline never fills: the simulator's idle share, F = B = W."""
+    for m in range(1, 2 * p + 2):
+        timeline = simulate(schedule("zb-h1", p, m), forward=1, backward=1, weight=1)
+        assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, "zb-h1"))

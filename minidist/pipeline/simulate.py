@@ -40,6 +40,19 @@ class Timeline:
             peaks.append(peak)
         return peaks
 
+    def peak_held(self) -> list[int]:
+        """Per stage, the most micro-batches (× chunks) whose activations it holds: from F to
+        the last step that needs them, W where backward is split, B otherwise."""
+        peaks = []
+        for steps in self.stages:
+            frees = "W" if any(step[0] == "W" for step, _, _ in steps) else "B"
+            alive = peak = 0
+            for step, _, _ in steps:
+                alive += 1 if step[0] == "F" else -1 if step[0] == frees else 0
+                peak = max(peak, alive)
+            peaks.append(peak)
+        return peaks
+
 
 def simulate(
     steps: list[list[tuple]],
