@@ -289,3 +289,25 @@ def test_ddp_mixed_precision_tracks_fp32(reduce_dtype):
         element = 4 if reduce_dtype is torch.float32 else 2
         assert payload == STEPS * element * psi
         assert dtypes == {torch.bfloat16, torch.float32}  # compute copies and masters
+
+
+@pytest.mark.parametrize("overflows", [(), (3,), (0, 5)])
+def test_the_scale_stops_at_the_largest_finite_float32_like_grad_scaler(overflows):
+    """Growing from 2^124 every step: GradScaler stops at 2^127 (2^128 is inf in float32)
+    instead of overflowing and then oscillating; step for step the same scales."""
+    steps, init = 9, 2.0**124
+    scaler = DynamicLossScaler(init_scale=init, growth_interval=1)
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        scaler.scale(p.sum()).backward()
+        if step in overflows:
+            p.grad[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    expected = grad_scaler_scales(steps, overflows, init_scale=init, growth_interval=1)
+    assert scales == expected
+    assert max(scales) == 2.0**127 and all(s < float("inf") for s in scales)
