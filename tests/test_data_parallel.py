@@ -340,3 +340,25 @@ def test_the_reduced_gradient_is_the_mean_with_and_without_mixed_precision(world
             assert (got["fp32"][i] - mean[i]).abs().max() < 1e-6
             # bf16: 8 bits of mantissa on values of order 1 (a wrong factor is off by 2x)
             assert (got["bf16"][i] - mean[i]).abs().max() < 3e-2
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_memory_per_replica_is_the_formula_with_adams_step_counters(name, optimizer):
+    """Measured after one step of a replica (every rank holds everything): parameters (frozen
+    ones too), gradients, the optimizer's buffers and, for Adam, one step counter per tensor."""
+    from minidist.data_parallel import theory
+    from minidist.memory import model_state_bytes
+    from minidist.training import make_optimizer
+
+    model, batches, loss_fn = build(name)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(trainable, optimizer)
+    x, y = batches[0]
+    loss_fn(model(x), y).backward()
+    opt.step()
+    n_params = sum(p.numel() for p in model.parameters())
+    expected = theory.model_state_bytes_per_rank(
+        n_params, trainable_params(model), optimizer, n_state_tensors=len(trainable)
+    )
+    assert model_state_bytes(model, opt).total == expected
