@@ -308,3 +308,16 @@ def test_one_process_activations_equal_what_autograd_saves():
         loss_fn(model(x), y)
     layout = Layout(global_batch=x.shape[0])
     assert plan(ModelSpec.of(model), layout).memory["activations"] == saved.bytes
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_recomputation_adds_one_forward_of_every_layer_to_the_flops(tp):
+    """Chen et al. 2016: recomputing each block runs its forward twice, so a step costs
+    4/3 of the 3x-forward count for the blocks; the head is not recomputed."""
+    from minidist.megatron import theory as tp_theory
+
+    spec = ModelSpec.of(build("gpt", heads=4).model)
+    plain = plan(spec, Layout(tp=tp, global_batch=8)).flops
+    recomputed = plan(spec, Layout(tp=tp, global_batch=8, recompute=True)).flops
+    forward = tp_theory.transformer_layer_flops(8, spec.seq, spec.hidden) / 3
+    assert recomputed - plain == pytest.approx(spec.layers * forward / tp)
