@@ -265,7 +265,7 @@ def zb_v_rank(m: int, layers: int):
     return losses, pipe.full_parameters(), [sorted(c.blocks) for c in pipe.chunks], tags
 
 
-@pytest.mark.parametrize("p, m, layers", [(2, 1, 4), (2, 4, 4), (2, 8, 8), (4, 8, 8)])
+@pytest.mark.parametrize("p, m, layers", [(2, 1, 4), (2, 4, 4), (4, 8, 8)])
 def test_zb_v_engine_equals_single_process(p, m, layers):
     """Run: the V's chunks (rank r: blocks of virtual stages r and 2p-1-r), the hand-off at
     rank p-1 without a message, the tied embedding's two copies both on rank 0."""
