@@ -49,7 +49,8 @@ class MixedPrecision:
 def divide_factors(world_size: int) -> tuple[float, float]:
     """(pre, post) with pre · post = N: pre is the largest power of 2 dividing N with
     pre² ≤ N, so neither the sum of N pre-divided values nor their post-divided mean leaves
-    the fp16 range needlessly."""
+    the fp16 range needlessly. (PyTorch FSDP's `_get_gradient_predivide_factor` doubles
+    while N / pre > pre, so it rounds the other way: N = 8 gives it 4 and 2, here 2 and 4.)"""
     pre = 1
     while world_size % (pre * 2) == 0 and world_size / (pre * 2) >= pre * 2:
         pre *= 2
