@@ -102,3 +102,20 @@ def test_layers_that_do_not_divide_by_the_stages_are_dealt_alike():
             assert got["params"] == theory.params_per_rank(
                 stage, 3, layers, cfg.hidden, cfg.vocab_size, cfg.seq_len, 1
             )
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 1), (1, 2), (2, 1)])
+def test_memory_and_bytes_per_rank_equal_the_theory_on_small_layouts(tp, pp):
+    """On 2 ranks, the layouts the 8-rank run does not have: one stage holding both the
+    embedding and the head (their one shared copy), pipelines without tensor parallelism
+    and d = 2 replicas under ZeRO-1 (its fp32 chunk, gradient chunk and momentum)."""
+    from minidist.three_d.fixture import measured_on_rank, theory_for
+
+    for r in minidist.launch(measured_on_rank, 2, tp, pp):
+        want = theory_for(r["stage"], tp, pp, 2 // (tp * pp))
+        assert r["numel"] == want["params"]
+        assert r["trainable"] == want["trainable"]
+        assert r["memory"] == want["memory"]
+        for kind in ("tp", "pp", "dp"):
+            assert r["sent"][kind] == pytest.approx(want["sent"][kind])
+        assert r["sent"]["other"] == 0
