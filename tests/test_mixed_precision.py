@@ -311,3 +311,22 @@ def test_the_scale_stops_at_the_largest_finite_float32_like_grad_scaler(overflow
     expected = grad_scaler_scales(steps, overflows, init_scale=init, growth_interval=1)
     assert scales == expected
     assert max(scales) == 2.0**127 and all(s < float("inf") for s in scales)
+
+
+def found_inf_rank():
+    """The bytes of `unscale_`'s found-inf all-reduce, from the ledger."""
+    scaler = DynamicLossScaler()
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.SGD([p], lr=0.1)
+    with minidist.comm.record() as ledger:
+        scaler.unscale_(opt)
+    return ledger.total_ring_bytes()
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_found_inf_costs_one_ring_all_reduce_of_a_float(world):
+    """2(N-1)/N · 4 bytes per rank per step, whatever the model (4 bytes only at N = 2)."""
+    for sent in minidist.launch(found_inf_rank, world):
+        assert sent == pytest.approx(theory.found_inf_bytes(world))
+        assert sent == pytest.approx(2 * (world - 1) / world * 4)
