@@ -215,3 +215,12 @@ def test_a_parameter_without_a_gradient_is_not_stepped(masks, tier):
         ref.step()
         assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(params, plain))
     opt.close()
+
+
+def test_bytes_moved_are_gradients_down_and_parameters_up():
+    """ZeRO-Offload, section 4: the gradients go to the host (their bytes), the updated
+    parameters come back (theirs): fp32 gradients of bf16 parameters move 4 + 2 bytes."""
+    assert theory.bytes_moved_per_step(10, param_bytes=2, grad_bytes=4) == {
+        "device_to_host": 40,
+        "host_to_device": 20,
+    }
