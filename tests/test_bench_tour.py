@@ -56,11 +56,12 @@ def test_tour_row_matches_reference_and_theory(name, run_tour_row):
 
 def test_every_lesson_registers_a_row_in_lesson_order():
     assert list(ROWS) == [
-        "ring all-reduce", "naive DP", "bucketed DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)",
+        "ring all-reduce", "naive DP", "bucketed DDP", "ZeRO-1", "ZeRO-2",
+        "weight-update sharding (Xu et al.)", "FSDP (ZeRO-3)",
         "FSDP hybrid", "FSDP + bf16", "ZeRO-2 + bf16", "FSDP + CPU offload",
         "FSDP + disk offload", "recompute", "FSDP + recompute", "tensor parallel",
-        "parallel layout", "pipeline 1F1B", "3D (TP x PP x DP)", "hash embedding (HugeCTR)",
-        "Wide&Deep (hash emb. + DDP)",
+        "parallel layout", "pipeline GPipe", "pipeline 1F1B", "3D (TP x PP x DP)",
+        "distributed slots (HugeCTR)", "localized slots (HugeCTR)", "Wide&Deep (hash emb. + DDP)",
         "parameter server (BSP)", "2D torus all-reduce", "hierarchical all-reduce", "GeePS cache",
         "planner", "sequence parallel", "context parallel", "expert parallel",
     ]  # fmt: skip

@@ -294,3 +294,71 @@ def test_naive_overlaps_nothing_bucketed_something():
         assert len(bucketed.comm) > 1
         assert all(start < bucketed.backward_end for start, *_ in bucketed.comm)
         assert 0 < bucketed.overlap <= 1
+
+
+class Dot(nn.Module):
+    """Σ_i <p_i, g_i>: backward leaves exactly g_i (in the compute dtype) in p_i.grad."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        torch.manual_seed(0)
+        self.ps = nn.ParameterList(nn.Parameter(torch.randn(s)) for s in shapes)
+
+    def forward(self, grads):
+        return sum((p * g.to(p.dtype)).sum() for p, g in zip(self.ps, grads)).float()
+
+
+SHAPES = [(3, 5), (7,), (1,)]
+
+
+def rank_gradients(rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+def mean_gradient_rank():
+    """The gradients BucketedDataParallel leaves when every rank's own differs: fp32, and
+    mixed precision (bf16 compute and reduction, divided in two parts, pre and post)."""
+    from minidist.mixed_precision import MixedPrecision
+
+    out = {}
+    for label, policy in (("fp32", None), ("bf16", MixedPrecision(torch.bfloat16, torch.bfloat16))):
+        ddp = BucketedDataParallel(Dot(SHAPES), mixed_precision=policy, bucket_cap_mb=1e-5)
+        ddp(rank_gradients(dist.get_rank())).backward()
+        ddp.finish_gradient_sync()
+        out[label] = list(ddp.full_grads().values())
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_reduced_gradient_is_the_mean_with_and_without_mixed_precision(world):
+    """Divided by N exactly once: all of it before the sum in fp32, pre before and post after
+    with mixed precision (`divide_factors`: 1 and 2 at N = 2, 2 and 2 at N = 4)."""
+    mean = [sum(gs[i] for gs in map(rank_gradients, range(world))) / world for i in range(3)]
+    for got in minidist.launch(mean_gradient_rank, world):
+        for i in range(3):
+            assert (got["fp32"][i] - mean[i]).abs().max() < 1e-6
+            # bf16: 8 bits of mantissa on values of order 1 (a wrong factor is off by 2x)
+            assert (got["bf16"][i] - mean[i]).abs().max() < 3e-2
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_memory_per_replica_is_the_formula_with_adams_step_counters(name, optimizer):
+    """Measured after one step of a replica (every rank holds everything): parameters (frozen
+    ones too), gradients, the optimizer's buffers and, for Adam, one step counter per tensor."""
+    from minidist.data_parallel import theory
+    from minidist.memory import model_state_bytes
+    from minidist.training import make_optimizer
+
+    model, batches, loss_fn = build(name)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(trainable, optimizer)
+    x, y = batches[0]
+    loss_fn(model(x), y).backward()
+    opt.step()
+    n_params = sum(p.numel() for p in model.parameters())
+    expected = theory.model_state_bytes_per_rank(
+        n_params, trainable_params(model), optimizer, n_state_tensors=len(trainable)
+    )
+    assert model_state_bytes(model, opt).total == expected

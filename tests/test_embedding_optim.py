@@ -151,3 +151,28 @@ def test_bad_arguments_are_named():
         SparseAdam(p, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="eps=0"):
         SparseAdagrad(p, eps=0)
+
+
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("sgd", lambda w: SparseSGD([w], lr=0.1)),
+        ("momentum", lambda w: SparseSGD([w], lr=0.1, momentum=0.9)),
+        ("adagrad", lambda w: SparseAdagrad([w], lr=0.1)),
+        ("adam", lambda w: SparseAdam([w], lr=0.1)),
+    ],
+)
+def test_state_bytes_per_rank_are_the_table_and_its_optimizer_state(name, make):
+    """Measured after a step: the float32 value table plus each optimizer's tensors shaped
+    like it (`theory.embedding_state_bytes_per_rank`)."""
+    from minidist.embedding import theory
+    from minidist.memory import optimizer_state_tensors, tensor_bytes
+
+    capacity, dim = 32, 4
+    layer = HashEmbeddingBag(capacity, dim)
+    opt = make(layer.weight)
+    values, offsets = to_csr([[1, 2], [3], [2, 5, 7]])
+    layer(values, offsets).sum().backward()
+    opt.step()
+    measured = tensor_bytes([layer.weight]) + tensor_bytes(optimizer_state_tensors(opt))
+    assert measured == theory.embedding_state_bytes_per_rank(capacity, dim, name)

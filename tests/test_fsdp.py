@@ -200,3 +200,31 @@ def test_bad_input_is_named():
 
     with pytest.raises(minidist.RankFailedError, match="0.weight is used by two FSDP units"):
         minidist.launch(tied_across_units, 2)
+
+
+def synced_accumulation_rank(micro_batches: tuple[int, ...]):
+    """Per (k, reshard): k backward passes, each synced (no `no_sync`), before any step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for k in micro_batches:
+        for reshard in (True, False):
+            model, batches, loss_fn = build("gpt", steps=k)
+            fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"], reshard_after_forward=reshard)
+            for batch in batches:
+                x, y = shard_batch(batch, rank, world)
+                loss_fn(fsdp(x), y).backward()
+            out[k, reshard] = fsdp.full_grads()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_synced_backwards_before_step_sum_their_gradients(world):
+    """Gradient accumulation without `no_sync`: each backward reduce-scatters, and the
+    shards' gradients add up (as FSDP2's do), the last backward does not replace the others."""
+    ks = (1, 2, 3)
+    got = minidist.launch(synced_accumulation_rank, world, ks)
+    for k in ks:
+        ref = accumulated_reference(k, "gpt")
+        for grads in got:
+            for reshard in (True, False):
+                assert max_abs_diff(grads[k, reshard], ref) < GRAD_TOL * k

@@ -233,3 +233,77 @@ def test_activation_memory_per_rank_falls_with_tp_as_the_theory_says(tp):
     cfg = build_dense().model.cfg
     measured = minidist.launch(block_activation_rank, tp, 8, cfg.seq_len)[0]
     assert measured == theory.activation_bytes_per_layer(8, cfg.seq_len, cfg.hidden, cfg.heads, tp)
+
+
+# -- the contract over a range: logits far from zero, vocabularies that need padding, eval ----
+
+CE_CASES = [(30, 0.0, 1.0), (30, 1e3, 30.0), (17, -2e3, 5.0), (33, 1e4, 100.0), (8, 300.0, 1.0)]
+
+
+def large_logits_rank(cases):
+    """Per (vocab, offset, spread): loss and logit gradient of the vocab-parallel cross
+    entropy on this rank's columns, the full gradient gathered back."""
+    t, r = dist.get_world_size(), dist.get_rank()
+    out = []
+    for vocab, offset, spread in cases:
+        g = torch.Generator().manual_seed(vocab)
+        full = offset + spread * torch.randn(3, 5, vocab, generator=g)
+        targets = torch.randint(0, vocab, (3, 5), generator=g)
+        per_rank = -(-vocab // t)
+        padded = F.pad(full, (0, per_rank * t - vocab))  # padding columns: masked inside
+        local = padded[..., r * per_rank : (r + 1) * per_rank].clone().requires_grad_()
+        loss = vocab_parallel_cross_entropy(local, targets, None, r * per_rank, vocab)
+        loss.backward()
+        grad = torch.empty(t * local.numel())
+        comm.all_gather(grad, local.grad.reshape(-1).contiguous())
+        grad = torch.cat(grad.view(t, *local.shape).unbind(0), dim=-1)[..., :vocab]
+        out.append((loss.detach(), grad))
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_vocab_parallel_cross_entropy_with_logits_far_above_88(tp):
+    """exp overflows float32 above 88: the loss subtracts the global maximum first (one
+    all-reduce MAX), so logits around ±10^3..10^4 give F.cross_entropy's loss and gradient."""
+    for (vocab, offset, spread), (loss, grad) in zip(
+        CE_CASES, minidist.launch(large_logits_rank, tp, CE_CASES)[0]
+    ):
+        g = torch.Generator().manual_seed(vocab)
+        full = (offset + spread * torch.randn(3, 5, vocab, generator=g)).requires_grad_()
+        targets = torch.randint(0, vocab, (3, 5), generator=g)
+        ref = F.cross_entropy(full.view(-1, vocab), targets.view(-1))
+        ref.backward()
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        # float32 logits of size |offset| round to ~6e-8·|offset|: the loss to 1e-6·|offset|
+        tol = 1e-6 * max(1.0, abs(offset))
+        assert float(loss) == pytest.approx(float(ref.detach()), abs=tol)
+        assert (grad - full.grad).abs().max() < 1e-6 * max(1.0, abs(offset))
+
+
+def eval_rank(dropout: float):
+    """Logits of TensorParallelGPT on the first batch, in train() and in eval()."""
+    model, batches, _ = build_dense(dropout=dropout)
+    tp = TensorParallelGPT(model)
+    x = batches[0][0]
+    out = {}
+    for mode in ("train", "eval"):
+        getattr(tp, mode)()
+        with torch.no_grad():
+            local = tp(x)
+        t = dist.get_world_size()
+        full = torch.empty(t * local.numel())
+        comm.all_gather(full, local.reshape(-1).contiguous())
+        out[mode] = torch.cat(full.view(t, *local.shape).unbind(0), -1)[..., : model.cfg.vocab_size]
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_eval_mode_has_no_dropout_and_equals_the_dense_model_in_eval(tp):
+    model, batches, _ = build_dense(dropout=0.5)
+    x = batches[0][0]
+    model.eval()
+    with torch.no_grad():
+        dense = model(x)
+    for got in minidist.launch(eval_rank, tp, 0.5):
+        assert (got["eval"] - dense).abs().max() < 1e-5
+        assert (got["train"] - dense).abs().max() > 1e-2  # dropout is on in train()

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.data_parallel.fixture import build
@@ -81,6 +83,19 @@ def test_divide_factors_values_and_how_they_differ_from_torch_fsdp():
         pre, post = divide_factors(n)
         assert n % pre == 0 and pre * pre <= n and pre * post == n
         assert n % (2 * pre) != 0 or (2 * pre) ** 2 > n  # the largest such power of 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(world=st.integers(1, 1 << 16))
+def test_divide_factors_pre_is_the_largest_power_of_two_up_to_sqrt_n(world):
+    """pre: a power of 2 dividing N with pre² <= N, and no larger one is (2·pre does not
+    divide N, or (2·pre)² > N); post = N / pre, exactly."""
+    pre, post = divide_factors(world)
+    assert isinstance(pre, float) and pre.is_integer()
+    k = int(pre)
+    assert k & (k - 1) == 0 and world % k == 0 and k * k <= world
+    assert world % (2 * k) or (2 * k) ** 2 > world
+    assert post == world / k and pre * post == world
 
 
 def memory_rank(world_dtype):
@@ -293,3 +308,44 @@ def test_ddp_mixed_precision_tracks_fp32(reduce_dtype):
         element = 4 if reduce_dtype is torch.float32 else 2
         assert payload == STEPS * element * psi
         assert dtypes == {torch.bfloat16, torch.float32}  # compute copies and masters
+
+
+@pytest.mark.parametrize("overflows", [(), (3,), (0, 5)])
+def test_the_scale_stops_at_the_largest_finite_float32_like_grad_scaler(overflows):
+    """Growing from 2^124 every step: GradScaler stops at 2^127 (2^128 is inf in float32)
+    instead of overflowing and then oscillating; step for step the same scales."""
+    steps, init = 9, 2.0**124
+    scaler = DynamicLossScaler(init_scale=init, growth_interval=1)
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        scaler.scale(p.sum()).backward()
+        if step in overflows:
+            p.grad[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    expected = grad_scaler_scales(steps, overflows, init_scale=init, growth_interval=1)
+    assert scales == expected
+    assert max(scales) == 2.0**127 and all(s < float("inf") for s in scales)
+
+
+def found_inf_rank():
+    """The bytes of `unscale_`'s found-inf all-reduce, from the ledger."""
+    scaler = DynamicLossScaler()
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.SGD([p], lr=0.1)
+    with minidist.comm.record() as ledger:
+        scaler.unscale_(opt)
+    return ledger.total_ring_bytes()
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_found_inf_costs_one_ring_all_reduce_of_a_float(world):
+    """2(N-1)/N · 4 bytes per rank per step, whatever the model (4 bytes only at N = 2)."""
+    for sent in minidist.launch(found_inf_rank, world):
+        assert sent == pytest.approx(theory.found_inf_bytes(world))
+        assert sent == pytest.approx(2 * (world - 1) / world * 4)

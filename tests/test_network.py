@@ -4,6 +4,8 @@ class equal `minidist.network.theory`; the α-β model puts the heavy share on t
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist import comm
@@ -189,3 +191,15 @@ def test_tpu_two_dimensions_win_on_latency_and_tie_on_bandwidth(alpha):
         if size >= crossover * 100:  # bandwidth-bound: the same bytes per rank
             assert times["flat"] / times["row-inner"] == pytest.approx(1.0, rel=0.05)
     assert pub.tensor_parallel_direction(tpu, 16, 16e6) == "either"
+
+
+@settings(max_examples=100, deadline=None)
+@given(numel=st.integers(1, 10_000), inner=st.integers(1, 8), outer=st.integers(1, 8))
+def test_padding_is_to_the_next_multiple_of_the_whole_world(numel, inner, outer):
+    """Every rank's chunk of the outer all-reduce must be equal: the tensor is padded to a
+    multiple of I·O (not of I alone), by less than I·O elements."""
+    from minidist.network.all_reduce import padded_numel
+
+    padded = padded_numel(numel, inner, outer)
+    assert padded % (inner * outer) == 0
+    assert numel <= padded < numel + inner * outer

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.data_parallel.fixture import build, trainable_params
@@ -153,3 +155,72 @@ def test_bad_input_is_named_before_any_state(tmp_path):
     with pytest.raises(ValueError, match="is not a writable directory"):
         OffloadOptimizer(p, tier="disk", path=str(not_a_dir))
     assert os.listdir(tmp_path) == ["file"]
+
+
+# -- the contract over a range: dtypes, shapes, steps, which parameters get a gradient --------
+
+SHAPES = st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=3), min_size=1, max_size=3)
+
+
+@settings(max_examples=10, deadline=None)
+@given(shapes=SHAPES, steps=st.integers(1, 4), tier=st.sampled_from(["cpu", "disk"]))
+def test_bf16_parameters_are_stepped_through_fp32_masters(shapes, steps, tier):
+    """Mixed precision (ZeRO-Offload, section 4): bf16 parameters on the device, fp32 masters
+    and Adam on the host, the masters rounded back to bf16 after each step. Equal, bit for
+    bit, to Adam on fp32 copies rounded to bf16; 2 bytes per element each way."""
+    g = torch.Generator().manual_seed(len(shapes) * 10 + steps)
+    init = [torch.randn(s, generator=g) for s in shapes]
+    params = [nn.Parameter(t.to(torch.bfloat16)) for t in init]
+    masters = [nn.Parameter(p.detach().float()) for p in params]
+    opt = OffloadOptimizer(params, tier=tier, lr=0.1)
+    ref = torch.optim.Adam(masters, lr=0.1)
+    for _ in range(steps):
+        for p, m in zip(params, masters):
+            grad = torch.randn(p.shape, generator=g).to(torch.bfloat16)
+            p.grad, m.grad = grad, grad.float()
+        opt.step()
+        ref.step()
+        for p, m in zip(params, masters):
+            assert p.dtype == torch.bfloat16
+            assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))
+    assert all(m.dtype == torch.float32 for m in opt.masters)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(opt.masters, masters))
+    n = sum(p.numel() for p in params)
+    assert opt.moved == {k: steps * v for k, v in theory.bytes_moved_per_step(n, 2, 2).items()}
+    opt.close()
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=2, max_size=5),
+    tier=st.sampled_from(["cpu", "disk"]),
+)
+def test_a_parameter_without_a_gradient_is_not_stepped(masks, tier):
+    """A step where a parameter has no gradient leaves it (and its Adam state) alone, as
+    torch's optimizers do, instead of stepping it again with an earlier step's gradient."""
+    g = torch.Generator().manual_seed(len(masks))
+    shapes = [(3, 2), (4,), (1,)]
+    params = [nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    plain = [nn.Parameter(p.detach().clone()) for p in params]
+    opt = OffloadOptimizer(params, tier=tier, lr=0.1)
+    ref = torch.optim.Adam(plain, lr=0.1)
+    for mask in masks:
+        opt.zero_grad()
+        ref.zero_grad()
+        for p, q, has_grad in zip(params, plain, mask):
+            if has_grad:
+                grad = torch.randn(p.shape, generator=g)
+                p.grad, q.grad = grad.clone(), grad.clone()
+        opt.step()
+        ref.step()
+        assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(params, plain))
+    opt.close()
+
+
+def test_bytes_moved_are_gradients_down_and_parameters_up():
+    """ZeRO-Offload, section 4: the gradients go to the host (their bytes), the updated
+    parameters come back (theirs): fp32 gradients of bf16 parameters move 4 + 2 bytes."""
+    assert theory.bytes_moved_per_step(10, param_bytes=2, grad_bytes=4) == {
+        "device_to_host": 40,
+        "host_to_device": 20,
+    }

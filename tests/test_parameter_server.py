@@ -253,3 +253,31 @@ def test_downpour_bad_schedule_is_named():
         theory.downpour_own_staleness(4, 0, 1)
     with pytest.raises(minidist.RankFailedError, match="n_push must be an int >= 1"):
         minidist.launch(train_on_rank, 2, 1, 1, "downpour", n_push=0, timeout_s=30)
+
+
+@pytest.mark.parametrize("steps, n_push", [(7, 3), (5, 2), (6, 4), (3, 5)])
+def test_downpour_pushes_the_last_partial_interval(steps, n_push):
+    """Steps not a multiple of n_push: the gradients accrued since the last push go out
+    after the last step. One worker fetching only once steps its own copy with every
+    gradient (one-process SGD); the server, applying each push with plain SGD, must end
+    at the same values: every gradient pushed exactly once."""
+    from minidist.parameter_server.downpour import push_steps
+
+    lr = 0.05
+    results = minidist.launch(
+        train_on_rank, 2, 1, 1, "downpour", steps=steps, n_fetch=steps, n_push=n_push,
+        lr=lr, momentum=0.0,
+    )  # fmt: skip
+    served, _ = _split(results)
+    pushes = push_steps(steps, n_push)
+    assert pushes[-1] == steps - 1 and len(pushes) == -(-steps // n_push)
+    assert [a.clock for a in served[0].applied] == pushes
+    model, batches, loss_fn = build("mlp", steps=steps)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    values, _ = assemble(results)
+    # float32: n_push gradients summed before one step instead of n_push steps
+    assert (values - keys.flat_values(model)).abs().max() < 1e-6

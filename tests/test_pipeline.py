@@ -31,11 +31,28 @@ def test_bubble_and_memory_of_gpipe_and_1f1b(kind, p, m):
             )
 
 
-@pytest.mark.parametrize("p, m, v", [(4, 8, 2), (2, 4, 2), (4, 4, 3)])
+@pytest.mark.parametrize("p, m, v", [(4, 8, 2), (2, 4, 2), (4, 4, 3), (4, 4, 2), (3, 6, 2)])
 def test_interleaved_divides_the_bubble_by_v(p, m, v):
-    timeline = simulate(schedule("interleaved", p, m, v))
+    steps = schedule("interleaved", p, m, v)
+    timeline = simulate(steps)
     assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, "interleaved", v))
     assert timeline.bubble < theory.bubble_fraction(p, m, "1f1b")
+    peaks = [theory.peak_microbatches(r, p, m, "interleaved", v) for r in range(p)]
+    assert timeline.peak_in_flight() == peaks
+    for r, stage in enumerate(steps):  # warm-up forwards, then alternate (m = p as well)
+        warmup = min((v - 1) * p + 2 * (p - 1 - r), v * m)
+        assert [s[0] for s in stage[:warmup]] == ["F"] * warmup
+        steady = stage[warmup : warmup + 2 * (v * m - warmup)]
+        assert [s[0] for s in steady] == ["F", "B"] * (v * m - warmup)
+
+
+def test_interleaved_warm_up_is_todays_rule_not_every_forward_first():
+    """The issue's example (megatron-core and torch's ScheduleInterleaved1F1B): p = 4,
+    m = 4, v = 2 holds at most [8, 8, 7, 5] chunk activations, not 8 on every stage
+    (Megatron-LM until core 0.5 ran all forwards first when m = p), with the same bubble."""
+    timeline = simulate(schedule("interleaved", 4, 4, 2))
+    assert timeline.peak_in_flight() == [8, 8, 7, 5]
+    assert timeline.bubble == pytest.approx(theory.bubble_fraction(4, 4, "interleaved", 2))
 
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (8, 16)])
@@ -103,10 +120,10 @@ def test_pipeline_equals_single_process(kind, p, m):
     for r in minidist.launch(pipeline_rank, p, kind, m, p):
         assert r["losses"] == pytest.approx(ref.losses, abs=LOSS_TOL)
         assert max_abs_diff(r["params"], ref.params) < PARAM_TOL  # tied embedding in sync
-        if kind != "zb-h1":  # activations alive: m (GPipe), min(p - r, m) (1F1B)
-            expected = theory.peak_microbatches(r["stage"], p, m, kind)
-            assert r["peak"] == expected
-            assert r["peak_bytes"] == expected * r["per_mb"]
+        # activations alive: m (GPipe), min(p - r, m) (1F1B), until W: min(p, m) (ZB-H1)
+        expected = theory.peak_microbatches(r["stage"], p, m, kind)
+        assert r["peak"] == expected
+        assert r["peak_bytes"] == expected * r["per_mb"]
 
 
 def test_dp_times_pp_reduces_once_per_step():
@@ -128,7 +145,7 @@ def interleaved_rank(p: int, m: int, v: int, layers: int):
         opt.zero_grad()
         losses.append(pipe.train_step(batch))
         opt.step()
-    return losses, pipe.full_parameters(), [sorted(c.blocks) for c in pipe.chunks]
+    return losses, pipe.full_parameters(), [sorted(c.blocks) for c in pipe.chunks], pipe.peak_alive
 
 
 @pytest.mark.parametrize(
@@ -139,11 +156,12 @@ def test_interleaved_engine_equals_single_process(p, m, v, layers):
     gradients of different chunks travel between the same ranks under their own tags."""
     model, batches, loss_fn = build("gpt", layers=layers)
     ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
-    for rank, (losses, params, blocks) in enumerate(
+    for rank, (losses, params, blocks, peak) in enumerate(
         minidist.launch(interleaved_rank, p, p, m, v, layers)
     ):
         assert losses == pytest.approx(ref.losses, abs=LOSS_TOL)
         assert max_abs_diff(params, ref.params) < PARAM_TOL
+        assert peak == theory.peak_microbatches(rank, p, m, "interleaved", v)
         per = layers // (p * v)
         assert blocks == [
             [str(k) for k in range((c * p + rank) * per, (c * p + rank + 1) * per)]
@@ -179,3 +197,106 @@ def test_virtual_chunks_need_the_interleaved_schedule():
 
     with pytest.raises(minidist.RankFailedError, match="virtual=2 needs kind='interleaved'"):
         minidist.launch(rank_fn, 2)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_zb_h1_postpones_r_weight_steps_on_stage_r(p):
+    """Stage r runs min(r, m) W steps after its last B (Qi et al. 2024, section 3.1); a W
+    holds its micro-batch's activations, so every stage peaks at min(p, m) micro-batches."""
+    for m in range(1, 2 * p + 2):
+        steps = schedule("zb-h1", p, m)
+        timeline = simulate(steps, weight=1)
+        for r, stage in enumerate(steps):
+            k = theory.postponed_weight_steps(r, p, m)
+            last_b = max(j for j, s in enumerate(stage) if s[0] == "B")
+            # after the last B: its own W (unless postponed), then W of micro-batches 0..k-1
+            own = [("W", m - 1)] if k < m else []
+            assert stage[last_b + 1 :] == own + [("W", i) for i in range(k)]
+            for i in range(k, m):  # every other W right after its B
+                assert stage.index(("W", i)) == stage.index(("B", i)) + 1
+            assert sorted(stage) == sorted(
+                [(op, i) for op in "FBW" for i in range(m)]
+            )  # every step once
+        held = timeline.peak_held()
+        assert held == [theory.peak_microbatches(r, p, m, "zb-h1") for r in range(p)]
+        assert timeline.peak_in_flight() == [min(p - r, m) for r in range(p)]  # F..B: 1F1B's
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_zb_h1_bubble_for_every_m_also_fewer_than_the_stages(p):
+    """With m < p the pipeline never fills: the simulator's idle share, F = B = W."""
+    for m in range(1, 2 * p + 2):
+        timeline = simulate(schedule("zb-h1", p, m), forward=1, backward=1, weight=1)
+        assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, "zb-h1"))
+
+
+def test_zb_v_is_torchs_schedule_v_shaped():
+    """The order of every rank equals torch's `ScheduleZBVZeroBubble` (its per-rank action
+    list, computed without a process group), chunk 0 of rank r being virtual stage r and
+    chunk 1 virtual stage 2p-1-r."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+    from minidist.pipeline.schedules import virtual_stage
+
+    names = {_ComputationType.FORWARD: "F", _ComputationType.BACKWARD_INPUT: "B",
+             _ComputationType.BACKWARD_WEIGHT: "W"}  # fmt: skip
+    for p in range(1, 6):
+        for m in range(1, 3 * p + 2):
+            ours = schedule("zb-v", p, m)
+            for r in range(p):
+                torch_ops = ScheduleZBVZeroBubble._calculate_single_rank_operations(
+                    SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p), r
+                )
+                chunk = {virtual_stage("zb-v", r, c, p): c for c in (0, 1)}
+                want = [(names[a.computation_type], a.microbatch_index, chunk[a.stage_index])
+                        for a in torch_ops if a is not None]  # fmt: skip
+                assert ours[r] == want
+
+
+@pytest.mark.parametrize("p", range(2, 7))
+def test_zb_v_bubble_and_memory_on_the_simulator(p):
+    """F = B = W per chunk: the idle share is the formula's for every m; each rank holds at
+    most 2p chunk activations (p micro-batches: 1F1B's first stage), all 2p once m >= 2p."""
+    for m in range(1, 3 * p + 1):
+        timeline = simulate(schedule("zb-v", p, m), weight=1, placement="v")
+        assert timeline.bubble == pytest.approx(theory.bubble_fraction(p, m, "zb-v"))
+        held = timeline.peak_held()
+        assert max(held) <= 2 * p
+        if m >= 2 * p:
+            assert held == [2 * p] * p
+    # below ZB-H1's idle share (on whole stages: a chunk is half a stage) once the V fills
+    assert theory.bubble_fraction(p, 4 * p, "zb-v") < theory.bubble_fraction(p, 4 * p, "zb-h1")
+
+
+def zb_v_rank(m: int, layers: int):
+    model, batches, loss_fn = build("gpt", layers=layers)
+    pipe = PipelineParallel(
+        model, loss_fn, ParallelLayout(tp=1, pp=dist.get_world_size()), "zb-v", m
+    )
+    opt = make_optimizer([q for chunk in pipe.chunks for q in chunk.parameters()])
+    with minidist.comm.record() as ledger:
+        losses = []
+        for batch in batches:
+            opt.zero_grad()
+            losses.append(pipe.train_step(batch))
+            opt.step()
+    tags = {r.tag for r in ledger.records}
+    return losses, pipe.full_parameters(), [sorted(c.blocks) for c in pipe.chunks], tags
+
+
+@pytest.mark.parametrize("p, m, layers", [(2, 1, 4), (2, 4, 4), (4, 8, 8)])
+def test_zb_v_engine_equals_single_process(p, m, layers):
+    """Run: the V's chunks (rank r: blocks of virtual stages r and 2p-1-r), the hand-off at
+    rank p-1 without a message, the tied embedding's two copies both on rank 0."""
+    model, batches, loss_fn = build("gpt", layers=layers)
+    ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
+    per = layers // (2 * p)
+    for rank, (losses, params, blocks, tags) in enumerate(minidist.launch(zb_v_rank, p, m, layers)):
+        assert losses == pytest.approx(ref.losses, abs=LOSS_TOL)
+        assert max_abs_diff(params, ref.params) < PARAM_TOL
+        assert blocks == [
+            [str(k) for k in range(vs * per, (vs + 1) * per)] for vs in (rank, 2 * p - 1 - rank)
+        ]
+        assert "pp-tied-embedding" not in tags  # both copies on rank 0: summed there

@@ -539,3 +539,27 @@ def test_divisors_equal_counting_and_factor_large_worlds():
     assert prime_factors(2**61 - 1) == {2**61 - 1: 1}
     with pytest.raises(ValueError, match="n=0"):
         divisors(0)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_recomputation_adds_one_forward_of_every_layer_to_the_flops(tp):
+    """Chen et al. 2016: recomputing each block runs its forward twice, so a step costs
+    4/3 of the 3x-forward count for the blocks; the head is not recomputed."""
+    from minidist.megatron import theory as tp_theory
+
+    spec = ModelSpec.of(build("gpt", heads=4).model)
+    plain = plan(spec, Layout(tp=tp, global_batch=8)).flops
+    recomputed = plan(spec, Layout(tp=tp, global_batch=8, recompute=True)).flops
+    forward = tp_theory.transformer_layer_flops(8, spec.seq, spec.hidden) / 3
+    assert recomputed - plain == pytest.approx(spec.layers * forward / tp)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 4)])
+def test_interleaving_adds_p_minus_1_chunk_sized_micro_batches(p, m):
+    """Narayanan et al. 2021, section 2.2: with v chunks the first stage holds p micro-batches
+    plus (p-1) warm-up chunks of 1/v of its layers: p·(1 + (p-1)/(p·v)) stages' worth."""
+    from minidist.planner.activations import in_flight_microbatches
+
+    for v in (1, 2, 3):
+        layout = Layout(pp=p, microbatches=m, schedule="interleaved", virtual=v)
+        assert in_flight_microbatches(layout) == pytest.approx(p + (p - 1) / v)

@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint as torch_checkpoint
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.data import shard_batch
@@ -11,7 +13,13 @@ from minidist.data_parallel.fixture import build
 from minidist.fsdp import FullyShardedDataParallel
 from minidist.fsdp.fixture import UNITS
 from minidist.recompute import recompute, theory
-from minidist.recompute.fixture import DROPOUT_GPT, block_bytes, saved_and_grads
+from minidist.recompute.fixture import (
+    DROPOUT_GPT,
+    block_bytes,
+    gpt_forward,
+    linear_chain,
+    saved_and_grads,
+)
 from minidist.training import max_abs_diff, train
 from minidist.zero.fixture import ADAM
 
@@ -165,3 +173,65 @@ def test_recomputed_training_is_the_reference_bit_for_bit():
     ref, got = reference("gpt"), train_recomputed()
     assert max_abs_diff(got.grads, ref.grads) == 0.0
     assert max_abs_diff(got.params, ref.params) == 0.0
+
+
+@pytest.mark.parametrize("how", ["recompute", "segments"])
+def test_the_recomputation_leaves_the_global_rng_where_plain_training_does(how):
+    """The recomputed forward draws its dropout masks again from the saved RNG state; after
+    backward the global generator must be where the plain run left it, or every later mask
+    (the next step's dropout) differs. Three steps of training, bit for bit."""
+
+    def run(kind):
+        model, batches, loss_fn = build("gpt", **DROPOUT_GPT)
+        model.train()
+        if kind == "recompute":
+            for block in model.blocks:
+                recompute(block)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(7)
+        states = []
+        for x, y in batches[:3]:
+            opt.zero_grad()
+            loss_fn(gpt_forward(model, x, 2 if kind == "segments" else None), y).backward()
+            states.append(torch.get_rng_state())
+            opt.step()
+        return states, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    plain_states, plain_params = run("plain")
+    states, params = run(how)
+    assert all(torch.equal(a, b) for a, b in zip(states, plain_states))
+    assert max_abs_diff(params, plain_params) == 0.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    layers=st.integers(1, 12),
+    segment=st.integers(1, 20),
+    activation=st.integers(1, 100),
+    boundary=st.integers(1, 100),
+)
+def test_saved_bytes_over_every_segment_length(layers, segment, activation, boundary):
+    """Chen et al.'s count for any k, also k > L (one segment, the whole model): forward keeps
+    ⌈L/k⌉ inputs, backward adds one segment of at most L layers; it bounds the exact chain."""
+    got = theory.saved_bytes(layers, activation, boundary, segment)
+    n_segments = -(-layers // segment)
+    longest = min(segment, layers)
+    assert got == {
+        "forward": n_segments * boundary,
+        "peak": n_segments * boundary + longest * activation,
+    }
+    if segment >= layers:
+        assert got == theory.saved_bytes(layers, activation, boundary, layers)
+    exact = theory.chain_peak_bytes(layers, activation, boundary, segment)
+    assert exact <= got["peak"]
+    assert exact >= longest * activation
+
+
+@pytest.mark.parametrize("segment", [5, 9])
+def test_a_segment_longer_than_the_chain_is_one_segment(segment):
+    """Measured: Linear layers (a = b) with k > L keep one input, peak L layers: the theory."""
+    layers = 4
+    measured = linear_chain(layers, segment)
+    a = b = linear_chain(1, None)["forward"]
+    assert measured["forward"] == theory.saved_bytes(layers, a, b, segment)["forward"]
+    assert measured["peak"] == theory.chain_peak_bytes(layers, a, b, segment)

@@ -59,3 +59,63 @@ def test_zero_redundancy_optimizer_needs_parameters():
 
     with pytest.raises(minidist.RankFailedError, match="no trainable parameters"):
         minidist.launch(rank_fn, 2)
+
+
+def stage_blocks_rank(layer_counts):
+    """On a rank of a pipeline of 3: per layer count, the blocks of this rank's stage as the
+    3D stage, lesson 09's `split_gpt` and `theory.stage_layers` deal them, and the 3D
+    stage's parameter count."""
+    from minidist.megatron import ParallelLayout
+    from minidist.pipeline import split_gpt
+    from minidist.three_d import theory
+    from minidist.three_d.stage import split_tensor_parallel_gpt
+
+    layout = ParallelLayout(tp=1, pp=3)
+    out = {}
+    for layers in layer_counts:
+        dense = build("gpt", layers=layers).model
+        stage = split_tensor_parallel_gpt(dense, layout)
+        out[layers] = dict(
+            three_d=[int(b) for b in stage.blocks],
+            pipeline=[int(b) for b in split_gpt(dense, 3, layout.pp_rank).blocks],
+            theory=list(theory.stage_layers(layers, 3)[layout.pp_rank]),
+            params=sum(p.numel() for p in stage.parameters()),
+        )
+    return out
+
+
+def test_layers_that_do_not_divide_by_the_stages_are_dealt_alike():
+    """5 layers on 3 stages (and 3..8): the 3D stage, lesson 09's stage and the theory give
+    every stage the same blocks, and the theory counts the 3D stage's parameters."""
+    from minidist.three_d import theory
+
+    counts = range(3, 9)
+    results = minidist.launch(stage_blocks_rank, 3, counts)
+    for layers in counts:
+        dealt = [r[layers]["three_d"] for r in results]
+        assert sorted(b for blocks in dealt for b in blocks) == list(range(layers))
+        assert max(map(len, dealt)) - min(map(len, dealt)) <= 1  # as even as possible
+        cfg = build("gpt", layers=layers).model.cfg
+        for stage, r in enumerate(results):
+            got = r[layers]
+            assert got["three_d"] == got["pipeline"] == got["theory"]
+            assert got["params"] == theory.params_per_rank(
+                stage, 3, layers, cfg.hidden, cfg.vocab_size, cfg.seq_len, 1
+            )
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 1), (1, 2), (2, 1)])
+def test_memory_and_bytes_per_rank_equal_the_theory_on_small_layouts(tp, pp):
+    """On 2 ranks, the layouts the 8-rank run does not have: one stage holding both the
+    embedding and the head (their one shared copy), pipelines without tensor parallelism
+    and d = 2 replicas under ZeRO-1 (its fp32 chunk, gradient chunk and momentum)."""
+    from minidist.three_d.fixture import measured_on_rank, theory_for
+
+    for r in minidist.launch(measured_on_rank, 2, tp, pp):
+        want = theory_for(r["stage"], tp, pp, 2 // (tp * pp))
+        assert r["numel"] == want["params"]
+        assert r["trainable"] == want["trainable"]
+        assert r["memory"] == want["memory"]
+        for kind in ("tp", "pp", "dp"):
+            assert r["sent"][kind] == pytest.approx(want["sent"][kind])
+        assert r["sent"]["other"] == 0

@@ -25,7 +25,11 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..memory import optimizer_state_tensors, tensor_bytes
-from .distributed import DistributedSlotSparseEmbeddingHash, key_owner
+from .distributed import (
+    DistributedSlotSparseEmbeddingHash,
+    LocalizedSlotSparseEmbeddingHash,
+    key_owner,
+)
 from .hash_table import fmix64
 from .layers import HashEmbeddingBag, SparseAdagrad, to_csr
 
@@ -132,15 +136,19 @@ def slot_embedding_on_rank(
     capacity_per_rank: int, dim: int = DIM, scheme: str = "reduce_scatter", mode: str = "sum",
 ) -> dict:  # fmt: skip
     """Each placement of `DistributedSlotSparseEmbeddingHash` (`scheme`, combiner `mode`),
-    trained `steps` steps."""
+    trained `steps` steps; the placement "localized" is `LocalizedSlotSparseEmbeddingHash`
+    (slot s whole on rank s mod N) instead."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for placement in placements:
-        layer = DistributedSlotSparseEmbeddingHash(
-            capacity_per_rank, dim, data.slots, mode, placement=placement, scheme=scheme
-        )
+        if placement == "localized":
+            layer = LocalizedSlotSparseEmbeddingHash(capacity_per_rank, dim, data.slots, mode)
+        else:
+            layer = DistributedSlotSparseEmbeddingHash(
+                capacity_per_rank, dim, data.slots, mode, placement=placement, scheme=scheme
+            )
         opt = SparseAdagrad([layer.local.weight], lr=LR)
         pooled_steps, sent = [], []
         for step in range(steps):

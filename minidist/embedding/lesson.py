@@ -1,9 +1,11 @@
-"""Lesson 11's entry in the tour: the "hash embedding (HugeCTR)" row.
+"""Lesson 11's entries in the tour: HugeCTR's two placements, "distributed slots" and
+"localized slots", and a Wide&Deep model.
 
-HugeCTR's `DistributedSlotSparseEmbeddingHash` (NVIDIA Merlin HugeCTR docs; Wang et al.
-2022) on the tour's world, both key placements (`key mod N` and `fmix64(key) mod N`), trained
-`STEPS` steps with `SparseAdagrad` on `fixture.ctr_data`, against one `HashEmbeddingBag` over
-the global batches: pooled outputs and key-sorted key -> vector dumps within `fixture.TOL`.
+"distributed slots (HugeCTR)": `DistributedSlotSparseEmbeddingHash` (NVIDIA Merlin HugeCTR
+docs; Wang et al. 2022) on the tour's world, both key placements (`key mod N` and
+`fmix64(key) mod N`), trained `STEPS` steps with `SparseAdagrad` on `fixture.ctr_data`,
+against one `HashEmbeddingBag` over the global batches: pooled outputs and key-sorted
+key -> vector dumps within `fixture.TOL`.
 Memory: rank 0's value table plus Adagrad's accumulator, measured, against
 `theory.embedding_state_bytes_per_rank`. Bytes: what rank 0 sends in the last step with the
 hashed placement and HugeCTR's reduce-scatter scheme, the layer's default (the counts, the
@@ -11,6 +13,13 @@ hashed placement and HugeCTR's reduce-scatter scheme, the layer's default (the c
 the top gradients), against `theory.distributed_slot_reduce_scatter_step_bytes` from the
 step's split counts. Figures: the load of keys per rank and the bytes per step of the two
 placements. (`step_bytes_theory` also counts the all-to-all scheme, for notebook 11.)
+
+"localized slots (HugeCTR)": `LocalizedSlotSparseEmbeddingHash` (every slot whole on rank
+s mod N) trained the same way, against the same reference (each slot's keys are its own, so
+one table and N tables of slots hold the same vectors). Memory: rank 0's table and Adagrad's
+state against `theory.embedding_state_bytes_per_rank`; bytes: rank 0's last step against
+`theory.localized_slot_step_bytes` from the step's bags and keys per owner
+(`fixture.localized_counts`).
 
 The "Wide&Deep (hash emb. + DDP)" row (Cheng et al. 2016) trains `ctr.build_ctr("wide_deep")`
 on `criteo.criteo_data` with its embeddings model-parallel (distributed slots, hashed) and
@@ -38,6 +47,7 @@ from . import theory
 from .fixture import (
     CTRData,
     ctr_data,
+    localized_counts,
     max_diff_vs_reference,
     reference,
     slot_embedding_on_rank,
@@ -78,7 +88,7 @@ def step_bytes_theory(data: CTRData, step: int, world: int, placement: str, dim:
     return [_slot_step_bytes(to, r, dim, bags, scheme, mode) for r in range(world)]
 
 
-@tour_row("hash embedding (HugeCTR)", lesson=11)
+@tour_row("distributed slots (HugeCTR)", lesson=11)
 def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
     from .plots import plot_bytes_per_step, plot_load_imbalance
 
@@ -95,11 +105,34 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
     _save(plot_load_imbalance(data.keys(), n), out_dir / "embedding_load_imbalance.png")
     _save(plot_bytes_per_step(measured, predicted), out_dir / "embedding_bytes_per_step.png")
     return TourRow(
-        f"hash embedding (HugeCTR, N={n})", diff <= 1e-6, diff,
+        f"distributed slots (HugeCTR, N={n})", diff <= 1e-6, diff,
         memory_per_rank=runs[0]["hashed"]["memory"],
         memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
         bytes_per_rank=measured["hashed"][0],
         bytes_theory=predicted["hashed"][0],
+    )  # fmt: skip
+
+
+@tour_row("localized slots (HugeCTR)", lesson=11)
+def localized_slots_row(world_size: int, out_dir: Path) -> TourRow:
+    data = ctr_data(seed=0, samples=STEPS * GLOBAL_BATCH)
+    n = world_size if GLOBAL_BATCH % world_size == 0 else 1
+    runs = launch(slot_embedding_on_rank, n, data, ("localized",), STEPS, GLOBAL_BATCH,
+                  CAPACITY_PER_RANK)  # fmt: skip
+    ref = reference(data, STEPS, GLOBAL_BATCH, n * CAPACITY_PER_RANK)
+    diff = max_diff_vs_reference(runs, "localized", ref)
+    dim = runs[0]["localized"]["dump"][1].shape[1]
+    last = STEPS - 1
+    bags_to, keys_to = localized_counts(data, last, n, GLOBAL_BATCH)
+    bags_from = [bags_to[r][0] for r in range(n)]  # what rank 0's slots get from each rank
+    return TourRow(
+        f"localized slots (HugeCTR, N={n})", diff <= 1e-6, diff,
+        memory_per_rank=runs[0]["localized"]["memory"],
+        memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
+        bytes_per_rank=runs[0]["localized"]["sent"][last],
+        bytes_theory=theory.localized_slot_step_bytes(
+            bags_to[0], keys_to[0], bags_from, 0, dim
+        ),
     )  # fmt: skip
 
 

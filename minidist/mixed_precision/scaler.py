@@ -5,7 +5,8 @@ bits, so gradients below 2^-24 flush to zero. Multiplying the loss by a scale S 
 into range; dividing the gradients by S before the step undoes it. Too large an S overflows:
 a gradient becomes inf or NaN, the step is skipped and S halved. After `growth_interval`
 good steps in a row S doubles again. The defaults are GradScaler's: S = 2^16, growth 2,
-backoff 1/2, interval 2000.
+backoff 1/2, interval 2000. Like GradScaler, whose scale is a float32 tensor, a growth that
+would reach inf is skipped: the scale stops at the largest finite one it can reach.
 
 Distributed, the ranks must agree: one rank's overflow skips the step on every rank, or the
 replicas (or the shards of one model) drift apart. "Found inf" is all-reduced with MAX over
@@ -26,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class DynamicLossScaler:
@@ -96,7 +99,8 @@ class DynamicLossScaler:
         return True
 
     def update(self) -> None:
-        """Halve the scale after an overflow, double it after `growth_interval` good steps."""
+        """Halve the scale after an overflow, double it after `growth_interval` good steps
+        (unless that leaves float32's range: then it stays)."""
         if self._found_inf is None:
             raise RuntimeError("update() needs a step() (or unscale_()) since the last update()")
         if self._found_inf:
@@ -107,7 +111,9 @@ class DynamicLossScaler:
         else:
             self.good_steps, self.skipped_in_a_row, self._warned = self.good_steps + 1, 0, False
             if self.good_steps == self.growth_interval:
-                self.scale_value *= self.growth_factor
+                grown = self.scale_value * self.growth_factor
+                if grown <= FLOAT32_MAX:  # GradScaler keeps its scale in float32: never inf
+                    self.scale_value = grown
                 self.good_steps = 0
         self._found_inf = None
 

@@ -1,12 +1,12 @@
 """Lesson 09 (notebooks/09_pipeline.ipynb), pipeline parallelism: schedules as data (GPipe, 1F1B,
-interleaved, zero bubble), a simulator, and an engine running them on a world.
+interleaved, zero bubble ZB-H1 and ZB-V), a simulator, and an engine running them on a world.
 
 Huang et al. 2019 (GPipe); Narayanan et al. 2021 (PipeDream-Flush / 1F1B, and interleaved
 1F1B in "Efficient Large-Scale Language Model Training on GPU Clusters"); Qi et al. 2024
 ("Zero Bubble Pipeline Parallelism").
 
 - `schedules.py`: `schedule(kind, stages, microbatches, virtual)`
-- `simulate.py`: `simulate(steps, forward, backward, weight, latency)` -> Timeline
+- `simulate.py`: `simulate(steps, forward, backward, weight, latency, placement)` -> Timeline
 - `theory.py`: bubble fractions and peak micro-batches alive
 - `engine.py`: `GPTStage`, `split_gpt`, `PipelineParallel` (`timings`: per-step start/end)
 - `fixture.py`, `plots.py`, `check.py`, `lesson.py`: the course side (rank functions, Gantt

@@ -34,7 +34,7 @@ from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, verify_same_model
 from ..policy import module_device
-from .schedules import schedule
+from .schedules import schedule, virtual_stage
 
 
 class GPTStage(nn.Module):
@@ -92,7 +92,9 @@ class PipelineParallel(ParallelModule):
         """`layout`: a `minidist.megatron.ParallelLayout` with tp = 1; its pp groups are the
         pipelines, its dp groups the replicas, its embedding groups the tied copies.
         `virtual`: model chunks per rank for the interleaved schedule (rank r holds the
-        virtual stages r, r + p, ...; `self.chunks`), 1 otherwise."""
+        virtual stages r, r + p, ...; `self.chunks`), 1 otherwise. ZB-V always has two,
+        placed in a V (rank r holds r and 2p-1-r): rank 0 holds the first and the last,
+        rank p-1 hands its activations from one chunk to the other without a message."""
         super().__init__()
         if virtual != 1 and kind != "interleaved":
             raise ValueError(f"PipelineParallel: virtual={virtual} needs kind='interleaved'")
@@ -108,12 +110,12 @@ class PipelineParallel(ParallelModule):
         # every stage and replica cuts its stage from the same dense model
         for group in (pp_group, dp_group) if dp_group is not None else (pp_group,):
             verify_same_model(dense, group, "PipelineParallel")
-        self.v = virtual
+        self.v = 2 if kind == "zb-v" else virtual
         self.chunks = [
-            split_gpt(dense, self.p * virtual, c * self.p + self.stage_index)
-            for c in range(virtual)
+            split_gpt(dense, self.p * self.v, virtual_stage(kind, self.stage_index, c, self.p))
+            for c in range(self.v)
         ]
-        self.module = self.chunks[0] if virtual == 1 else nn.ModuleList(self.chunks)
+        self.module = self.chunks[0] if self.v == 1 else nn.ModuleList(self.chunks)
         self.steps = schedule(kind, self.p, microbatches, virtual)[self.stage_index]
         self.kind, self.m, self.loss_fn, self.hidden = kind, microbatches, loss_fn, dense.cfg.hidden
         self.pp_group, self.dp_group, self.embedding_group = pp_group, dp_group, embedding_group
@@ -135,6 +137,7 @@ class PipelineParallel(ParallelModule):
         if x.shape[0] % self.m:
             raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
         xs, ys = x.chunk(self.m), y.chunk(self.m)
+        self.mailbox: dict[tuple[int, int], list[torch.Tensor]] = {}  # same-rank hand-offs
         shape = (x.shape[0] // self.m, x.shape[1], self.hidden)
         inputs, outputs, saved, sends = {}, {}, {}, []
         loss_sum = torch.zeros((), device=self.device)
@@ -161,7 +164,7 @@ class PipelineParallel(ParallelModule):
                 out, inp = outputs[key], inputs[key]
                 grad = None if stage.last else self._recv(shape, +1, c)
                 start = time.perf_counter()
-                if self.kind != "zb-h1":
+                if not self.split_backward:
                     _backward(out, grad)
                 elif not stage.first:  # the input gradient only; W comes later
                     _backward(out, grad, inputs=[inp], keep=True)
@@ -169,7 +172,7 @@ class PipelineParallel(ParallelModule):
                     out._minidist_grad = grad  # the first stage has no input gradient to pass
                 if not stage.first:
                     sends.append((self._send(inp.grad, -1, c), None))
-                if self.kind != "zb-h1":
+                if not self.split_backward:
                     del outputs[key], inputs[key], saved[key]
             else:  # W: the weight gradients of micro-batch i, from the kept graph
                 start = time.perf_counter()
@@ -183,38 +186,59 @@ class PipelineParallel(ParallelModule):
         for work, _ in sends:
             work.wait()
         self._sync_gradients()
-        comm.broadcast(loss_sum, src=self.ranks[-1], group=self.pp_group, tag="pp-loss")
+        last = self._neighbour_of(self.p * self.v - 1)[0]  # the rank computing the loss
+        comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
         return float(loss_sum)
+
+    @property
+    def split_backward(self) -> bool:
+        """B computes the input gradient only, W the weights' (the zero-bubble schedules)."""
+        return self.kind in ("zb-h1", "zb-v")
+
+    def _neighbour_of(self, vs: int) -> tuple[int, int]:
+        """(global rank, chunk) holding virtual stage `vs`."""
+        p = self.p
+        if self.kind == "zb-v":
+            return (self.ranks[vs], 0) if vs < p else (self.ranks[2 * p - 1 - vs], 1)
+        return self.ranks[vs % p], vs // p
 
     def _neighbour(self, direction: int, chunk: int) -> tuple[int, int]:
         """(global rank, chunk) of the virtual stage before (-1) or after (+1) this rank's
-        `chunk`: the last rank's chunk c is followed by the first rank's chunk c + 1."""
-        r = self.stage_index + direction
-        if r == self.p:
-            return self.ranks[0], chunk + 1
-        if r < 0:
-            return self.ranks[self.p - 1], chunk - 1
-        return self.ranks[r], chunk
+        `chunk`: in a loop the last rank's chunk c is followed by the first rank's chunk
+        c + 1; in a V rank p-1's chunk 0 by its own chunk 1."""
+        vs = virtual_stage(self.kind, self.stage_index, chunk, self.p)
+        return self._neighbour_of(vs + direction)
 
     def _send(self, t: torch.Tensor, direction: int, chunk: int = 0):
         """Activations go forward with tag 2·(their chunk), gradients back with 2·chunk + 1:
-        streams between the same two ranks never mix."""
+        streams between the same two ranks never mix. To a chunk of this rank: no message."""
         peer, peer_chunk = self._neighbour(direction, chunk)
         message = 2 * peer_chunk + (direction < 0)
+        if peer == dist.get_rank():
+            self.mailbox.setdefault((peer_chunk, message), []).append(t.detach().clone())
+            return _Delivered()
         return comm.batch_isend_irecv([("send", t.contiguous(), peer, message)], tag="pp")[0]
 
     def _recv(self, shape, direction: int, chunk: int = 0) -> torch.Tensor:
-        buffer = torch.empty(shape, device=self.device)
         peer, _ = self._neighbour(direction, chunk)
         message = 2 * chunk + (direction > 0)  # from after: a gradient; from before: an input
+        if peer == dist.get_rank():
+            return self.mailbox[chunk, message].pop(0)
+        buffer = torch.empty(shape, device=self.device)
         comm.batch_isend_irecv([("recv", buffer, peer, message)], tag="pp")[0].wait()
         return buffer
 
     @torch.no_grad()
     def _sync_gradients(self) -> None:
-        first, last = self.chunks[0], self.chunks[-1]
-        if self.p > 1 and (first.first or last.last):  # the tied embedding's two copies
-            tied = first.tok_emb.weight if first.first else last.lm_head.weight
+        first = next((c for c in self.chunks if c.first), None)
+        last = next((c for c in self.chunks if c.last), None)
+        if first is not None and last is not None:  # both copies here (p = 1, or ZB-V)
+            a, b = first.tok_emb.weight, last.lm_head.weight
+            if a is not b:
+                a.grad += b.grad
+                b.grad.copy_(a.grad)
+        elif first is not None or last is not None:  # the tied embedding's two copies
+            tied = first.tok_emb.weight if first is not None else last.lm_head.weight
             comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
         if self.dp_group is not None:  # once per step, after the last micro-batch
             n = dist.get_world_size(self.dp_group)
@@ -254,6 +278,16 @@ def _backward(out: torch.Tensor, grad, inputs=None, keep: bool = False) -> None:
         (out,), grads, keep, False, tuple(inputs or ()), allow_unreachable=True,
         accumulate_grad=True,
     )  # fmt: skip
+
+
+class _Delivered:
+    """The hand-off between two chunks of one rank: done as soon as it is made."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        return True
 
 
 def _free_sent(sends: list) -> list:

@@ -1,4 +1,5 @@
-"""Lesson 09's entries in the harnesses: the "pipeline 1F1B" tour row and the `pp` bench.
+"""Lesson 09's entries in the harnesses: the "pipeline GPipe" and "pipeline 1F1B" tour rows
+and the `pp` bench.
 
 - "pipeline 1F1B": `PipelineParallel` with the 1F1B schedule (Narayanan et al. 2021,
   PipeDream-Flush) on p = the tour's world (at most the GPT's 4 layers), m = 8 micro-batches,
@@ -9,6 +10,9 @@
   `theory.p2p_bytes_sent_per_step`, the loss's broadcast and the comparison contract's
   gathers (tags "pp-loss", "full-state") left out. The last step's measured Gantt chart goes
   to `pipeline_1f1b_timeline.png`.
+- "pipeline GPipe": the same with GPipe's schedule (Huang et al. 2019, section 2.2): every
+  forward, then every backward; the same bytes, and m micro-batches' activations alive on
+  every stage (`theory.peak_microbatches(0, p, m, "gpipe")`).
 - `pp` bench: minidist's 1F1B against `torch.distributed.pipelining`'s `Schedule1F1B` on the
   same two-stage split of a GPT (world of 2, same micro-batches, same data, SGD), timed
   interleaved; and the bubble of minidist's run measured from its timestamps next to the
@@ -45,15 +49,24 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+@tour_row("pipeline GPipe", lesson=9)
+def pipeline_gpipe_row(world_size: int, out_dir: Path) -> TourRow:
+    return _pipeline_row("gpipe", "GPipe", world_size, out_dir)
+
+
 @tour_row("pipeline 1F1B", lesson=9)
 def pipeline_1f1b_row(world_size: int, out_dir: Path) -> TourRow:
+    return _pipeline_row("1f1b", "1F1B", world_size, out_dir)
+
+
+def _pipeline_row(kind: str, label: str, world_size: int, out_dir: Path) -> TourRow:
     from .plots import plot_measured_gantt
 
     model, batches, _ = build_pp()
     cfg = model.cfg
     p = max(1, min(world_size, cfg.layers))
     ref = reference()
-    runs = launch(pipeline_on_rank, p, "1f1b", TOUR_M, p)
+    runs = launch(pipeline_on_rank, p, kind, TOUR_M, p)
     diffs = [max_abs_diff(r["params"], ref.params) for r in runs]
     losses_ok = all(
         max(abs(a - b) for a, b in zip(r["losses"], ref.losses)) < LOSS_TOL for r in runs
@@ -62,13 +75,14 @@ def pipeline_1f1b_row(world_size: int, out_dir: Path) -> TourRow:
     r0 = runs[0]
     timings = [r["timings"] for r in runs]
     _save(
-        plot_measured_gantt(timings, f"1F1B measured, p = {p}, m = {TOUR_M}"),
-        out_dir / "pipeline_1f1b_timeline.png",
+        plot_measured_gantt(timings, f"{label} measured, p = {p}, m = {TOUR_M}"),
+        out_dir / f"pipeline_{kind}_timeline.png",
     )
     return TourRow(
-        f"pipeline 1F1B (p={p}, m={TOUR_M})", losses_ok and max(diffs) < PARAM_TOL, max(diffs),
+        f"pipeline {label} (p={p}, m={TOUR_M})", losses_ok and max(diffs) < PARAM_TOL,
+        max(diffs),
         memory_per_rank=r0["peak_bytes"],
-        memory_theory=theory.peak_microbatches(0, p, TOUR_M, "1f1b") * r0["per_mb"],
+        memory_theory=theory.peak_microbatches(0, p, TOUR_M, kind) * r0["per_mb"],
         bytes_per_rank=r0["sent_per_step"],
         bytes_theory=theory.p2p_bytes_sent_per_step(0, p, b, s, cfg.hidden, cfg.vocab_size),
     )  # fmt: skip

@@ -13,16 +13,27 @@ the engine, the simulator, the Gantt charts and the tests.
   bubble, (p-1)/(m+p-1), far less memory.
 - Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters", section 2.2): v model chunks per rank (stage r holds chunks r, r+p, ...),
-  bubble (p-1)/(v·m); m must be a multiple of p.
+  bubble (p-1)/(v·m); m must be a multiple of p. Stage r warms up with (v-1)·p + 2(p-1-r)
+  forwards, then alternates, also when m = p: today's rule in megatron-core
+  (`get_pp_rank_microbatches` in megatron/core/pipeline_parallel/schedules.py, with
+  `microbatch_group_size_per_vp_stage` = p) and torch 2.13's `ScheduleInterleaved1F1B`
+  (`_get_warmup_ops`). Megatron-LM until core 0.5 ran every forward first when m = p: the
+  same bubble, but every stage then holds all v·m chunk activations.
 - ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3): 1F1B with backward
   split into B (input gradient, on the critical path) and W (weight gradient, free to move);
   stage r postpones its first r W steps to the end, so the backward chain never waits
   behind a weight gradient: bubble (p-1)(F + B - W) instead of (p-1)(F + B + W).
+- ZB-V (Qi et al. 2024, arXiv:2401.10241, the ZB-V schedule; torch's
+  `ScheduleZBVZeroBubble`): 2 chunks per rank placed in a V, rank r holding virtual stages
+  r and 2p-1-r, so the first and the last virtual stage share rank 0 and the turn at rank
+  p-1 needs no message. Backward split as in ZB-H1; with F = B = W the only idle time
+  left is the fill, p-1 chunk forwards per rank (`theory.bubble_fraction`), and no rank
+  holds more than 1F1B's first stage does.
 """
 
 from __future__ import annotations
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 
 
 def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> list[list[tuple]]:
@@ -44,7 +55,7 @@ def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> lis
                 f"multiple of stages={stages}"
             )
         return [_interleaved(r, stages, microbatches, virtual) for r in range(stages)]
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1}[kind]
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}[kind]
     return [build(r, stages, microbatches) for r in range(stages)]
 
 
@@ -83,9 +94,50 @@ def _interleaved(r: int, p: int, m: int, v: int) -> list[tuple]:
         chunk = v - 1 - (k // p) % v
         return ("B", (k // (p * v)) * p + k % p, chunk)
 
-    # Megatron-LM's rule: with m == p every step of a rank is a warm-up forward
-    warmup = total if m == p else min((p - r - 1) * 2 + (v - 1) * p, total)
+    # the later stages start alternating sooner: two forwards fewer per stage towards the end
+    warmup = min((v - 1) * p + 2 * (p - 1 - r), total)
     steps = [forward(k) for k in range(warmup)]
     for k in range(total - warmup):
         steps += [forward(warmup + k), backward(k)]
     return steps + [backward(k) for k in range(total - warmup, total)]
+
+
+def virtual_stage(kind: str, stage: int, chunk: int, stages: int) -> int:
+    """Which of the v·p virtual stages chunk `chunk` of stage `stage` is: a loop (chunk c
+    holds c·p + r, interleaved) or, for ZB-V, a V (chunk 0 holds r, chunk 1 2p-1-r)."""
+    if kind == "zb-v":
+        return stage if chunk == 0 else 2 * stages - 1 - stage
+    return chunk * stages + stage
+
+
+def _zb_v(r: int, p: int, m: int) -> list[tuple]:
+    """Stage r of ZB-V: ("F" | "B" | "W", micro-batch, chunk). The rule fills the V with at
+    least 2p-1 micro-batches; with fewer, the missing ones' steps are left out."""
+    n = max(2 * p - 1, m)
+    done = {(op, c): 0 for op in "FBW" for c in (0, 1)}
+    steps = []
+
+    def run(*ops):
+        for op, c in ops:
+            steps.append((op, done[op, c], c))
+            done[op, c] += 1
+
+    # warm-up: down the V on chunk 0, then chunk 1 comes back up to meet it
+    run(*[("F", 0)] * (2 * (p - r) - 1))
+    for _ in range(r):
+        run(("F", 1), ("F", 0))
+    for _ in range(p - r):
+        run(("F", 1), ("B", 1), ("W", 1))
+    # steady state: a forward, an input gradient and a weight gradient of each chunk
+    while done["F", 1] < done["F", 0] or done["F", 0] < n:
+        if done["F", 0] < n:
+            run(("F", 0))
+        run(("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
+    # cool-down: input gradients first (the critical path), the weight gradients last
+    for _ in range(r):
+        run(("B", 0), ("B", 1))
+    for _ in range(p - r):
+        run(("B", 0), ("W", 0))
+    run(*[("W", 1)] * (done["B", 1] - done["W", 1]))
+    run(*[("W", 0)] * (done["B", 0] - done["W", 0]))
+    return [step for step in steps if step[1] < m]

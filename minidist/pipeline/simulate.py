@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .schedules import virtual_stage
+
 
 @dataclass
 class Timeline:
@@ -40,6 +42,19 @@ class Timeline:
             peaks.append(peak)
         return peaks
 
+    def peak_held(self) -> list[int]:
+        """Per stage, the most micro-batches (× chunks) whose activations it holds: from F to
+        the last step that needs them, W where backward is split, B otherwise."""
+        peaks = []
+        for steps in self.stages:
+            frees = "W" if any(step[0] == "W" for step, _, _ in steps) else "B"
+            alive = peak = 0
+            for step, _, _ in steps:
+                alive += 1 if step[0] == "F" else -1 if step[0] == frees else 0
+                peak = max(peak, alive)
+            peaks.append(peak)
+        return peaks
+
 
 def simulate(
     steps: list[list[tuple]],
@@ -47,10 +62,21 @@ def simulate(
     backward: float = 1.0,
     weight: float = 0.0,
     latency: float = 0.0,
+    placement: str = "loop",
 ) -> Timeline:
-    """Times of every step. With split backward (W steps), `backward` is B's and `weight` W's."""
+    """Times of every step. With split backward (W steps), `backward` is B's and `weight` W's.
+    `placement`: how chunks map to virtual stages, "loop" (interleaved: chunk c of stage s is
+    c·p + s) or "v" (ZB-V: chunk 1 of stage s is 2p-1-s); a message between two virtual
+    stages of one rank has no latency."""
+    if placement not in ("loop", "v"):
+        raise ValueError(f"simulate: placement must be 'loop' or 'v', got {placement!r}")
     p = len(steps)
     v = 1 + max((s[2] for stage in steps for s in stage if len(s) > 2), default=0)
+    kind = "zb-v" if placement == "v" else "interleaved"
+
+    def rank_of(vs: int) -> int:
+        return vs % p if placement == "loop" else min(vs, 2 * p - 1 - vs)
+
     cost = {"F": forward, "B": backward, "W": weight}
     done: dict[tuple, float] = {}  # (op, microbatch, virtual stage) -> end time
     position, clock = [0] * p, [0.0] * p
@@ -62,12 +88,13 @@ def simulate(
                 continue
             step = steps[s][position[s]]
             op, i, c = step[0], step[1], step[2] if len(step) > 2 else 0
-            ready = _ready(op, i, c * p + s, p * v, done, latency)
+            vs = virtual_stage(kind, s, c, p)
+            ready = _ready(op, i, vs, p * v, done, latency, rank_of)
             if ready is None:
                 continue
             start = max(clock[s], ready)
             end = start + cost[op]
-            done[(op, i, c * p + s)] = end
+            done[(op, i, vs)] = end
             clock[s] = end
             out[s].append((step, start, end))
             position[s] += 1
@@ -77,7 +104,9 @@ def simulate(
     return Timeline(out)
 
 
-def _ready(op: str, i: int, vs: int, total: int, done: dict, latency: float) -> float | None:
+def _ready(
+    op: str, i: int, vs: int, total: int, done: dict, latency: float, rank_of
+) -> float | None:
     """When the step's dependency is met, or None if it has not run yet."""
     if op == "F":
         need = None if vs == 0 else ("F", i, vs - 1)
@@ -89,8 +118,8 @@ def _ready(op: str, i: int, vs: int, total: int, done: dict, latency: float) -> 
         return 0.0
     if need not in done:
         return None
-    same_stage = op == "W" or (op == "B" and vs == total - 1)
-    return done[need] + (0.0 if same_stage else latency)
+    same_rank = rank_of(need[2]) == rank_of(vs)
+    return done[need] + (0.0 if same_rank else latency)
 
 
 def from_timestamps(timings: list[list[tuple[str, int, float, float]]]) -> Timeline:

@@ -3,7 +3,9 @@
 Huang et al. 2019 (GPipe) and Narayanan et al. 2021: with p stages, m micro-batches and
 equal forward/backward times the idle share is (p-1)/(m+p-1) for GPipe and 1F1B alike;
 interleaving v chunks per rank divides the bubble by v, (p-1)/(v·m) of the ideal time;
-ZB-H1 (Qi et al. 2024) leaves (p-1)(F + B - W) of idle time instead of (p-1)(F + B + W).
+ZB-H1 (Qi et al. 2024) leaves (p-1)(F + B - W) of idle time instead of (p-1)(F + B + W);
+ZB-V (the same paper's V-shaped schedule) only the fill of p-1 chunk forwards. Every
+`bubble_fraction` is the idle share of the stages' time: idle / (p × makespan).
 GPipe keeps the activations of m micro-batches on every stage; 1F1B at most min(p-r, m)
 on stage r.
 """
@@ -19,18 +21,54 @@ def bubble_fraction(stages: int, microbatches: int, kind: str = "1f1b", virtual:
     if kind == "interleaved":
         ideal = m  # forward + backward of m micro-batches, in chunk-sized units: v·m
         return (p - 1) / virtual / (ideal + (p - 1) / virtual)
-    if kind == "zb-h1":  # F = B = W = 1: bubble (p-1)(F + B - W) over m(F + B + W) of work
-        return (p - 1) / (3 * m + p - 1)
+    if kind == "zb-h1":  # F = B = W = 1
+        # m >= p: m(F + B + W) of work and (p-1)(F + B - W) idle per stage; m < p: the
+        # pipeline never fills, the last micro-batch's forward through p stages, its
+        # backward back, the m-1 before it on the way: p(F + B) + (m-1)(F + B) + W
+        makespan = max(3 * m + p - 1, 2 * m + 2 * p - 1)
+        return 1 - 3 * m / makespan
+    if kind == "zb-v":  # 2 chunks per rank, each chunk's F = B = W = 1 (half a stage's)
+        # 6m of work per rank; m large: the fill, p-1 chunk forwards; m small: the V's
+        # length, forwards down and up and input gradients back, 4p-2, plus 4 per micro-batch
+        makespan = max(6 * m + p - 1, 4 * m + 4 * p - 2)
+        return 1 - 6 * m / makespan
     raise ValueError(f"bubble_fraction: no closed form for kind={kind!r}")
 
 
-def peak_microbatches(stage: int, stages: int, microbatches: int, kind: str = "1f1b") -> int:
-    """Micro-batches whose activations stage `stage` holds at most at once."""
+def peak_microbatches(
+    stage: int, stages: int, microbatches: int, kind: str = "1f1b", virtual: int = 1
+) -> int:
+    """Micro-batches whose activations stage `stage` holds at most at once (with interleaving:
+    chunk activations, each 1/v of a stage's layers).
+
+    Interleaved 1F1B: the warm-up forwards (v-1)·p + 2(p-1-r) and the first steady-state
+    forward, at most all v·m (megatron-core's and torch's rule, `schedules.py`).
+
+    ZB-H1 holds a micro-batch until its W (the weight gradient needs the layers' inputs):
+    stage r keeps min(p-r, m) between F and B, as 1F1B, plus the W steps it postpones
+    (`postponed_weight_steps`), min(p, m) in all, the first stage's 1F1B peak (Qi et al.
+    2024, section 3.1: ZB-H1 keeps 1F1B's peak memory)."""
     if kind == "gpipe":
         return microbatches
-    if kind in ("1f1b", "zb-h1"):
+    if kind == "1f1b":
         return min(stages - stage, microbatches)
+    if kind == "zb-h1":
+        return min(stages, microbatches)
+    if kind == "interleaved":
+        warmup = (virtual - 1) * stages + 2 * (stages - 1 - stage)
+        return min(warmup + 1, virtual * microbatches)
     raise ValueError(f"peak_microbatches: no closed form for kind={kind!r}")
+
+
+def postponed_weight_steps(stage: int, stages: int, microbatches: int) -> int:
+    """ZB-H1: W steps stage `stage` moves from right after their B to after its last B
+    (Qi et al. 2024, section 3.1): those of its first r micro-batches on stage r (all m if
+    m <= r), so that the B chain passing back through the stages never waits behind a
+    weight gradient. Each keeps its micro-batch's activations alive longer
+    (`peak_microbatches(..., "zb-h1")`)."""
+    if not 0 <= stage < stages:
+        raise ValueError(f"postponed_weight_steps: stage={stage} must be in [0, {stages})")
+    return min(stage, microbatches)
 
 
 def p2p_bytes_sent_per_step(

@@ -1,4 +1,10 @@
-"""Lesson 02's entries in the tour: ZeRO stages 1 and 2 against single-process Adam."""
+"""Lesson 02's entries in the tour: ZeRO stages 1 and 2 against single-process Adam, and
+weight-update sharding (Xu et al. 2020, "Automatic Cross-Replica Sharding of Weight Update
+in Data-Parallel Training", arXiv:2004.13336, sections 3-4): each replica updates its shard
+of the weights, and the all-gather of the updated weights waits until just before the next
+forward (`gather_weights="before_forward"`, where it can overlap with the input pipeline),
+ZeRO's other gather-when option. The same bytes and memory as ZeRO-1 (sharded optimizer
+state, full gradients reduce-scattered)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ TOUR_BUCKET_MB = 0.02
 # at lr = 1e-2 parameters differ by up to ~3e-5 (see tests/test_zero.py). 1e-4 still fails
 # any real mistake (a missed or doubled gradient moves a parameter by ~lr).
 TOUR_TOL = 1e-4
+WEIGHT_UPDATE_SHARDING = "weight-update sharding (Xu et al.)"
 
 
 def memory_theory(name: str, world_size: int, stage: int, bucket_cap_mb: float) -> dict:
@@ -37,13 +44,18 @@ def memory_theory(name: str, world_size: int, stage: int, bucket_cap_mb: float) 
     return dict(terms=terms, padded=padded, buckets=len(plan), frozen=frozen)
 
 
-def _zero_row(stage: int, world_size: int, out_dir: Path) -> TourRow:
+def _zero_row(
+    stage: int, world_size: int, out_dir: Path, gather_weights: str = "after_step"
+) -> TourRow:
     import matplotlib.pyplot as plt
 
     from .plots import plot_memory_by_state
 
     ref = reference(MODEL)
-    results = launch(train_on_rank, world_size, stage, MODEL, bucket_cap_mb=TOUR_BUCKET_MB)
+    results = launch(
+        train_on_rank, world_size, stage, MODEL, bucket_cap_mb=TOUR_BUCKET_MB,
+        gather_weights=gather_weights,
+    )  # fmt: skip
     diff = max(max_abs_diff(trace.params, ref.params) for trace, *_ in results)
     _, ledger, memory, _ = results[0]
     steps = len(ref.losses)
@@ -56,10 +68,11 @@ def _zero_row(stage: int, world_size: int, out_dir: Path) -> TourRow:
     fig = plot_memory_by_state(
         formula, measured, f"ZeRO-{stage}, GPT, {world_size} ranks: measured rank 0 vs formula"
     )
-    fig.savefig(out_dir / f"zero{stage}_memory.png", dpi=100, bbox_inches="tight")
+    fig.savefig(out_dir / f"zero{stage}_{gather_weights}_memory.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
+    label = f"ZeRO-{stage}" if gather_weights == "after_step" else WEIGHT_UPDATE_SHARDING
     return TourRow(
-        f"ZeRO-{stage}", diff < TOUR_TOL, diff,
+        label, diff < TOUR_TOL, diff,
         memory_per_rank=memory.total,
         memory_theory=int(sum(expected["terms"].values())),
         bytes_per_rank=sent,
@@ -75,3 +88,8 @@ def zero1_row(world_size: int, out_dir: Path) -> TourRow:
 @tour_row("ZeRO-2", lesson=2)
 def zero2_row(world_size: int, out_dir: Path) -> TourRow:
     return _zero_row(2, world_size, out_dir)
+
+
+@tour_row(WEIGHT_UPDATE_SHARDING, lesson=2)
+def weight_update_sharding_row(world_size: int, out_dir: Path) -> TourRow:
+    return _zero_row(1, world_size, out_dir, gather_weights="before_forward")

@@ -1,0 +1,94 @@
+"""Plant each bug of `catalogue.MUTANTS` one at a time and run its package's tests.
+
+Not part of the test suite: a check of the tests themselves (issue 19). Run it in a copy of
+the repository, never in a working tree with edits you care about (it rewrites files and
+restores them after each bug):
+
+    git worktree add /tmp/minidist-sweep HEAD
+    cd /tmp/minidist-sweep && PYTHONPATH=$PWD python tests/mutants/sweep.py [package ...]
+
+First each package's tests run once without a bug (a failing or hanging suite would
+"catch" everything): a package whose tests fail then is reported and skipped. Per bug it
+prints caught or SURVIVED; at the end caught/total per package. A bug whose text is not in
+its file exactly once is reported as "bad" and not counted.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from catalogue import MUTANTS  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT_S = 900
+
+
+def tests_of(package: str) -> list[str]:
+    """A package's tests: tests/test_<package>*.py, test_check_<package>.py and the few
+    whose names differ from the package's."""
+    extra = {
+        "fsdp": ["tests/test_checkpoint.py"],
+        "pipeline": ["tests/test_bench_pp.py"],
+        "parameter_server": ["tests/test_geeps_cache.py"],
+    }
+    found = glob.glob(os.path.join(ROOT, f"tests/test_{package}*.py"))
+    found += glob.glob(os.path.join(ROOT, f"tests/test_check_{package}.py"))
+    found += [os.path.join(ROOT, p) for p in extra.get(package, [])]
+    return sorted(set(found))
+
+
+def run(package: str) -> bool:
+    """True if the package's tests fail (the bug is caught)."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:nbval", "-p", "no:cacheprovider",
+           *tests_of(package)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return True  # a hang is a failure the suite reports (launch's timeout)
+    return done.returncode != 0
+
+
+def main(packages: list[str]) -> None:
+    score: dict[str, list[int]] = {}
+    baseline: dict[str, bool] = {}
+    for package, path, old, new, what in MUTANTS:
+        if packages and package not in packages:
+            continue
+        if package not in baseline:
+            baseline[package] = not run(package)
+            if not baseline[package]:
+                print(f"baseline  {package:17} its tests fail without any bug: skipped")
+        if not baseline[package]:
+            continue
+        full = os.path.join(ROOT, "minidist", path)
+        with open(full) as f:
+            source = f.read()
+        if source.count(old) != 1:
+            print(f"bad       {package:17} {path}: text found {source.count(old)} times ({what})")
+            continue
+        t0 = time.time()
+        try:
+            with open(full, "w") as f:
+                f.write(source.replace(old, new))
+            caught = run(package)
+        finally:
+            with open(full, "w") as f:
+                f.write(source)
+        score.setdefault(package, [0, 0])
+        score[package][0] += caught
+        score[package][1] += 1
+        verdict = "caught  " if caught else "SURVIVED"
+        print(f"{verdict}  {package:17} {path}: {what} ({time.time() - t0:.0f} s)", flush=True)
+    total = [sum(c for c, _ in score.values()), sum(n for _, n in score.values())]
+    for package, (c, n) in [*score.items(), ("all", total)]:
+        print(f"{package:17} {c}/{n}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
