@@ -190,7 +190,7 @@ def explain_rank_failure(
         where = f" in {failure.where}" if failure.where else ""
         message = (
             f"{world}rank {exc.rank}: a collective{where} refused this rank's own arguments "
-            f"before sending anything: {local}{others}."
+            f"before sending anything ({failure.said()}): {local}{others}."
         )
         return LearnerFailed(exc.rank, message)
     if in_collective(said) and not likely_cause(failure, hints, generic=False):
