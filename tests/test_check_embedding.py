@@ -422,6 +422,9 @@ OWNER_SPLIT_MISTAKES = [
     (owner_right, lambda k, r, n: (splits_right(k, r, n)[0], [0] * n), "recv.*expected"),
     (owner_right, lambda k, r, n: 7, "return \\(send, recv\\)"),
     (owner_right, lambda k, n: 0, "TypeError.*keys_per_rank"),
+    # found by a learner who had not seen this catalogue
+    (lambda k, n: torch.remainder(k, n).to(torch.int32), splits_right, "int64 ranks"),
+    (owner_right, lambda *a: tuple(torch.tensor(p) for p in splits_right(*a)), "lists of Python"),
 ]
 
 

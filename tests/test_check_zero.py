@@ -149,6 +149,13 @@ def rs_right(flat_grad):
     return out.div_(world)
 
 
+def rs_never_waited(flat_grad):
+    n = dist.get_world_size()
+    out = torch.empty(flat_grad.numel() // n)
+    comm.reduce_scatter(out, flat_grad / n, async_op=True)  # a learner forgets .wait()
+    return out
+
+
 def rs_no_divide(flat_grad):
     out = torch.empty(flat_grad.numel() // dist.get_world_size())
     comm.reduce_scatter(out, flat_grad)
@@ -246,6 +253,7 @@ RS_MISTAKES = [
     Mistake("output too big", (rs_output_too_big,), "output must hold 1/N of its input"),
     Mistake("own chunk", (rs_own_chunk,), "still holds its own gradient"),
     Mistake("twice", (rs_twice,), "call it once"),
+    Mistake("never waited", (rs_never_waited,), "never waited on its work"),
     Mistake("by N-1", (rs_n_minus_1,), "by N-1 = 2; divide by the world size N = 3"),
     Mistake(
         "input is a chunk",

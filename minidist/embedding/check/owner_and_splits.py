@@ -82,7 +82,11 @@ def _diagnose_owner(owner: Callable) -> str | None:
                 f"owner returned a {got.dtype} tensor: ranks are integers (int64), and a float "
                 "cannot even hold every 64-bit key exactly; use torch.remainder on the int64 keys."
             )
-        got = got.to(torch.int64)
+        if got.dtype != torch.int64:
+            return (
+                f"owner returned a {got.dtype} tensor; return int64 ranks, the keys' own dtype "
+                "(the ranks index and count the keys next, and int32 or smaller breaks at scale)."
+            )
         if (got < 0).any():
             bad = OWNER_KEYS[got < 0][0].item()
             return (
@@ -114,6 +118,14 @@ def _diagnose_splits(split_sizes: Callable) -> str | None:
                 got_send, got_recv = ([int(x) for x in part] for part in got)
             except (TypeError, ValueError):
                 return f"split_sizes returned {got!r}; return (send, recv), two lists of N ints."
+            if not all(
+                isinstance(part, list | tuple) and all(type(x) is int for x in part) for part in got
+            ):
+                kinds = sorted({type(part).__name__ for part in got})
+                return (
+                    f"split_sizes returned {kinds} for (send, recv); return two lists of Python "
+                    "ints (counts.tolist()): comm.all_to_all takes its split sizes as lists."
+                )
             if (got_send, got_recv) == (send, recv):
                 continue
             where = f"rank {rank} of N = {world}, keys per rank {[b.tolist() for b in batches]}"

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ... import comm
 from ...course.check import best_scale, close, fail, passed, run_on_world, where_differs
+from ...course.watch import watch_comm
 from ...runtime import RankFailedError
 from .. import theory
 from ._shared import _and
@@ -29,10 +30,14 @@ def _grad_input(rank: int, numel: int) -> torch.Tensor:
 
 def _rs_rank(fn: Callable, numel: int) -> dict:
     rank = dist.get_rank()
-    with comm.record() as ledger:
+    with comm.record() as ledger, watch_comm() as watch:
         out = fn(_grad_input(rank, numel))
     out = out.detach().clone() if isinstance(out, torch.Tensor) else type(out).__name__
-    return dict(out=out, records=[(r.op, r.ring_bytes) for r in ledger.records])
+    return dict(
+        out=out,
+        records=[(r.op, r.ring_bytes) for r in ledger.records],
+        unwaited=watch.never_waited(),
+    )
 
 
 def _mean_grad(world: int, numel: int) -> torch.Tensor:
@@ -104,6 +109,13 @@ def check_reduce_scatter_bucket(reduce_scatter_bucket: Callable) -> None:
                     "// N)): the output must hold 1/N of its input."
                 )
             raise
+        unwaited = [r for r, res in enumerate(results) if res.get("unwaited")]
+        if unwaited:
+            fail(
+                f"on {world} ranks, ranks {unwaited} launched an async reduce-scatter "
+                "(async_op=True) and never waited on its work: the output is only complete "
+                "after work.wait(). Wait before returning (or call it without async_op)."
+            )
         mean = _mean_grad(world, BUCKET_NUMEL)
         chunk = BUCKET_NUMEL // world
         full = 4 * BUCKET_NUMEL
