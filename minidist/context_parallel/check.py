@@ -33,7 +33,7 @@ def _cases():
     g = torch.Generator().manual_seed(7)
     out = []
     for dtype in (torch.float64, torch.float32):
-        for rows, dim in ((5, 4), (3, 8)):
+        for rows, dim in ((5, 4), (3, 8), (6, 2), (4, 16), (8, 3), (3, 5)):
             lse = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
             lse_blk = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
             lse[0, 0], lse_blk[0, 1], lse[1, 2], lse_blk[1, 2] = NEG, NEG, NEG, NEG
