@@ -10,7 +10,7 @@ split of Brandon et al. 2023 ("Striped Attention") as Megatron-LM's context para
   `block_attention` and the online-softmax `merge`
 - `model.py`: `ContextParallelGPT`, the course GPT on 1/c of every sequence
 - `theory.py`: bytes per layer and step, causal work per rank and its imbalance
-- `fixture.py`, `plots.py`, `check.py`, `lesson.py`: the rank functions, figures, exercise
+- `fixture.py`, `plots.py`, `check/`, `lesson.py`: the rank functions, figures, exercise
   checkers and the tour row
 """
 

@@ -2,7 +2,7 @@
 
 The safety part of `minidist.fsdp.checkpoint`. torch's `FileSystemReader` reads `.metadata`
 with `pickle.load`, and `DefaultLoadPlanner` reads every non-tensor entry with
-`torch.load(weights_only=False)`: a crafted checkpoint runs its payload in every loading
+`torch.load` with `weights_only` off: a crafted checkpoint runs its payload in every loading
 process (the Python docs, `pickle`: "never unpickle data that could have come from an
 untrusted source"). Here:
 

@@ -131,7 +131,7 @@ def step_times_on_rank(tier: str | None, steps: int = 6, path: str | None = None
     fwd_bwd, step = [], []
     for i, batch in enumerate(batches):
         x, y = shard_batch(batch, rank, world)
-        dist.barrier()
+        comm.barrier(tag="timing")
         t0 = time.perf_counter()
         opt.zero_grad()
         loss_fn(fsdp(x), y).backward()

@@ -23,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import comm
 from ..data import shard_batch
 from ..data_parallel import BucketedDataParallel
 from ..data_parallel.fixture import build
@@ -89,7 +90,7 @@ def _bench_rank(name: str, steps: int) -> dict:
     times, activations, peak = [], 0, 0
     flat = [u.full for u in getattr(wrapped, "units", [])]
     for i, (x, y) in enumerate(local):
-        dist.barrier()
+        comm.barrier(tag="timing")
         t0 = time.perf_counter()
         opt.zero_grad()
         with LiveActivations(model, exclude=flat) as live:  # forward and backward

@@ -14,8 +14,8 @@ of the lesson:
   paper's (16-bit, dropout) and this course's kernels'
 - `fixture.py`: the rank functions the notebook, tests and tour share
 - `plots.py`: activations per rank by term, tensor parallelism against sequence parallelism
-- `check.py`: the exercise checkers; `lesson.py`: the tour row and the `sp` bench (against
-  torch's `SequenceParallel`)
+- `check/`: the exercise checkers, a module each; `lesson.py`: the tour row and the `sp` bench
+  (against torch's `SequenceParallel`)
 """
 
 from ..megatron.sequence import (

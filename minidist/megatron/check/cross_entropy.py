@@ -12,6 +12,7 @@ from ... import comm
 from ...course.check import fail, passed, run_on_world
 from ...runtime import RankFailedError
 from ._shared import raised
+from .ce_group import check_group_case
 
 CE_TOKENS = 8
 # (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
@@ -75,23 +76,6 @@ def _ce_rank(fn: Callable, case: str) -> dict:
 
 
 CE_GROUP_CASE = "ordinary logits"  # also run on 4 ranks as two tp groups of 2
-
-
-def _ce_group_rank(fn: Callable) -> dict:
-    """The ordinary case on a tp group of 2 inside a world of 4: the group is not the world."""
-    from ..layout import ParallelLayout
-
-    layout = ParallelLayout(tp=2)
-    q = layout.tp_rank
-    logits, targets, _, per = _case_inputs(CE_GROUP_CASE)
-    with comm.record() as ledger:
-        loss = fn(logits[:, q * per : (q + 1) * per].clone(), targets.clone(),
-                  layout.group("tp"), q * per, CE_CASES[CE_GROUP_CASE][1])  # fmt: skip
-    return dict(
-        value=float(loss.detach()) if isinstance(loss, torch.Tensor) else None,
-        groups={r.group_ranks for r in ledger.records},
-        tp=tuple(layout.mine["tp"]),
-    )
 
 
 def _ce_variants(case: str) -> dict:
@@ -321,21 +305,11 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
             problem = diagnose(case, results[case])
             if problem:
                 fail(problem)
-    try:
-        grouped = run_on_world(_ce_group_rank, 4, fn, hang_hint=CE_HANG_HINT)
-    except RankFailedError as exc:
-        fail(_ce_crash(CE_GROUP_CASE, exc))
-    right = float(_ce_variants(CE_GROUP_CASE)["right"][0])
-    for rank, res in enumerate(grouped):
-        wrong_group = [g for g in res["groups"] if g != res["tp"]]
-        value_off = res["value"] is None or not math.isclose(res["value"], right, rel_tol=1e-4)
-        if wrong_group or value_off:
-            fail(
-                f"on 4 ranks as two tp groups of 2, rank {rank} (tp group {list(res['tp'])}) "
-                f"made collectives over ranks {sorted(map(list, res['groups']))}"
-                f" and returned {res['value']} (want {right:.6g}): pass group=group to every "
-                "comm.all_reduce; the other tp group holds another copy of the vocabulary."
-            )
+    case = CE_GROUP_CASE
+    check_group_case(
+        fn, _case_inputs(case), CE_CASES[case][1], float(_ce_variants(case)["right"][0]),
+        lambda exc: _ce_crash(case, exc), CE_HANG_HINT,
+    )  # fmt: skip
     passed(
         "the vocab-parallel cross entropy equals F.cross_entropy on the full logits (ordinary, "
         "padded vocabulary, logits around 1000, a rank holding no target) with three "

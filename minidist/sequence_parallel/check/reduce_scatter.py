@@ -1,18 +1,4 @@
-"""Checkers for lesson 14's exercises (Korthikanti et al. 2022, section 4.2.2).
-
-1. `check_reduce_scatter_to_sequence(ReduceScatterToSequence)`: ḡ as a
-   `torch.autograd.Function`: `forward(ctx, x, group)` takes every rank's partial output
-   [b, s, h] and returns this rank's block of the sequence of their sum, [b, s/t, h];
-   `backward(ctx, grad)` all-gathers the gradient blocks back to [b, s, h]. Run on worlds
-   of 2 and 3 (the group is the world) and of 4 (two tp groups of 2), on a non-contiguous
-   input in float64 and a contiguous one in float32, with the sequence and the hidden size
-   different so that a split of the wrong dimension shows. Every mistake of `SP_MISTAKES`
-   is predicted from the inputs and named: see its tests.
-2. `check_sp_activation_bytes(fn)`: `fn(s, b, h, a, t)` returns Korthikanti's bytes of
-   one layer's activations per rank with tensor and sequence parallelism (16-bit, dropout),
-   s·b·h·(34/t + 5·a·s/(h·t)), compared on a grid of sizes (t that does not divide s·b·h
-   too) with the predictions of the usual formula mistakes.
-"""
+"""Lesson 14, exercise 1: ḡ, the reduce-scatter that leaves a tensor-parallel region."""
 
 from __future__ import annotations
 
@@ -21,11 +7,11 @@ import re
 
 import torch
 
-from .. import comm
-from ..course.check import CheckFailed, close, fail, passed, run_on_world
-from ..course.failures import local_collective_cause
-from ..megatron.layout import ParallelLayout
-from ..runtime import RankFailedError
+from ... import comm
+from ...course.check import CheckFailed, close, fail, passed, run_on_world
+from ...course.failures import local_collective_cause
+from ...megatron.layout import ParallelLayout
+from ...runtime import RankFailedError
 
 SP_CASES = ((2, 2), (3, 3), (4, 2))  # (world, tp): on 4, two tp groups of 2
 SP_SHAPE = (2, 12, 24)  # b, s, h: s and h divide by 2, 3 and 4, and differ
@@ -300,87 +286,4 @@ def check_reduce_scatter_to_sequence(cls: type) -> None:
         "ḡ keeps this rank's block of the tp group's sum (one reduce-scatter, input "
         "untouched) and all-gathers the gradient blocks in backward, on worlds of 2, 3 and 4, "
         "for transposed and contiguous inputs"
-    )
-
-
-# -- exercise 2: Korthikanti's activation bytes with sequence parallelism -------------------
-
-ACT_GRID = [
-    (2048, 1, 12288, 96, 8),  # GPT-3 175B's layer, t = 8
-    (2048, 4, 4096, 32, 4),
-    (1024, 2, 1536, 16, 2),
-    (512, 3, 1000, 10, 3),  # t that divides nothing evenly
-    (500, 1, 1000, 7, 3),  # a total that is not a multiple of t either
-    (128, 1, 64, 4, 1),
-]
-
-
-def _right(s, b, h, a, t):
-    return s * b * h * (34 / t + 5 * a * s / (h * t))
-
-
-_MISTAKE_NAMES = (
-    "tensor parallelism's formula: the 10·s·b·h outside the regions is not divided by t "
-    "(that is what sequence parallelism splits)",
-    "nothing divided by t (that is one GPU's s·b·h·(34 + 5·a·s/h))",
-    "the attention scores' 5·a·s/h not divided by t (they are split with the heads)",
-    "the attention term divided by t twice",
-    "s·b·h·(34/t) without the attention scores' 5·a·s/(h·t)",
-    "elements, not bytes (the formula's 34 counts 16-bit values as 2 bytes): half of it",
-    "the scores as a·s/h instead of 5·a·s/h (the softmax, its dropout mask and output are 5 "
-    "bytes per score)",
-    "s² where the formula has s (5·a·s²·b is the scores' bytes, s·b·h·5·a·s/h)",
-    "integer division (//) somewhere: the sizes need not divide",
-    "the total divided by t with // (an integer): the bytes need not be a multiple of t",
-    "5·a·s·b for the scores: they are s × s per head and sequence, 5·a·s²·b bytes",
-    "h where the scores need a (heads): 5·a·s²·b, one s × s matrix per head",
-)
-_MISTAKE_FNS = (
-    lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
-    lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h),
-    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / h),
-    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t * t)),
-    lambda s, b, h, a, t: s * b * h * 34 / t,
-    lambda s, b, h, a, t: _right(s, b, h, a, t) / 2,
-    lambda s, b, h, a, t: s * b * h * (34 / t + a * s / (h * t)),
-    lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s * s / (h * t)),
-    lambda s, b, h, a, t: s * b * h * (34 // t + 5 * a * s // (h * t)),
-    lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * s * b) // t,
-    lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * b) / t,
-    lambda s, b, h, a, t: (34 * s * b * h + 5 * h * s * s * b) / t,
-)
-ACT_MISTAKES = dict(zip(_MISTAKE_NAMES, _MISTAKE_FNS))
-
-
-def check_sp_activation_bytes(fn) -> None:
-    """`fn(s, b, h, a, t)` against Korthikanti's s·b·h·(34/t + 5·a·s/(h·t)) on a grid."""
-    got = {}
-    for case in ACT_GRID:
-        try:
-            value = fn(*case)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # a learner's crash becomes a message
-            fail(f"fn{case} raised {type(exc).__name__}: {exc}")
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            fail(f"fn{case} returned {value!r}; return the number of bytes (an int or float).")
-        got[case] = float(value)
-    wrong = [c for c in ACT_GRID if not math.isclose(got[c], _right(*c), rel_tol=1e-9)]
-    if not wrong:
-        passed(
-            f"s·b·h·(34/t + 5·a·s/(h·t)) on {len(ACT_GRID)} layers, t = 1 to 8 (GPT-3's "
-            f"layer at t = 8: {_right(*ACT_GRID[0]) / 2**30:.2f} GiB per rank)"
-        )
-        return
-    for name, predict in ACT_MISTAKES.items():
-        if all(math.isclose(got[c], predict(*c), rel_tol=1e-9) for c in ACT_GRID):
-            fail(f"your formula matches a known mistake: {name}.")
-    c = wrong[0]
-    s, b, h, a, t = c
-    fail(
-        f"for s={s}, b={b}, h={h}, a={a}, t={t} you return {got[c]:.6g} bytes; the paper's "
-        f"s·b·h·(34/t + 5·a·s/(h·t)) gives {_right(*c):.6g} ({got[c] / _right(*c):.4g}x): "
-        f"{len(wrong)} of {len(ACT_GRID)} layers differ."
     )
