@@ -8,7 +8,7 @@ Huang et al. 2019 (GPipe); Narayanan et al. 2021 (PipeDream-Flush / 1F1B, and in
 - `schedules.py`: `schedule(kind, stages, microbatches, virtual)`
 - `simulate.py`: `simulate(steps, forward, backward, weight, latency, placement)` -> Timeline
 - `theory.py`: bubble fractions and peak micro-batches alive
-- `engine.py`: `GPTStage`, `split_gpt`, `PipelineParallel` (`timings`: per-step start/end)
+- `stages.py`: `GPTStage`, `split_gpt`; `engine.py`: `PipelineParallel` (`timings`: step times)
 - `fixture.py`, `plots.py`, `check.py`, `lesson.py`: the course side (rank functions, Gantt
   charts, exercise checkers, the "pipeline 1F1B" tour row and the `pp` bench)
 """

@@ -8,7 +8,7 @@ parallelism's (14) and ring attention's (15); Korthikanti et al. 2022, Liu et al
 pipeline bubble (Narayanan et al. 2021); a step time from a roofline per device (Williams
 et al. 2009) and an α-β model per link (Hockney 1994).
 
-- `spec.py`: `ModelSpec` (a GPT configuration, or only a parameter count) and `Layout`
+- `spec.py`: `Layout`; `model_spec.py`: `ModelSpec` (a GPT configuration, or only a parameter count)
 - `predict.py`: model states, bytes, bubble and FLOPs of rank 0, by calling each lesson's
   theory; `activations.py`: its activations at the peak of its pipeline schedule
 - `hardware.py`: `Device`, `Cluster`, published figures, and the measurements of this machine

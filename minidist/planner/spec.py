@@ -15,140 +15,14 @@ not run it, and one branch of `predict` / `activations` calling its lesson's the
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import torch
-
-from ..models import GPT, Block, GPTConfig
 from ..pipeline.schedules import KINDS as SCHEDULES
+from .model_spec import MAX_LAYERS, ModelSpec, _whole  # noqa: F401 (importable from here)
 
 OPTIMIZERS = ("sgd", "adam")  # sgd: with momentum (one fp32 buffer), adam: two
 PRECISIONS = ("fp32", "mixed")  # mixed: 16-bit compute copies, fp32 masters (ZeRO 3.1)
 OFFLOAD = ("device", "cpu", "disk")
-MAX_LAYERS = 1024  # the meta model is built block by block (Narayanan et al.'s 1 T: 128)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A GPT by its configuration, or only a parameter count (`params`)."""
-
-    layers: int = 0
-    hidden: int = 0
-    heads: int = 0
-    vocab: int = 0
-    seq: int = 0
-    frozen: tuple[str, ...] = ()  # parameter names without gradient, e.g. ("ln_f.bias",)
-    params: int | None = None
-
-    def __post_init__(self):
-        if self.params is not None:
-            if not _whole(self.params) or self.params < 1:
-                raise ValueError(f"ModelSpec: params={self.params!r} must be an int >= 1")
-            return
-        for name in ("layers", "hidden", "heads", "vocab", "seq"):
-            if not _whole(getattr(self, name)):
-                raise ValueError(
-                    f"ModelSpec: {name}={getattr(self, name)!r} must be an int (or give params=)"
-                )
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"ModelSpec: {name}={getattr(self, name)} must be >= 1 (or give params=)"
-                )
-        if self.hidden % self.heads:
-            raise ValueError(
-                f"ModelSpec: hidden={self.hidden} must be divisible by heads={self.heads}"
-            )
-        if self.layers > MAX_LAYERS:
-            raise ValueError(
-                f"ModelSpec: layers={self.layers} must be at most {MAX_LAYERS}: the planner "
-                "builds every block on the meta device (about 10 ms each)"
-            )
-        largest = max(4 * self.hidden, self.vocab, self.seq) * self.hidden
-        if 4 * largest >= 2**63:
-            raise ValueError(
-                f"ModelSpec: hidden={self.hidden}, vocab={self.vocab}, seq={self.seq}: the "
-                f"largest weight (4h×h, V×h or s×h) would hold {largest:.3g} elements, more "
-                "than a tensor's byte count (a 64-bit integer) can address"
-            )
-
-    @classmethod
-    def gpt(cls, cfg: GPTConfig, frozen: tuple[str, ...] = ()) -> ModelSpec:
-        return cls(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen))
-
-    @classmethod
-    def of(cls, model: GPT) -> ModelSpec:
-        """The spec of a built course GPT, its frozen parameters included."""
-        frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
-        return cls.gpt(model.cfg, frozen)
-
-    @property
-    def has_config(self) -> bool:
-        return self.params is None
-
-    def config(self) -> GPTConfig:
-        self._need_config("config")
-        return GPTConfig(self.vocab, self.seq, self.layers, self.heads, self.hidden)
-
-    def meta_model(self) -> GPT:
-        """The model on the `meta` device (shapes only), frozen parameters marked."""
-        self._need_config("meta_model")
-        return _meta_gpt(self.layers, self.hidden, self.heads, self.vocab, self.seq, self.frozen)
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every parameter (a tied one once) in `named_parameters` order, on `meta`."""
-        return list(self.meta_model().parameters())
-
-    @property
-    def num_params(self) -> int:
-        if not self.has_config:
-            return self.params
-        return sum(p.numel() for p in self.tensors())
-
-    @property
-    def frozen_numel(self) -> int:
-        if not self.has_config:
-            return 0
-        return sum(p.numel() for p in self.tensors() if not p.requires_grad)
-
-    @property
-    def trainable(self) -> int:
-        """Ψ: elements that get a gradient."""
-        return self.num_params - self.frozen_numel
-
-    def fsdp_units(self) -> list[int]:
-        """Trainable elements of each FSDP unit, one per block, the root (the rest) last:
-        the course's wrap policy (`minidist.fsdp.fixture.UNITS["gpt"]`). A spec with only a
-        parameter count is one unit of them all."""
-        if not self.has_config:
-            return [self.trainable]
-        model = self.meta_model()
-        blocks = [m for m in model.modules() if isinstance(m, Block)]
-        numels = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in blocks]
-        return [*numels, self.trainable - sum(numels)]
-
-    def _need_config(self, what: str) -> None:
-        if not self.has_config:
-            raise ValueError(
-                f"ModelSpec.{what}: this spec has only params={self.params}; give the layers, "
-                "hidden, heads, vocab and seq of a GPT to plan activations, tp or pp"
-            )
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@functools.lru_cache(maxsize=32)
-def _meta_gpt(layers, hidden, heads, vocab, seq, frozen) -> GPT:
-    with torch.device("meta"):
-        model = GPT(GPTConfig(vocab, seq, layers, heads, hidden))
-    names = dict(model.named_parameters())
-    for name in frozen:
-        if name not in names:
-            raise ValueError(f"ModelSpec: frozen={name!r} is not a parameter of the GPT")
-        names[name].requires_grad_(False)
-    return model
 
 
 @dataclass(frozen=True)

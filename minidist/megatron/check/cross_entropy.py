@@ -13,6 +13,7 @@ from ...course.check import fail, passed, run_on_world
 from ...runtime import RankFailedError
 from ._shared import raised
 from .ce_group import check_group_case
+from .ce_messages import CE_MESSAGES, CE_OVERFLOW
 
 CE_TOKENS = 8
 # (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
@@ -126,69 +127,6 @@ def _ce_variants(case: str) -> dict:
         (total.log() - (target - peak) * owns(r)).mean() for r in range(world)
     ]
     return out
-
-
-CE_OVERFLOW = (
-    "exp of logits around {offset:g} overflows float32 (exp(89) is already inf). Subtract "
-    "each row's maximum over the WHOLE vocabulary before exp: the local row maxima, "
-    "all-reduced with op=comm.ReduceOp.MAX; log-sum-exp = max + log Σ exp(logit - max)."
-)
-CE_MESSAGES = {
-    "padding_off_by_one": (
-        "the padding mask is off by one: column vocab_size (= {vocab}, the first padding "
-        "column) took part in the maximum and the sum of exp. Padding is every column >= "
-        "vocab_size: masked_fill(column >= vocab_size, float('-inf')), not > vocab_size."
-    ),
-    "unshifted_target": (
-        "the loss is off by the row maximum M: you subtracted the target logit itself from "
-        "log Σ exp(logit - M). Subtract the shifted one, target logit - M (both terms shifted "
-        "by the same M), or add M back to the log-sum-exp."
-    ),
-    "range_lower": (
-        "targets in the first column of a rank's range (target == start) lost their logit: "
-        "the range test is off by one at the start. A target is this rank's when start <= "
-        "target < start + columns: inside = (local >= 0) & (local < columns)."
-    ),
-    "no_max": "the loss is {value}: " + CE_OVERFLOW,
-    "sum_not_mean": (
-        "the loss is {tokens}x the cross entropy: you summed over the {tokens} tokens; return the "
-        "mean over tokens, as F.cross_entropy does."
-    ),
-    "local_max": (
-        "each rank subtracted its OWN row maximum before exp: then rank r's exps are scaled by "
-        "e^(-max_r), a different factor on every rank, and their sum over ranks means nothing. "
-        "All-reduce the row maxima with op=comm.ReduceOp.MAX first and subtract that global "
-        "maximum everywhere."
-    ),
-    "unmasked_zero": (
-        "the target logit is summed over ranks, but the ranks that do not hold a token's target "
-        "added a logit too (the one at the index you replaced the target by): after gathering, "
-        "zero the target logit where the target is outside [start, start + columns) "
-        "(masked_fill(~inside, 0)), so only the owner contributes to the SUM all-reduce."
-    ),
-    "unmasked_clamp": (
-        "the target logit is summed over ranks, but the ranks that do not hold a token's target "
-        "added a logit too (clamping the index picks a real column): zero the target logit where "
-        "the target is outside [start, start + columns), so only the owner contributes."
-    ),
-    "local_sum": (
-        "the ranks return different losses: each used the sum of exp over its own columns only. "
-        "The softmax's denominator runs over the whole vocabulary: all-reduce (SUM) each row's "
-        "sum of exp over the group."
-    ),
-    "no_target_reduce": (
-        "the ranks return different losses: each used the target logit only where it holds the "
-        "target (0 elsewhere). Every rank needs every token's target logit: all-reduce (SUM) "
-        "the masked target logits."
-    ),
-    "no_padding_mask": (
-        "the vocabulary padding took part: columns >= vocab_size (here the last {pad} of "
-        "{padded}, on the last rank) are not words, but their exp entered the sum and their "
-        "value the maximum. Mask them to -inf before the maximum "
-        "(logits.masked_fill(column >= vocab_size, float('-inf')), column = start + "
-        "arange(columns))."
-    ),
-}
 
 
 def _diagnose_ce(case: str, results: list[dict]) -> str | None:
