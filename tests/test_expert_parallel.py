@@ -10,7 +10,7 @@ import minidist
 from minidist.expert_parallel import MoE, theory
 from minidist.expert_parallel.fixture import TOKENS, reference, send_matrix, train_on_rank
 from minidist.expert_parallel.parallel import ExpertParallelMoE
-from minidist.expert_parallel.routing import dispatch, load_balancing_loss, route
+from minidist.expert_parallel.routing import capacity, dispatch, load_balancing_loss, route
 
 # Tolerance: float32; the ranks compute the same rows as the reference, batched differently
 # (an expert sees rows from several ranks), so sums may round differently: outputs, aux and
@@ -18,15 +18,21 @@ from minidist.expert_parallel.routing import dispatch, load_balancing_loss, rout
 # 1e-5 relative + 1e-8 (measured: under 2e-9). Routing and drops must be EXACTLY equal.
 TOL = 1e-6
 
-CONFIGS = {2: [(2, 1, 1.0), (2, 2, 1.25)], 4: [(4, 1, 1.0), (4, 2, 1.0), (2, 1, 1.0), (2, 2, 1.5)]}
+# (e, k, capacity factor, padded to capacity)
+CONFIGS = {
+    2: [(2, 1, 1.0, False), (2, 2, 1.25, False), (2, 2, 1.0, True)],
+    4: [(4, 1, 1.0, False), (4, 2, 1.0, False), (2, 1, 1.0, False), (2, 2, 1.5, False),
+        (4, 1, 1.0, True), (2, 2, 1.0, True)],
+}  # fmt: skip
 
 
 def _world(configs):
     """On a rank: every config trained, then what a bad placement is refused with."""
-    runs = [train_on_rank(*c) for c in configs]
+    runs = [train_on_rank(e, k, cf, pad_to_capacity=pad) for e, k, cf, pad in configs]
     refused = []
     for bad in (lambda: ExpertParallelMoE(MoE(8, 8, 6)),
-                lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8))):  # fmt: skip
+                lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8)),
+                lambda: ExpertParallelMoE(MoE(8, 8, 4), pad_to_capacity="yes")):  # fmt: skip
         try:
             bad()
             refused.append("")
@@ -41,7 +47,8 @@ def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
     if n == 4:
         assert "divisible by the expert-parallel group's size 4" in results[0][1][0]
     assert "x must be [tokens, 8] (this rank's tokens); got (2, 3, 8)" in results[0][1][1]
-    for c, (e, k, cf) in enumerate(CONFIGS[n]):
+    assert "pad_to_capacity='yes' must be True or False" in results[0][1][2]
+    for c, (e, k, cf, pad) in enumerate(CONFIGS[n]):
         ref, ref_params = reference(n, k, cf)
         runs = [res[0][c] for res in results]
         d = n // e
@@ -59,6 +66,8 @@ def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
                 # the ledger: this step's all-to-alls against the theory for the routing
                 send = send_matrix(runs, e, step, rank // e)
                 per = theory.all_to_all_bytes(send, rank % e, 16)
+                if pad:  # static shapes: E/e·C rows to every rank, whatever the routing
+                    per = theory.padded_all_to_all_bytes(8, e, capacity(TOKENS, 8, k, cf), 16)
                 for tag, want_bytes in per.items():
                     got = [r.ring_bytes for r in run.records if r.tag == tag]
                     assert got[step] == want_bytes, (tag, step)
@@ -67,10 +76,12 @@ def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
             total = sum(r.ring_bytes for r in run.records)
             want_total = sum(
                 theory.bytes_sent_per_step(send_matrix(runs, e, s, rank // e), rank % e, 16, 8,
-                                           run.router_params, run.expert_params, n, d)
+                                           run.router_params, run.expert_params, n, d,
+                                           counts=not pad)
                 for s in range(len(run.trace))
             )  # fmt: skip
             assert total == pytest.approx(want_total)
+            assert pad != any(r.tag == "ep counts" for r in run.records)  # padded: no counts
             grads = [r for r in run.records if r.tag == "ep expert grads"]
             if d > 1:  # EP × DP: experts reduce over the ranks that hold them
                 assert all(r.group_ranks == tuple(range(rank % e, n, e)) for r in grads)
@@ -136,3 +147,54 @@ def test_balanced_routing_bytes_match_the_planning_formula(e):
     for rank in range(e):
         got = sum(theory.all_to_all_bytes(even, rank, h).values())
         assert got == theory.balanced_all_to_all_bytes(tokens, h, k, e)
+
+
+# -- the MoE GPT: experts over ranks in a whole model (EP × DP) -------------------------------
+
+GPT_CONFIGS = {2: [(2, True), (2, False)], 4: [(2, True), (4, True), (4, False)]}
+
+
+def _gpt_world(configs):
+    from minidist.expert_parallel.fixture import gpt_train_on_rank
+    from minidist.expert_parallel.gpt import ExpertParallelGPT
+    from minidist.models import GPT
+
+    runs = [gpt_train_on_rank(e, pad) for e, pad in configs]
+    try:
+        ExpertParallelGPT(GPT())
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    return runs, refused
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_expert_parallel_gpt_equals_one_process_and_its_bytes_need_no_routing(n):
+    """Losses (the ranks' mean) and every parameter after 3 steps of SGD + momentum equal the
+    MoE GPT in one process routing the same groups (float32: within 1e-5, measured ~2e-7);
+    padded to capacity, the ledger equals `padded_bytes_sent_per_step` exactly, a number
+    that needs no routing; unpadded, it differs from it by the routing."""
+    from minidist.expert_parallel.fixture import GPT_BATCH, MOE_GPT, gpt_reference
+    from minidist.expert_parallel.lesson import gpt_theory
+
+    results = minidist.launch(_gpt_world, n, GPT_CONFIGS[n])
+    assert "model must come from moe_gpt (every block's mlp an MoEMLP), got Sequential" in (
+        results[0][1]
+    )
+    ref = gpt_reference(n)
+    assert GPT_BATCH // n * MOE_GPT["seq_len"] >= 16  # tokens per rank: some are dropped
+    for c, (e, pad) in enumerate(GPT_CONFIGS[n]):
+        runs = [res[0][c] for res in results]
+        for step, want in enumerate(ref.losses):
+            got = sum(r.losses[step] for r in runs) / n
+            assert got == pytest.approx(want, abs=1e-5), (e, pad, step)
+        assert set().union(*(r.params for r in runs)) == set(ref.params)  # every expert held
+        for run in runs:
+            for name, p in run.params.items():
+                assert torch.allclose(p, ref.params[name], atol=1e-5), (e, pad, name)
+        memory, sent = gpt_theory(n, e)
+        assert runs[0].memory.total == memory
+        ledger = sum(r.ring_bytes for r in runs[0].records) / len(ref.losses)
+        assert (ledger == pytest.approx(sent, rel=1e-12)) == pad, (e, pad, ledger, sent)
+        tags = {r.tag for r in runs[0].records}
+        assert ("ep expert grads" in tags) == (n // e > 1)

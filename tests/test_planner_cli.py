@@ -180,3 +180,31 @@ def test_sp_and_cp_are_planned_and_swept(capsys):
     values = _values(out)
     assert int(values["bytes_sent[p2p@cp]"]) > 0 and int(values["bytes_sent[all_reduce@dp-cp]"]) > 0
     assert "layout=dp2.tp1.pp1.zero0.cp4 " in out
+
+
+def test_experts_are_planned_without_a_sweep(capsys):
+    """--experts/--ep: the padded all-to-alls on ep, the experts' gradients over dp/ep, one
+    micro-batch by default; no fit and no sweep, as MoE activations are not planned."""
+    out, _ = _run(capsys, *GPT, "--experts", "8", "--top-k", "2", "--world", "8", "--ep", "4")
+    values = _values(out)
+    assert int(values["bytes_sent[all_to_all@ep]"]) > 0
+    assert int(values["bytes_sent[all_reduce@edp]"]) > 0
+    assert values["activations_bytes_per_rank"] == "not_planned"
+    assert values["fits"] == "unknown" and "# no sweep: the activations of MoE blocks" in out
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--experts", "4", "--top-k", "5", "--world", "4"], "--top-k 5 must be an int in 1.."),
+        (["--experts", "8", "--world", "4", "--ep", "3"], "ep=3 must divide dp=4"),
+        (["--experts", "8", "--world", "8", "--tp", "2"], "experts=8 with tp=2"),
+        (["--world", "4", "--ep", "2"], "ep=2 needs a model with experts"),
+        (["--experts", "8", "--capacity-factor", "0", "--world", "4"], "0 must be"),
+    ],
+)  # fmt: skip
+def test_bad_expert_options_are_named(capsys, args, words):
+    with pytest.raises(SystemExit) as exit_:
+        _run(capsys, *GPT, *args)
+    assert exit_.value.code == 2
+    assert words in capsys.readouterr().err

@@ -1,5 +1,9 @@
 """The rank functions lesson 16's notebook, tests and tour share.
 
+The MoE GPT (`gpt.py`, last section): lesson 01's GPT sizes with every MLP an MoE of 4
+experts (top-2, capacity factor 1), trained on random tokens; `gpt_train_on_rank` places the
+experts over ranks (EP × DP), `gpt_reference` is the same model in one process.
+
 One MoE layer (hidden 16, ffn 32, E = 8 experts) inside a residual, y = x + MoE(x), fitted
 to a fixed random target with SGD: loss = mean squared error + alpha · aux. Each of the n
 ranks routes its own group of `tokens` tokens; the reference is the same `MoE` in one
@@ -15,6 +19,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import comm
+from ..data import shard_batch
+from ..memory import ModelStateBytes, model_state_bytes
+from ..models import GPTConfig, lm_loss
+from ..runtime.device import rank_device
+from ..training import make_optimizer
+from .gpt import ExpertParallelGPT, aux_loss, moe_gpt
 from .moe import MoE
 from .parallel import ExpertParallelMoE
 
@@ -100,13 +110,13 @@ def groups_for(e: int) -> tuple:
 
 
 def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int = 3,
-                  alpha: float = 0.01) -> EPRun:  # fmt: skip
+                  alpha: float = 0.01, pad_to_capacity: bool = False) -> EPRun:  # fmt: skip
     """On a rank: `ExpertParallelMoE` over EP groups of e ranks (× n/e data-parallel),
-    trained on this rank's group of tokens like `reference`."""
+    trained on this rank's group of tokens like `reference` (padded to capacity or not)."""
     n, rank = dist.get_world_size(), dist.get_rank()
     moe, batches = build(n, k, capacity_factor, steps)
     ep_group, dp_group = groups_for(e)
-    ep = ExpertParallelMoE(moe, ep_group, dp_group)
+    ep = ExpertParallelMoE(moe, ep_group, dp_group, pad_to_capacity)
     names = {"router.weight": "router.weight"} | ep.expert_names()
     opt = torch.optim.SGD(ep.parameters(), lr=LR)
     trace, sent = [], []
@@ -164,3 +174,70 @@ def balance_run(alpha: float, steps: int = 60, shift: float = 1.0, groups: int =
 def train_many(configs: list[tuple]) -> list[EPRun]:
     """On a rank: `train_on_rank(*config)` for each config, in one world."""
     return [train_on_rank(*c) for c in configs]
+
+
+# -- the MoE GPT (`gpt.py`): EP × DP on a whole model ---------------------------------------
+
+MOE_GPT = dict(vocab_size=32, seq_len=16, layers=2, heads=2, hidden=32)
+GPT_MOE = dict(experts=4, k=2, capacity_factor=1.0)  # E = 4 experts per layer, top-2
+GPT_BATCH, GPT_STEPS, ALPHA = 8, 3, 0.01
+
+
+def build_gpt(groups: int, steps: int = GPT_STEPS):
+    """(`moe_gpt` of MOE_GPT routing in `groups` groups, [(ids, targets)] global batches of
+    GPT_BATCH random sequences), the same on every rank."""
+    torch.manual_seed(0)
+    model = moe_gpt(GPTConfig(**MOE_GPT), **GPT_MOE, groups=groups).to(rank_device())
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(steps):
+        ids = torch.randint(0, MOE_GPT["vocab_size"], (GPT_BATCH, MOE_GPT["seq_len"] + 1),
+                            generator=g, device="cpu")  # fmt: skip
+        batches.append((ids[:, :-1], ids[:, 1:]))
+    return model, batches
+
+
+class GPTRun(NamedTuple):
+    losses: list[float]  # this rank's (its sequences' mean); the reference's in one process
+    params: dict[str, torch.Tensor]  # after training, the one-process model's names
+    records: list[comm.CommRecord]
+    memory: ModelStateBytes
+
+
+def gpt_reference(groups: int) -> GPTRun:
+    """The MoE GPT in one process on the whole batches (each layer routing `groups` groups),
+    SGD + momentum on lm loss + ALPHA · Σ aux."""
+    model, batches = build_gpt(groups)
+    opt = make_optimizer(model.parameters())
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = lm_loss(model(x), y) + ALPHA * aux_loss(model)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return GPTRun(losses, params, [], model_state_bytes(model, opt))
+
+
+def gpt_train_on_rank(e: int, pad_to_capacity: bool = True) -> GPTRun:
+    """On a rank: `ExpertParallelGPT` over EP groups of e ranks × n/e data-parallel, trained
+    on this rank's slice of every batch like `gpt_reference(n)`."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    model, batches = build_gpt(n)
+    ep_group, dp_group = groups_for(e)
+    ep = ExpertParallelGPT(model, ep_group, dp_group, pad_to_capacity)
+    opt = make_optimizer(ep.parameters())
+    losses = []
+    with comm.record() as ledger:
+        for batch in batches:
+            x, y = shard_batch(batch, rank, n)
+            opt.zero_grad()
+            loss = lm_loss(ep(x), y) + ALPHA * ep.aux_loss()
+            (loss / n).backward()  # the global loss is the mean of the ranks'
+            ep.finish_gradient_sync()
+            opt.step()
+            losses.append(loss.item())
+    names = ep.reference_names()
+    params = {names[m]: p.detach().cpu().clone() for m, p in ep.module.named_parameters()}
+    return GPTRun(losses, params, list(ledger.records), model_state_bytes(ep, opt))

@@ -1,4 +1,4 @@
-"""Lesson 16's entry in the harnesses: the "expert parallel" tour row.
+"""Lesson 16's entries in the harnesses: the "expert parallel" and "expert parallel GPT" rows.
 
 `ExpertParallelMoE` (E = 8 experts, k = 2, capacity factor 1) on the tour's world, as EP × DP
 where the world divides: e = 2 experts-groups × d = n/2 data-parallel copies (every rank
@@ -7,6 +7,12 @@ the same MoE in one process for 3 steps: the same drops; outputs and parameters 
 gradients within 1e-5 of their largest entry. Bytes per step against
 `theory.bytes_sent_per_step` for the routing the ranks measured; memory: the parameters a
 rank holds (the router and E/e experts) against the formula.
+
+"expert parallel GPT": `ExpertParallelGPT` (every block's MLP an MoE of 4 experts, top-2,
+padded to capacity: GShard's static shapes) as e = 2 × d = n/2, against the same GPT in one
+process for 3 steps of SGD + momentum: losses and parameters within 1e-5. Bytes per step
+against `theory.padded_bytes_sent_per_step`, which needs no routing (lesson 13's planner
+plans this row); memory: model states per rank against `theory.model_state_bytes_per_rank`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,21 @@ import torch
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from . import theory
-from .fixture import SIZES, TOKENS, reference, send_matrix, train_on_rank
+from .fixture import (
+    GPT_BATCH,
+    GPT_MOE,
+    MOE_GPT,
+    SIZES,
+    TOKENS,
+    build_gpt,
+    gpt_reference,
+    gpt_train_on_rank,
+    reference,
+    send_matrix,
+    train_on_rank,
+)
+from .gpt import is_expert
+from .routing import capacity
 
 
 def tour_e(world_size: int) -> int:
@@ -72,4 +92,43 @@ def expert_parallel_row(world_size: int, out_dir: Path) -> TourRow:
         memory_theory=4 * (h * experts + experts // e * expert),
         bytes_per_rank=sum(r.ring_bytes for r in runs[0].records) / steps,
         bytes_theory=theory_bytes,
+    )  # fmt: skip
+
+
+def gpt_theory(world_size: int, e: int) -> tuple[int, float]:
+    """(model states per rank, bytes per step) of the "expert parallel GPT" row, from the
+    model's parameter counts and `theory` alone."""
+    model, _ = build_gpt(world_size, steps=0)
+    named = list(model.named_parameters())
+    experts = sum(p.numel() for n, p in named if is_expert(n))
+    replicated = sum(p.numel() for n, p in named if not is_expert(n))
+    tokens = GPT_BATCH // world_size * MOE_GPT["seq_len"]
+    cap = capacity(tokens, GPT_MOE["experts"], GPT_MOE["k"], GPT_MOE["capacity_factor"])
+    sent = theory.padded_bytes_sent_per_step(
+        MOE_GPT["layers"], GPT_MOE["experts"], e, cap, MOE_GPT["hidden"], replicated,
+        experts // e, world_size, world_size // e,
+    )  # fmt: skip
+    return theory.model_state_bytes_per_rank(replicated, experts, e), sent
+
+
+@tour_row("expert parallel GPT", lesson=16)
+def expert_parallel_gpt_row(world_size: int, out_dir: Path) -> TourRow:
+    n = world_size
+    e = 2 if n % 2 == 0 else 1
+    runs = launch(gpt_train_on_rank, n, e)
+    ref = gpt_reference(n)
+    steps = len(ref.losses)
+    losses = [sum(r.losses[s] for r in runs) / n for s in range(steps)]
+    worst = max(abs(a - b) for a, b in zip(losses, ref.losses))
+    for run in runs:
+        for name, p in run.params.items():
+            worst = max(worst, float((p - ref.params[name]).abs().max()))
+    memory, sent = gpt_theory(n, e)
+    return TourRow(
+        f"expert parallel GPT (E={GPT_MOE['experts']}, k={GPT_MOE['k']}, padded to capacity, "
+        f"e={e} x d={n // e}; memory: model states/rank)",
+        worst < 1e-5, worst,
+        memory_per_rank=runs[0].memory.total, memory_theory=memory,
+        bytes_per_rank=sum(r.ring_bytes for r in runs[0].records) / steps,
+        bytes_theory=sent,
     )  # fmt: skip

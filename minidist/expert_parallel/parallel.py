@@ -14,6 +14,14 @@ the capacity of its own group of tokens. Then:
 4. combine: the reverse all-to-all brings each row home, where it is weighted by its gate
    and summed into the token's output. Backward is the two all-to-alls reversed.
 
+With `pad_to_capacity=True` the shapes are static instead, as GShard runs on TPUs (Lepikhin
+et al. 2020, section 3.2: a [E, C, h] dispatch tensor) and Megatron-core's
+`moe_pad_expert_input_to_capacity`: every rank sends every other rank E/e · C rows, its kept
+rows in their slots and zeros in the rest, so there is no counts exchange and the bytes are
+(e-1) · E/e · C · h · 4 per direction whatever the routing (`theory.padded_all_to_all_bytes`):
+plannable before any token is routed, paid for with the padding's bytes and FLOPs. Every
+rank must route the same number of tokens (the same C).
+
 Gradients: the router is replicated over the whole world, so its gradient is all-reduced
 over it; an expert's gradient already holds every token of its expert-parallel group (the
 all-to-all brought them), and is all-reduced over `dp_group`, the ranks holding the same
@@ -58,8 +66,11 @@ class ExpertParallelMoE(nn.Module):
     """`moe`'s router on every rank, its experts spread over `ep_group`; `forward(x)` on
     this rank's tokens -> (output, this group's aux loss), as `moe(x, groups=1)` would give."""
 
-    def __init__(self, moe: MoE, ep_group=None, dp_group=None):
+    def __init__(self, moe: MoE, ep_group=None, dp_group=None, pad_to_capacity: bool = False):
         super().__init__()
+        if not isinstance(pad_to_capacity, bool):
+            raise ValueError(f"ExpertParallelMoE: pad_to_capacity={pad_to_capacity!r} must be "
+                             "True or False")  # fmt: skip
         e, r = dist.get_world_size(ep_group), dist.get_rank(ep_group)
         if moe.num_experts % e:
             raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
@@ -71,6 +82,7 @@ class ExpertParallelMoE(nn.Module):
         self.experts = copy.deepcopy(moe.experts[self.first : self.first + self.per])
         self.num_experts, self.k, self.capacity_factor = moe.num_experts, moe.k, moe.capacity_factor
         self.ep_group, self.dp_group, self.e = ep_group, dp_group, e
+        self.pad_to_capacity = pad_to_capacity
         self.routing: Routing | None = None
         self.sent_rows: list[int] = []  # kept assignments sent to each rank, last forward
 
@@ -91,6 +103,10 @@ class ExpertParallelMoE(nn.Module):
         ex = r.experts[t, j]
         order = torch.argsort(ex * r.capacity + r.slot[t, j])  # by expert, then priority
         t, j, ex = t[order], j[order], ex[order]
+        if self.pad_to_capacity:
+            back = self._padded(x, t, ex * r.capacity + r.slot[t, j], r.capacity)
+            y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
+            return y, r.aux
         counts = torch.bincount(ex, minlength=self.num_experts).view(self.e, self.per)
         got = torch.empty_like(counts)
         comm.all_to_all(got, counts.contiguous(), group=self.ep_group, tag="ep counts")
@@ -108,6 +124,21 @@ class ExpertParallelMoE(nn.Module):
         y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
         return y, r.aux
 
+    def _padded(self, x, t, where, cap: int) -> torch.Tensor:
+        """Static-shape dispatch: kept rows into their (expert, slot) of an [E·C, h] buffer,
+        E/e·C rows to each rank, the local experts on e·C rows each, and back; the rows at
+        `where` of what returns."""
+        num, h = self.num_experts * cap, x.shape[1]
+        buf = x.new_zeros(num, h).index_copy(0, where, x[t])
+        split = [self.per * cap] * self.e
+        self.sent_rows = split
+        rows = _AllToAll.apply(buf, split, split, self.ep_group, "ep dispatch")
+        rows = rows.view(self.e, self.per, cap, h)  # by source rank, local expert, slot
+        outs = [f(rows[:, i].reshape(-1, h)).view(self.e, 1, cap, h)
+                for i, f in enumerate(self.experts)]  # fmt: skip
+        done = torch.cat(outs, dim=1).reshape(num, h)
+        return _AllToAll.apply(done, split, split, self.ep_group, "ep combine")[where]
+
     def finish_gradient_sync(self) -> None:
         """Router gradients summed over every rank; experts' over `dp_group`."""
         for p in self.router.parameters():
@@ -116,9 +147,16 @@ class ExpertParallelMoE(nn.Module):
         if self.dp_group is None or dist.get_world_size(self.dp_group) == 1:
             return
         grads = [p.grad for p in self.experts.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        comm.all_reduce(flat, group=self.dp_group, tag="ep expert grads")
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        all_reduce_flat(grads, self.dp_group, "ep expert grads")
+
+
+def all_reduce_flat(grads: list[torch.Tensor], group, tag: str) -> None:
+    """Sum `grads` over `group` in one all-reduce of their concatenation, then copy back."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat, group=group, tag=tag)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

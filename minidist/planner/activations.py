@@ -80,8 +80,9 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
     Sequence parallelism keeps each block's input and the final norm's 1/t (its sequence
     block); the embedding as lesson 07's. Context parallelism: all of it over c (the loss's
-    mean scalar aside: one per rank)."""
-    if not model.has_config:
+    mean scalar aside: one per rank). MoE blocks (`model.experts`) are not planned: 0, and
+    `Plan.activations_planned` says so."""
+    if not model.has_config or model.experts:
         return 0.0
     b, s, h = layout.micro_batch, model.seq, model.hidden
     e = layout.element_bytes

@@ -38,6 +38,8 @@ def _plural(n: int, word: str) -> str:
 def _batching(args, dp: int) -> tuple[int, int, int | None]:
     """(global batch, micro-batches of the chosen layout, micro-batch size for the sweep)."""
     micro_batch = args.micro_batch  # it wins over --microbatches; neither given: 1
+    if args.experts and args.microbatches is None and micro_batch is None:
+        args.microbatches = 1  # lesson 16 routes a rank's whole batch at once (one capacity)
     if args.microbatches is None and micro_batch is None:
         micro_batch = 1
     global_batch = args.global_batch or args.world * (micro_batch or args.microbatches)
@@ -105,9 +107,10 @@ def _hint(plans: list[Plan], args, budget: float) -> str:
 
 
 def layout_name(lay: Layout) -> str:
-    """dp.tp.pp.zero, with .sp and .cpC when those are set."""
+    """dp.tp.pp.zero, with .sp, .cpC and .epE when those are set."""
     name = f"dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero}"
-    return name + (".sp" if lay.sp else "") + (f".cp{lay.cp}" if lay.cp > 1 else "")
+    name += (".sp" if lay.sp else "") + (f".cp{lay.cp}" if lay.cp > 1 else "")
+    return name + (f".ep{lay.ep}" if lay.ep > 1 else "")
 
 
 def run_plan(args) -> int:
@@ -120,7 +123,7 @@ def run_plan(args) -> int:
     fixed = dict(
         schedule=args.schedule, virtual=args.virtual, precision=args.precision,
         optimizer=args.optimizer, recompute=args.recompute, global_batch=global_batch,
-        reduce_in_fp32=args.reduce_dtype != "bf16", sp=args.sp, cp=args.cp,
+        reduce_in_fp32=args.reduce_dtype != "bf16", sp=args.sp, cp=args.cp, ep=args.ep,
     )  # fmt: skip
     try:
         layout = Layout(
@@ -146,7 +149,10 @@ def run_plan(args) -> int:
             "shrink it",
             file=sys.stderr,
         )
-    if not model.has_config:
+    if not chosen.activations_planned:
+        if model.experts:
+            print("# no sweep: the activations of MoE blocks are not planned, so no layout can "
+                  "be judged to fit")  # fmt: skip
         return 0
     if micro_batch is not None:
         plans = sweep_micro_batch(model, args.world, cluster, micro_batch, **fixed)

@@ -74,6 +74,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     for name, what in MODEL_FIELDS.items():
         model.add_argument(f"--{name}", type=count, help=what)
+    model.add_argument(
+        "--experts", type=lambda text: count(text, 0), default=0,
+        help="experts E: every MLP a mixture of E experts (lesson 16; default 0, dense)",
+    )  # fmt: skip
+    model.add_argument("--top-k", type=count, default=1, help="experts per token (default 1)")
+    model.add_argument(
+        "--capacity-factor", type=positive, default=1.0,
+        help="capacity C = ⌈factor · tokens · k / E⌉ per expert and rank (default 1.0)",
+    )  # fmt: skip
     lay = parser.add_argument_group("layout")
     lay.add_argument("--world", type=count, required=True, help="ranks (devices) in all")
     lay.add_argument(
@@ -89,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context-parallel size c (lesson 15, ring attention; with DDP only; default 1)",
     )  # fmt: skip
     lay.add_argument("--dp", type=count, help="data-parallel size d (default: world / (t·p·c))")
+    lay.add_argument(
+        "--ep", type=count, default=1,
+        help="expert-parallel size e, a divisor of d (lesson 16; needs --experts; default 1)",
+    )  # fmt: skip
     lay.add_argument(
         "--zero", type=int, default=0, choices=(0, 1, 2, 3),
         help="ZeRO stage over dp: 0 = DDP, 1-2 (lesson 02), 3 = FSDP (lesson 03); default 0",
@@ -155,6 +168,9 @@ def model_spec(args) -> ModelSpec:
                 f"give --params or the configuration, not both (--params with "
                 f"{', '.join('--' + n for n in given)})"
             )
+        if args.experts:
+            parser.error(f"--experts {args.experts} needs the configuration (--layers --hidden "
+                         "--heads --vocab --seq), not --params")  # fmt: skip
         return ModelSpec(params=args.params)
     missing = [n for n in MODEL_FIELDS if n not in given]
     if missing:
@@ -163,10 +179,13 @@ def model_spec(args) -> ModelSpec:
             f"{', '.join('--' + m for m in missing)})"
         )
     try:
-        return ModelSpec(args.layers, args.hidden, args.heads, args.vocab, args.seq)
+        moe = dict(experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor)
+        return ModelSpec(args.layers, args.hidden, args.heads, args.vocab, args.seq, **moe)
     except ValueError as err:
-        fields = "|".join(MODEL_FIELDS)  # name the options: layers=4 -> --layers 4
-        parser.error(re.sub(rf"\b({fields})=", r"--\1 ", str(err).replace("ModelSpec: ", "")))
+        fields = "|".join([*MODEL_FIELDS, "experts", "top_k", "capacity_factor"])
+        named = re.sub(rf"\b({fields})=", lambda m: "--" + m[1].replace("_", "-") + " ",
+                       str(err).replace("ModelSpec: ", ""))  # fmt: skip
+        parser.error(named)  # the options named: layers=4 -> --layers 4
 
 
 def validate(args) -> None:

@@ -1,5 +1,5 @@
 """The course's own layouts as the planner describes them: for each tour row of lessons
-01-10, 14 and 15 the model, the layout, and which of the plan's numbers the row measures.
+01-10 and 14-16 the model, the layout, and which of the plan's numbers the row measures.
 
 `course_plan("ZeRO-1", 4)` is the plan of what `minidist tour` runs under that name on 4
 ranks; `tests/test_planner.py` asserts each prediction equals the row's measurement.
@@ -167,6 +167,16 @@ def _context_parallel(n: int) -> CoursePlan:
     return _split_sequences(_gpt(**TP_GPT), batch, cp=tour_cp(n))
 
 
+def _expert_parallel_gpt(n: int) -> CoursePlan:
+    """Lesson 16's MoE GPT, `ExpertParallelGPT` padded to capacity, e = 2 × d = n/2, SGD with
+    momentum on global batches of GPT_BATCH: model states and bytes per step."""
+    from ..expert_parallel.fixture import GPT_BATCH, build_gpt
+
+    e = 2 if n % 2 == 0 else 1
+    model = ModelSpec.of(build_gpt(n, steps=0)[0])
+    return _states(model, Layout(dp=n, ep=e, optimizer="sgd", global_batch=GPT_BATCH))
+
+
 COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "bucketed DDP": _ddp,
     "ZeRO-1": _zero(1),
@@ -185,6 +195,7 @@ COURSE_LAYOUTS: dict[str, Callable[[int], CoursePlan]] = {
     "3D (TP x PP x DP)": _three_d,
     "sequence parallel": _sequence_parallel,
     "context parallel": _context_parallel,
+    "expert parallel GPT": _expert_parallel_gpt,
 }
 
 

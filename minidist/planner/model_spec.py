@@ -3,7 +3,9 @@
 With a configuration the planner builds the course's `minidist.models.GPT` on the `meta`
 device, which allocates nothing whatever its size, so bucket plans, FSDP units and frozen
 parameters are those of the real module, exactly; with only a count (`ModelSpec(params=P)`)
-only model states and data-parallel traffic can be planned.
+only model states and data-parallel traffic can be planned. `experts=E` makes every block's
+MLP a mixture of E experts, top-`top_k`, capacity factor `capacity_factor` (lesson 16's
+`moe_gpt`; Fedus et al. 2021, section 2).
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ class ModelSpec:
     seq: int = 0
     frozen: tuple[str, ...] = ()  # parameter names without gradient, e.g. ("ln_f.bias",)
     params: int | None = None
+    experts: int = 0  # 0: dense MLPs; E: every MLP an MoE of E experts (lesson 16)
+    top_k: int = 1
+    capacity_factor: float = 1.0
 
     def __post_init__(self):
+        self._check_experts()
         if self.params is not None:
             if not _whole(self.params) or self.params < 1:
                 raise ValueError(f"ModelSpec: params={self.params!r} must be an int >= 1")
@@ -61,15 +67,35 @@ class ModelSpec:
                 "than a tensor's byte count (a 64-bit integer) can address"
             )
 
+    def _check_experts(self) -> None:
+        if not _whole(self.experts) or self.experts < 0:
+            raise ValueError(f"ModelSpec: experts={self.experts!r} must be an int >= 0 (0: dense)")
+        if not self.experts:
+            return
+        if self.params is not None:
+            raise ValueError(f"ModelSpec: experts={self.experts} needs a GPT configuration "
+                             f"(layers, hidden, ...), not only params={self.params}")  # fmt: skip
+        if not _whole(self.top_k) or not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"ModelSpec: top_k={self.top_k!r} must be an int in 1..experts="
+                             f"{self.experts}")  # fmt: skip
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < float("inf"):
+            raise ValueError(f"ModelSpec: capacity_factor={cf!r} must be a finite number > 0")
+
     @classmethod
-    def gpt(cls, cfg: GPTConfig, frozen: tuple[str, ...] = ()) -> ModelSpec:
-        return cls(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen))
+    def gpt(cls, cfg: GPTConfig, frozen: tuple[str, ...] = (), **moe) -> ModelSpec:
+        return cls(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen),
+                   **moe)  # fmt: skip
 
     @classmethod
     def of(cls, model: GPT) -> ModelSpec:
-        """The spec of a built course GPT, its frozen parameters included."""
+        """The spec of a built course GPT, its frozen parameters and MoE layers included."""
         frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
-        return cls.gpt(model.cfg, frozen)
+        moe = getattr(model.blocks[0].mlp, "moe", None) if len(model.blocks) else None
+        if moe is None:
+            return cls.gpt(model.cfg, frozen)
+        return cls.gpt(model.cfg, frozen, experts=moe.num_experts, top_k=moe.k,
+                       capacity_factor=moe.capacity_factor)  # fmt: skip
 
     @property
     def has_config(self) -> bool:
@@ -82,7 +108,9 @@ class ModelSpec:
     def meta_model(self) -> GPT:
         """The model on the `meta` device (shapes only), frozen parameters marked."""
         self._need_config("meta_model")
-        return _meta_gpt(self.layers, self.hidden, self.heads, self.vocab, self.seq, self.frozen)
+        moe = (self.experts, self.top_k, self.capacity_factor)
+        return _meta_gpt(self.layers, self.hidden, self.heads, self.vocab, self.seq, self.frozen,
+                         moe)  # fmt: skip
 
     def tensors(self) -> list[torch.Tensor]:
         """Every parameter (a tied one once) in `named_parameters` order, on `meta`."""
@@ -104,6 +132,14 @@ class ModelSpec:
     def trainable(self) -> int:
         """Ψ: elements that get a gradient."""
         return self.num_params - self.frozen_numel
+
+    def expert_numel(self) -> int:
+        """Elements of every layer's experts (0 for a dense GPT)."""
+        if not self.experts:
+            return 0
+        from ..expert_parallel.gpt import is_expert
+
+        return sum(p.numel() for n, p in self.meta_model().named_parameters() if is_expert(n))
 
     def fsdp_units(self) -> list[int]:
         """Trainable elements of each FSDP unit, one per block, the root (the rest) last:
@@ -129,9 +165,15 @@ def _whole(value) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def _meta_gpt(layers, hidden, heads, vocab, seq, frozen) -> GPT:
+def _meta_gpt(layers, hidden, heads, vocab, seq, frozen, moe=(0, 1, 1.0)) -> GPT:
+    cfg = GPTConfig(vocab, seq, layers, heads, hidden)
     with torch.device("meta"):
-        model = GPT(GPTConfig(vocab, seq, layers, heads, hidden))
+        if moe[0]:  # the planner plans lesson 16's MoE GPT too
+            from ..expert_parallel.gpt import moe_gpt
+
+            model = moe_gpt(cfg, *moe)
+        else:
+            model = GPT(cfg)
     names = dict(model.named_parameters())
     for name in frozen:
         if name not in names:

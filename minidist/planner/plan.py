@@ -4,11 +4,11 @@
 Step time (Williams et al. 2009's roofline per device, Hockney's α-β per link):
 
     compute   = max(FLOPs / FLOP rate, HBM bytes / memory bandwidth)   (which one: the bound)
-    exposed   = tp all-reduces + pp sends + cp ring sends (on the critical path)
+    exposed   = tp all-reduces + pp sends + cp ring sends + ep all-to-alls (critical path)
               + max(0, dp-group collectives - the compute they overlap)
                 (backward for ZeRO 0-2's gradient reductions, all of it for FSDP's
                  prefetched gathers)
-    step      = (compute + tp + pp + cp) / (1 - bubble) + exposed dp
+    step      = (compute + tp + pp + cp + ep) / (1 - bubble) + exposed dp
 
 HBM bytes per step are a lower bound: parameters read in forward and backward, gradients
 written, the optimizer reading and writing its states once, activations written once and
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..collectives.cost_model import CostModel
 from ..sequence_parallel import theory as sp_theory
-from . import activations, predict
+from . import activations, experts, predict
 from .divisors import divisors
 from .hardware import Cluster
 from .spec import Layout, ModelSpec
@@ -41,6 +41,7 @@ class StepTime:
     bound: str  # "communication" when it outlasts the compute it should hide behind, else
     # "bubble" when idle time exceeds compute, else the larger roofline term: "compute"/"memory"
     cp_s: float = 0.0  # context parallelism's ring (lesson 15), on the critical path as tp's
+    ep_s: float = 0.0  # expert parallelism's all-to-alls (lesson 16), on it too
 
 
 @dataclass
@@ -70,17 +71,20 @@ class Plan:
     @property
     def activations_planned(self) -> bool:
         """False for a `ModelSpec(params=P)`: without layers, hidden size and sequence there
-        are no activations to plan (`memory["activations"]` is 0, not a prediction)."""
-        return self.model.has_config
+        are no activations to plan (`memory["activations"]` is 0, not a prediction); False
+        for MoE blocks too, whose saved tensors (routing, padded rows) no course run pins."""
+        return self.model.has_config and not self.model.experts
 
     def fits(self, memory_bytes: float) -> bool:
         """Model states and activations within `memory_bytes` per rank. A plan without
         activations cannot say (`fits_model_states` says whether the states alone do)."""
         if not self.activations_planned:
+            what = (f"experts={self.model.experts}" if self.model.experts
+                    else f"params={self.model.params}")  # fmt: skip
             raise ValueError(
-                f"Plan.fits: a ModelSpec(params={self.model.params}) plans no activations, so "
-                "whether the layout fits is unknown; give the GPT's configuration, or ask "
-                "fits_model_states (a necessary condition only)"
+                f"Plan.fits: a ModelSpec({what}) plans no activations, so whether the layout "
+                "fits is unknown; give a dense GPT's configuration, or ask fits_model_states "
+                "(a necessary condition only)"
             )
         return self.memory_per_rank <= memory_bytes
 
@@ -145,21 +149,25 @@ def calls_per_step(model: ModelSpec, layout: Layout) -> dict[str, int]:
     pp = 2 * m if layout.pp > 1 else 0
     # the ring: c-1 sends of K, V forward, c-1 backward and c of their gradients, per layer
     cp = (3 * layout.cp - 2) * model.layers * m if layout.cp > 1 else 0
+    if model.experts:
+        return {"tp": tp, "pp": pp, "cp": cp, **experts.calls(model, layout)}
     if layout.zero == 3:
         dp = 3 * len(model.fsdp_units())
     else:
         dp = len(predict.zero_buckets(model, layout)) * (1 if layout.zero == 0 else 2)
-    return {"tp": tp, "pp": pp, "cp": cp, "dp": dp if layout.dp * layout.cp > 1 else 0}
+    return {"tp": tp, "pp": pp, "cp": cp, "ep": 0, "dp": dp if layout.dp * layout.cp > 1 else 0}
 
 
 def _group_link(cluster: Cluster, layout: Layout, group: str) -> CostModel:
     """The ranks a group spans, (stride, size), in Megatron-LM's order: tp innermost, then
-    cp, dp, pp ("dp-cp": the data × context ranks that reduce gradients together)."""
+    cp, dp, pp ("dp-cp": the data × context ranks that reduce gradients together; "ep": a
+    block of ep data-parallel ranks, "edp": the dp/ep ranks holding the same experts)."""
     t, c, d = layout.tp, layout.cp, layout.dp
     f = predict.shard_group(layout)
     span = {
         "tp": (1, t), "cp": (t, c), "dp": (t * c, d), "dp-cp": (t, c * d),
         "shard": (t * c, f), "replicate": (t * c * f, d // f), "pp": (t * c * d, layout.pp),
+        "ep": (t * c, layout.ep), "edp": (t * c * layout.ep, d // layout.ep),
     }[group]  # fmt: skip
     return cluster.link(*span)
 
@@ -182,10 +190,10 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     hbm = 4 * mem["params"] + 2 * mem["grads"] + 2 * mem["optimizer"] + 2 * mem["activations"]
     memory_s = hbm / dev.memory_bandwidth
     calls = calls_per_step(p.model, p.layout)
-    by_kind = {"tp": 0.0, "pp": 0.0, "cp": 0.0, "dp": 0.0}
+    by_kind = {"tp": 0.0, "pp": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
     sends = set()
     for (_, group), sent in p.traffic.items():
-        kind = group if group in ("tp", "pp", "cp") else "dp"
+        kind = group if group in ("tp", "pp", "cp", "ep") else "dp"
         link = _group_link(cluster, p.layout, group)
         by_kind[kind] += sent / link.bandwidth_bytes_per_s
         if sent > 0:
@@ -194,7 +202,8 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
         group = "dp-cp" if kind == "dp" and p.layout.cp > 1 else kind
         by_kind[kind] += calls[kind] * _group_link(cluster, p.layout, group).alpha_s
     busy = max(compute, memory_s)
-    critical = by_kind["tp"] + by_kind["pp"] + by_kind["cp"]  # the ring waits for its blocks
+    # the ring waits for its blocks, the experts for their tokens
+    critical = by_kind["tp"] + by_kind["pp"] + by_kind["cp"] + by_kind["ep"]
     pipelined = (busy + critical) / (1 - p.bubble)
     # ZeRO 0-2 reduce gradients while backward (2/3 of the FLOPs) runs; FSDP also gathers
     # each unit's parameters while the previous one computes, forward included.
@@ -209,14 +218,15 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
         bound = "compute" if compute >= memory_s else "memory"
     return StepTime(
         compute, memory_s, by_kind["tp"], by_kind["pp"], by_kind["dp"], p.bubble, total, bound,
-        by_kind["cp"],
+        by_kind["cp"], by_kind["ep"],
     )  # fmt: skip
 
 
 def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
     """Every dp × tp × pp of `world` with ZeRO 0-3 (0-1 with tp or pp) the model allows;
     `fixed` sets the other fields (global_batch, microbatches, precision, ...). A fixed
-    `cp=c` leaves world / c ranks to the sweep; a fixed `sp=True` keeps the tp > 1 ones."""
+    `cp=c` leaves world / c ranks to the sweep; a fixed `sp=True` keeps the tp > 1 ones; a
+    model with experts gets data parallelism only (with a fixed `ep`)."""
     out = []
     cp = fixed.get("cp", 1)
     if not isinstance(cp, int) or cp < 1 or world % cp:
@@ -224,14 +234,15 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
     world //= cp  # the others split what context parallelism leaves
     sizes = divisors(world)
     tps, pps = [1], [1]  # a spec without configuration: data parallelism only
-    if model.has_config:  # what `Layout.check` allows, before building any layout
+    if model.has_config and not model.experts:  # what `Layout.check` allows, up front
         tps = divisors(math.gcd(world, model.heads, model.hidden))
         pps = [p for p in sizes if p <= model.layers]
     for tp, pp in itertools.product(tps, pps):
         if world % (tp * pp):
             continue
         dp = world // (tp * pp)
-        for zero in (0, 1) if tp > 1 or pp > 1 else (0, 1, 2, 3):
+        zeros = (0,) if model.experts else (0, 1) if tp > 1 or pp > 1 else (0, 1, 2, 3)
+        for zero in zeros:
             try:
                 layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, **fixed)
                 layout.check(model, world * cp)

@@ -27,6 +27,7 @@ from ..pipeline import theory as pp_theory
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
+from . import experts
 from .activations import stage_layers
 from .spec import Layout, ModelSpec
 
@@ -64,6 +65,13 @@ def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
 
 def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """{params, grads, optimizer}: bytes rank 0 keeps on its device between steps."""
+    if model.experts:  # lesson 16's MoE GPT: the replicated parameters and E/ep experts
+        params, trainable, tensors = experts.rank_params(model, layout)
+        if layout.precision == "mixed":
+            return _mixed(trainable, 1, 0, layout.element_bytes, params - trainable, tensors)
+        total = dp_theory.model_state_bytes_per_rank(params, trainable, layout.optimizer, tensors)
+        return {"params": 4 * params, "grads": 4 * trainable,
+                "optimizer": total - 4 * (params + trainable)}  # fmt: skip
     n, z = layout.dp, layout.zero
     e = layout.element_bytes
     if layout.tp > 1 or layout.pp > 1:
@@ -136,6 +144,8 @@ def _need_adam(layout: Layout) -> None:
 def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     """{(collective, group): bytes} rank 0 sends per step on a ring (`comm.ring_bytes`)."""
     n, z, e, r = layout.dp, layout.zero, layout.element_bytes, layout.reduce_bytes
+    if model.experts:
+        return experts.traffic(model, layout)
     if layout.cp > 1:
         return context_parallel_traffic(model, layout)
     if layout.tp > 1 or layout.pp > 1:
@@ -257,12 +267,14 @@ def flops_per_step(model: ModelSpec, layout: Layout) -> float:
     recomputation, which runs the forward twice), plus the output head's 6·b·s·h·V/t on
     the stage that has it (all of them when pp = 1); over c with context parallelism (the
     zig-zag split gives every rank 1/c of the causal work, `context_parallel.theory.
-    causal_work`)."""
+    causal_work`); MoE blocks as `experts.layer_flops` counts them."""
     if not model.has_config:
         return 0.0
     b = layout.global_batch // layout.dp
     s, h = model.seq, model.hidden
     layer = tp_theory.transformer_layer_flops(b, s, h)
+    if model.experts:
+        layer = experts.layer_flops(model, layout)
     if layout.recompute:
         layer *= 4 / 3
     head = 6 * b * s * h * model.vocab if layout.pp == 1 else 0.0

@@ -7,8 +7,9 @@ planned). With a configuration the planner builds the model on the `meta` device
 allocates nothing whatever its size, so bucket plans, FSDP units and frozen parameters are
 those of the real module, exactly.
 
-A `Layout` names every choice of lessons 01-10, 14 and 15: dp × tp × pp × cp, the ZeRO stage
-(3 = FSDP, hybrid or not), micro-batches and schedule, precision, recomputation, offload, sp.
+A `Layout` names every choice of lessons 01-10 and 14-16: dp × tp × pp × cp, the ZeRO stage
+(3 = FSDP, hybrid or not), micro-batches and schedule, precision, recomputation, offload, sp,
+and ep (the experts' ranks, carved out of dp as Megatron-core does).
 Each technique is one field, refused by name (`__post_init__`, `check`) where the course does
 not run it, and one branch of `predict` / `activations` calling its lesson's theory.
 """
@@ -37,6 +38,9 @@ class Layout:
     `sp`: sequence parallelism in tp (lesson 14; Korthikanti et al. 2022, section 4.2.2).
     `cp`: ranks sharing each sequence, zig-zag split (lesson 15; Liu et al. 2023), with DDP
     across (Megatron-LM reduces the gradients over the data × context ranks).
+    `ep`: ranks each MoE layer's experts are spread over (lesson 16; Lepikhin et al. 2020),
+    a divisor of dp: blocks of ep consecutive data-parallel ranks exchange tokens, and the
+    dp/ep ranks holding the same experts reduce their gradients. The world stays dp·tp·pp·cp.
     """
 
     dp: int = 1
@@ -57,9 +61,10 @@ class Layout:
     bucket_cap_mb: float = 25.0
     sp: bool = False
     cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "cp", "microbatches", "virtual", "global_batch"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual", "global_batch"):
             if not _whole(getattr(self, name)):
                 raise ValueError(f"Layout: {name}={getattr(self, name)!r} must be an int")
             if getattr(self, name) < 1:
@@ -106,6 +111,16 @@ class Layout:
         if not self.bucket_cap_mb > 0 or self.bucket_cap_mb == float("inf"):
             raise ValueError(f"Layout: bucket_cap_mb={self.bucket_cap_mb} must be finite and > 0")
         self._check_sequence_splits()
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """ep: the combination lesson 16 runs (`ExpertParallelGPT`: EP × DP), else refused."""
+        if self.ep == 1:
+            return
+        if self.dp % self.ep:
+            raise ValueError(f"Layout: ep={self.ep} must divide dp={self.dp} (the experts' "
+                             "ranks are carved out of the data-parallel ones)")  # fmt: skip
+        _moe_layout_only(self, f"ep={self.ep}")
 
     def _check_sequence_splits(self) -> None:
         """sp and cp: the combinations lessons 14 and 15 run, refused by name otherwise."""
@@ -142,6 +157,17 @@ class Layout:
         return 4 if self.reduce_in_fp32 else self.element_bytes
 
     def check(self, model: ModelSpec, world: int | None = None) -> None:
+        self._check_model(model, world)
+        if model.experts:
+            _moe_layout_only(self, f"a model with experts={model.experts}")
+            if model.experts % self.ep:
+                raise ValueError(f"Layout: ep={self.ep} must divide experts={model.experts} "
+                                 "(E/ep experts per rank)")  # fmt: skip
+        elif self.ep > 1:
+            raise ValueError(f"Layout: ep={self.ep} needs a model with experts (ModelSpec("
+                             "..., experts=E)): a dense GPT has none to place")  # fmt: skip
+
+    def _check_model(self, model: ModelSpec, world: int | None) -> None:
         """Raise (naming the values) if this layout cannot run `model` on `world` ranks."""
         if world is not None and self.world != world:
             raise ValueError(
@@ -176,3 +202,17 @@ class Layout:
                 f"Layout: with tp={self.tp} or pp={self.pp} the course composes ZeRO-1 at most "
                 f"(lesson 10), not zero={self.zero}"
             )
+
+
+def _moe_layout_only(layout: Layout, what: str) -> None:
+    """Refuse, naming `what`, what lesson 16 does not run with experts: it trains the MoE GPT
+    with data and expert parallelism only, one micro-batch (a capacity per step)."""
+    others = dict(tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=layout.zero,
+                  microbatches=layout.microbatches)  # fmt: skip
+    bad = {k: v for k, v in others.items() if v != (0 if k == "zero" else 1)}
+    if bad:
+        named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        raise ValueError(
+            f"Layout: {what} with {named}: lesson 16 runs experts with data and expert "
+            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1)"
+        )
