@@ -328,10 +328,19 @@ def test_interrupt_reaps_children(tmp_path):
             os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeypatch, how):
+@pytest.mark.parametrize(
+    "how, custom", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)]
+)
+def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeypatch, how, custom):
+    """Killed outright, the parent takes its ranks along; the next launch removes what they
+    left: the rendezvous folder and the disk-offload files, in TMPDIR or (custom) under the
+    caller's `path=`, found through the markers left in TMPDIR."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("the caller's own file")
+    path = repr(str(elsewhere)) if custom else None
     script = tmp_path / "killed.py"
     script.write_text(
         textwrap.dedent(
@@ -340,7 +349,7 @@ def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeyp
             from minidist.offload import OffloadOptimizer
             def sleeper():
                 p = torch.nn.Parameter(torch.ones(4))
-                opt = OffloadOptimizer([p], tier="disk", lr=0.1)  # files in TMPDIR
+                opt = OffloadOptimizer([p], tier="disk", path={path}, lr=0.1)
                 open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
                 time.sleep(600)
             minidist.launch(sleeper, 2, timeout_s=600)
@@ -354,8 +363,10 @@ def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeyp
         time.sleep(0.1)
     pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
     assert len(pids) == 2
-    left = sorted(p.name.split("-")[0:2] == ["minidist", "offload"] for p in tmp.iterdir())
-    assert left == [False, True, True]  # the rendezvous folder, each rank's offload files
+    offload = tmp if not custom else elsewhere
+    assert len(list(offload.glob("minidist-offload-*"))) == 2  # each rank's files
+    assert len(list(tmp.glob("minidist-*.where"))) == (2 if custom else 0)
+    assert [p for p in tmp.glob("minidist-*") if p.is_dir() and "offload" not in p.name]
     proc.send_signal(how)
     proc.wait(timeout=30)
     deadline = time.monotonic() + 30
@@ -366,6 +377,28 @@ def test_ranks_die_with_their_parent_and_its_folders_are_swept(tmp_path, monkeyp
             os.kill(pid, 0)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     minidist.launch(rank_and_size, 1)  # the next launch sweeps what the dead ones left
+    assert list(tmp.glob("minidist-*")) == []  # (torch may keep its compile cache there)
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
+
+
+def test_a_marker_is_followed_only_to_a_folder_named_for_its_dead_pid(tmp_path, monkeypatch):
+    """The sweep never removes a folder a marker names unless that folder's own name carries
+    the same dead pid: a stale or forged marker costs only itself."""
+    from minidist.runtime.parent import _sweep_stale
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tmp, mine = tmp_path / "tmp", tmp_path / "mine"
+    tmp.mkdir()
+    mine.mkdir()
+    targets = [mine / "important", mine / f"minidist-offload-{os.getpid()}-x",
+               mine / f"minidist-offload-{dead.pid}-y"]  # fmt: skip
+    for i, target in enumerate(targets):
+        target.mkdir()
+        (tmp / f"minidist-{dead.pid}-{i}.where").write_text(str(target))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    _sweep_stale()
+    assert sorted(p.name for p in mine.iterdir()) == sorted(t.name for t in targets[:2])
     assert list(tmp.iterdir()) == []
 
 

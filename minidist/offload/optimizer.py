@@ -23,6 +23,7 @@ offloads the sharded parameters as well and steps the optimizer on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -31,10 +32,18 @@ import weakref
 import torch
 
 from ..memory import tensor_bytes
+from ..runtime.parent import remember_folder
 from ..training import OptimizerWrapper
 
 TIERS = ("cpu", "disk")
 DISK_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _remove(directory: str, marker: str | None) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    if marker is not None:
+        with contextlib.suppress(OSError):
+            os.remove(marker)
 
 
 class OffloadOptimizer(OptimizerWrapper):
@@ -79,7 +88,12 @@ class OffloadOptimizer(OptimizerWrapper):
         if tier == "disk":  # a fresh directory per run: never another run's (or model's) files
             # named after this process: a launch after it was killed sweeps it (runtime)
             self.directory = tempfile.mkdtemp(prefix=f"minidist-offload-{os.getpid()}-", dir=path)
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
+            marker = None  # outside the temporary folder: a marker there names it
+            if os.path.realpath(os.path.dirname(self.directory)) != os.path.realpath(
+                tempfile.gettempdir()
+            ):
+                marker = remember_folder(self.directory)
+            self._finalizer = weakref.finalize(self, _remove, self.directory, marker)
             for i, m in enumerate(self.masters):
                 self.inner.state[m] = {
                     "step": torch.tensor(0.0, device="cpu"),  # the host tier's step

@@ -173,17 +173,49 @@ def _reap(procs) -> None:
 
 
 _STALE = re.compile(r"^minidist-(?:offload-)?(\d+)-")
+WHERE = ".where"  # a marker in the temporary folder naming a folder made elsewhere
+
+
+def remember_folder(directory: str) -> str:
+    """Leave a marker in the temporary folder naming `directory` (a folder this process made
+    outside it, e.g. disk offload under a `path=` of the caller's), so that a launch after
+    this process is killed sweeps it too; returns the marker's path (remove it with the
+    folder). The folder's name must carry this process's pid, as `_sweep_stale` checks."""
+    pid = os.getpid()
+    if not _STALE.match(os.path.basename(directory)) or _pid_of(directory) != pid:
+        raise ValueError(f"remember_folder: {directory!r} is not named minidist-...-{pid}-...")
+    fd, marker = tempfile.mkstemp(prefix=f"minidist-{pid}-", suffix=WHERE)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.path.abspath(directory))
+    return marker
+
+
+def _pid_of(path: str) -> int | None:
+    m = _STALE.match(os.path.basename(path))
+    return int(m.group(1)) if m else None
 
 
 def _sweep_stale() -> None:
     """Remove the folders (rendezvous, disk-offload files) of minidist processes that died
-    without cleaning up (killed by SIGKILL): named `minidist-[offload-]<pid>-...`."""
+    without cleaning up (killed by SIGKILL): named `minidist-[offload-]<pid>-...`, in the
+    temporary folder or named by a marker there (`remember_folder`). A marker is followed
+    only to a folder whose own name carries the same dead pid: never anything else."""
     base = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
-            m = _STALE.match(name)
-            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            pid = _pid_of(name)
+            if pid is None or pid == os.getpid() or _alive(pid):
+                continue
+            path = os.path.join(base, name)
+            if name.endswith(WHERE) and os.path.isfile(path):
+                with contextlib.suppress(OSError), open(path) as f:
+                    target = f.read().strip()
+                    if _pid_of(target) == pid and os.path.isdir(target):
+                        shutil.rmtree(target, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
