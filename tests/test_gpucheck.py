@@ -56,8 +56,11 @@ def test_a_wrapper_in_a_world_of_one_against_itself_on_cpus(case):
 
 def test_tour_rows_reports_each_row_and_survives_a_broken_one(monkeypatch):
     from minidist import registry
+    from minidist.runtime import cuda_memory
 
     def good(world, folder):
+        cuda_memory.record([123, 9])  # what two NCCL worlds of the row would record
+        cuda_memory.record([77, 1000])
         return registry.TourRow("good", True, 1e-7, 100, 100, 8.0, 8.0)
 
     def off_theory(world, folder):
@@ -70,7 +73,11 @@ def test_tour_rows_reports_each_row_and_survives_a_broken_one(monkeypatch):
     monkeypatch.setattr(registry, "tour_rows", lambda: rows)
     out = gpucheck.tour_rows(2)
     assert out["good_row"] == "yes/1.0e-07" and out["good_row_memory"] == "100/100"
+    assert out["good_row_max_memory_allocated_rank0"] == 123  # rank 0, its largest world
+    keys = list(out)
+    assert keys.index("good_row_max_memory_allocated_rank0") == keys.index("good_row_memory") + 1
     assert out["off_theory_memory"] == "120/100"
+    assert not any(k.startswith("off_theory_max_memory") for k in out)  # no NCCL world
     assert out["3d__t_x_p"] == "error: ValueError: world_size=2 must be >= 8"
     assert out["ok"] is False
     del rows["off theory"], rows["3D (t x p)"]
