@@ -14,7 +14,8 @@ What it runs:
   the fraction of a device-to-device copy's bandwidth, beside HierarchicalKV's published
   A100 figures;
 - `world1_*`: every wrapper in a world of 1 under NCCL (the model, its data and every
-  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1;
+  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1: lessons 01-09's
+  and the sequence-, context- and expert-parallel layers of lessons 14-16;
 - with one GPU, `cpu_tour_*`: the tour's rows on the usual CPU world of 4 (gloo);
 - with two or more, `nccl_tour_*`: every tour row under NCCL on min(GPUs, 4) ranks (equal
   to its reference, memory and bytes against the theory, and rank 0's measured peak CUDA
@@ -43,6 +44,9 @@ WRAPPERS = (
     ("fsdp_recompute", "minidist.recompute.fixture", "fsdp_on_rank", (True,), 1e-4),
     ("tensor_parallel", "minidist.megatron.fixture", "train_on_rank", (), 1e-4),
     ("pipeline_1f1b", "minidist.pipeline.fixture", "pipeline_on_rank", ("1f1b", 2, 1), 1e-4),
+    ("sequence_parallel", "minidist.sequence_parallel.fixture", "train_on_rank", (True,), 1e-4),
+    ("context_parallel", "minidist.context_parallel.fixture", "train_on_rank", ("zigzag",), 1e-4),
+    ("expert_parallel", "minidist.expert_parallel.fixture", "train_on_rank", (1, 2), 1e-4),
 )
 BENCHES = ("ddp", "zero", "tp", "pp")
 
@@ -112,9 +116,13 @@ def triton_vs_torch(n: int = 10**6, dim: int = 8, device="cuda") -> dict:
 
 
 def _trace_of(result) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """(losses, final parameters) out of what a fixture's rank function returns."""
+    """(losses, final parameters) out of what a fixture's rank function returns. A trace of
+    steps without a loss (lesson 16's `EPRun`: one MoE layer's output per step) stands in
+    the mean square of each step's output for its loss."""
     if hasattr(result, "losses") and hasattr(result, "params"):
         return list(result.losses), result.params
+    if isinstance(getattr(result, "trace", None), list) and hasattr(result, "params"):
+        return [float(s.out.double().square().mean()) for s in result.trace], result.params
     if isinstance(result, dict):
         if "trace" in result:
             return _trace_of(result["trace"])

@@ -39,6 +39,28 @@ def test_the_trace_is_found_in_every_fixture_result_shape():
         assert losses == [1.0, 0.5] and params is p
     with pytest.raises(TypeError, match="no training trace"):
         gpucheck._trace_of(3)
+    from minidist.expert_parallel.fixture import EPRun, Step
+
+    steps = [Step(torch.full((2, 1), v, device="cpu"), None, None, None, {}) for v in (1.0, 3.0)]
+    losses, params = gpucheck._trace_of(EPRun(steps, p, [], [], 0, 0))
+    assert losses == [1.0, 9.0] and params is p  # each step's mean square output
+
+
+def test_lessons_14_to_16_are_in_the_nccl_tour_and_the_world_of_one_checks():
+    """The NCCL tour runs every registered row: lessons 14-16's among them; and every
+    wrapper of the world-of-one checks names a rank function that exists."""
+    import importlib
+
+    from minidist import registry
+
+    registry.tour_rows()
+    lessons = {lesson for lesson, _ in registry._TOUR_ROWS.values()}
+    assert {14, 15, 16} <= lessons
+    for name, module, fn, _, _ in gpucheck.WRAPPERS:
+        assert callable(getattr(importlib.import_module(module), fn)), name
+    assert {"sequence_parallel", "context_parallel", "expert_parallel"} <= {
+        c[0] for c in gpucheck.WRAPPERS
+    }
 
 
 def test_triton_against_torch_runs_on_the_interpreter():
@@ -48,7 +70,11 @@ def test_triton_against_torch_runs_on_the_interpreter():
                        "same_bags": True, "same_grads": True, "ok": True}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", [gpucheck.WRAPPERS[1], gpucheck.WRAPPERS[-1]], ids=str)
+CHEAP = ("bucketed_ddp", "pipeline_1f1b", "sequence_parallel", "context_parallel",
+         "expert_parallel")  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [c for c in gpucheck.WRAPPERS if c[0] in CHEAP], ids=str)
 def test_a_wrapper_in_a_world_of_one_against_itself_on_cpus(case):
     figures = gpucheck.wrapper_in_world_of_one(case, "cpu")
     assert figures == {"loss_diff": 0.0, "param_diff": 0.0, "ok": True}
