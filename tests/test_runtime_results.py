@@ -27,6 +27,12 @@ class OnGPU(torch.Tensor):
         return torch._tensor._convert(out, cls)
 
 
+class OnGPUParameter(torch.nn.Parameter):
+    """A parameter that reports `cuda:1`, as an NCCL rank's model's do."""
+
+    __torch_function__ = OnGPU.__torch_function__
+
+
 class Run(NamedTuple):  # the shape of the fixtures' results: a trace, params, extras
     trace: TrainTrace
     params: dict
@@ -68,8 +74,14 @@ def test_a_ranks_gpu_tensors_come_back_as_cpu_tensors():
         assert torch.equal(run.params["w"], torch.tensor([rank, rank + 1.0], device="cpu"))
         assert run.params["b"].requires_grad and not run.params["w"].requires_grad
         assert run.tied[0] is run.params["w"]  # one tensor returned twice is one tensor
-    local = on_host({"p": torch.nn.Parameter(torch.ones(2, device="cpu")), "g": _on_gpu([1.0])})
-    assert isinstance(local["p"], torch.nn.Parameter)
+    model = torch.nn.Linear(2, 2, device="cpu")
+    model.weight = OnGPUParameter(torch.ones(2, 2, device="cpu"))
+    model.weight.tp_split = 0  # the attributes a wrapper puts on its parameters
+    assert model.weight.device.type == "cuda"
+    local = on_host({"model": model, "g": _on_gpu([1.0])})
+    weight = local["model"].weight
+    assert type(weight) is torch.nn.Parameter and weight.device.type == "cpu"
+    assert weight.requires_grad and weight.tp_split == 0 and torch.equal(weight, model.weight)
     assert type(local["g"]) is torch.Tensor and local["g"].device.type == "cpu"
 
 

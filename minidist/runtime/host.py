@@ -6,11 +6,11 @@ be rebuilt in the parent on that rank's GPU: the parent would initialise CUDA (a
 on start its worlds with spawn), hold each rank's tensors on a different GPU, and fail to
 compare them with its own CPU reference ("Expected all tensors to be on the same device").
 So a rank's result is pickled by `dumps_on_host`: cloudpickle, with every tensor that is not
-on the CPU replaced by a CPU copy (an `nn.Parameter` stays a Parameter; `requires_grad` is
-kept). The parent gets CPU tensors whichever device a rank computed on; CPU tensors pickle
-as before. Two GPU tensors that are views of one storage come back as separate copies (one
-tensor returned twice is still one tensor). `on_host(obj)` is the same round trip in one
-process, for the results a torchrun world gathers.
+on the CPU replaced by a CPU copy (an `nn.Parameter` stays a Parameter; `requires_grad` and
+the tensor's Python attributes are kept). The parent gets CPU tensors whichever device a rank
+computed on; CPU tensors pickle as before. Two GPU tensors that are views of one storage come
+back as separate copies (one tensor returned twice is still one tensor). `on_host(obj)` is
+the same round trip in one process, for the results a torchrun world gathers.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ import cloudpickle
 import torch
 
 
-def _with_requires_grad(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    return tensor.requires_grad_(requires_grad)
+def _rebuild(host: torch.Tensor, parameter: bool, requires_grad: bool, attrs: dict):
+    """The CPU copy as the parent gets it: a Parameter if it was one, the same
+    `requires_grad`, the Python attributes it carried (`tp_split`, ...)."""
+    out = torch.nn.Parameter(host, requires_grad) if parameter else host
+    out.requires_grad_(requires_grad)
+    out.__dict__.update(attrs)
+    return out
 
 
 class _HostPickler(cloudpickle.Pickler):
@@ -30,10 +35,8 @@ class _HostPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
-            host = obj.detach().cpu()
-            if isinstance(obj, torch.nn.Parameter):
-                return torch.nn.Parameter, (host, obj.requires_grad)
-            return _with_requires_grad, (host, obj.requires_grad)
+            parameter = isinstance(obj, torch.nn.Parameter)
+            return _rebuild, (obj.detach().cpu(), parameter, obj.requires_grad, dict(obj.__dict__))
         return super().reducer_override(obj)
 
 
