@@ -116,9 +116,9 @@ def triton_vs_torch(n: int = 10**6, dim: int = 8, device="cuda") -> dict:
 
 
 def _trace_of(result) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """(losses, final parameters) out of what a fixture's rank function returns. A trace of
-    steps without a loss (lesson 16's `EPRun`: one MoE layer's output per step) stands in
-    the mean square of each step's output for its loss."""
+    """(losses, final parameters) out of what a fixture's rank function returns. For a trace
+    of steps without a loss (lesson 16's `EPRun`: one MoE layer's output per step), the mean
+    square of each step's output stands in for its loss."""
     if hasattr(result, "losses") and hasattr(result, "params"):
         return list(result.losses), result.params
     if isinstance(getattr(result, "trace", None), list) and hasattr(result, "params"):
@@ -162,8 +162,8 @@ def tour_rows(world_size: int) -> dict:
     `key_bytes=measured/theory` and, for rows whose worlds ran under NCCL,
     `key_max_memory_allocated_rank0`: the most CUDA bytes rank 0 held in any of the row's
     worlds (`torch.cuda.max_memory_allocated`, reset before the rank function, read on the
-    rank: `runtime.cuda_peaks`). Beside the formula, it adds what the formula leaves out
-    (activations, communication buffers, the allocator's rounding)."""
+    rank: `runtime.cuda_peaks`). It exceeds the formula by what the formula leaves out
+    (activations, temporaries, the allocator's rounding)."""
     import tempfile
     from pathlib import Path
 
