@@ -14,11 +14,13 @@ What it runs:
   the fraction of a device-to-device copy's bandwidth, beside HierarchicalKV's published
   A100 figures;
 - `world1_*`: every wrapper in a world of 1 under NCCL (the model, its data and every
-  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1;
+  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1: lessons 01-09's
+  and the sequence-, context- and expert-parallel layers of lessons 14-16;
 - with one GPU, `cpu_tour_*`: the tour's rows on the usual CPU world of 4 (gloo);
 - with two or more, `nccl_tour_*`: every tour row under NCCL on min(GPUs, 4) ranks (equal
-  to its reference, memory and bytes against the theory), and `nccl_bench_*`: the ddp,
-  zero, tp and pp benches against their torch-native equivalents under NCCL.
+  to its reference, memory and bytes against the theory, and rank 0's measured peak CUDA
+  memory beside the memory formula), and `nccl_bench_*`: the ddp, zero, tp and pp benches
+  against their torch-native equivalents under NCCL.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ WRAPPERS = (
     ("fsdp_recompute", "minidist.recompute.fixture", "fsdp_on_rank", (True,), 1e-4),
     ("tensor_parallel", "minidist.megatron.fixture", "train_on_rank", (), 1e-4),
     ("pipeline_1f1b", "minidist.pipeline.fixture", "pipeline_on_rank", ("1f1b", 2, 1), 1e-4),
+    ("sequence_parallel", "minidist.sequence_parallel.fixture", "train_on_rank", (True,), 1e-4),
+    ("context_parallel", "minidist.context_parallel.fixture", "train_on_rank", ("zigzag",), 1e-4),
+    ("expert_parallel", "minidist.expert_parallel.fixture", "train_on_rank", (1, 2), 1e-4),
 )
 BENCHES = ("ddp", "zero", "tp", "pp")
 
@@ -111,9 +116,13 @@ def triton_vs_torch(n: int = 10**6, dim: int = 8, device="cuda") -> dict:
 
 
 def _trace_of(result) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """(losses, final parameters) out of what a fixture's rank function returns."""
+    """(losses, final parameters) out of what a fixture's rank function returns. For a trace
+    of steps without a loss (lesson 16's `EPRun`: one MoE layer's output per step), the mean
+    square of each step's output stands in for its loss."""
     if hasattr(result, "losses") and hasattr(result, "params"):
         return list(result.losses), result.params
+    if isinstance(getattr(result, "trace", None), list) and hasattr(result, "params"):
+        return [float(s.out.double().square().mean()) for s in result.trace], result.params
     if isinstance(result, dict):
         if "trace" in result:
             return _trace_of(result["trace"])
@@ -148,18 +157,26 @@ def wrapper_in_world_of_one(case: tuple, device: str, reference_device: str = "c
 
 
 def tour_rows(world_size: int) -> dict:
-    """Every tour row on a world of `world_size` (the backend MINIDIST_BACKEND says)."""
+    """Every tour row on a world of `world_size` (the backend MINIDIST_BACKEND says): per row
+    `key=matches/max diff`, `key_memory=measured/formula` (model-state bytes per rank),
+    `key_bytes=measured/theory` and, for rows whose worlds ran under NCCL,
+    `key_max_memory_allocated_rank0`: the most CUDA bytes rank 0 held in any of the row's
+    worlds (`torch.cuda.max_memory_allocated`, reset before the rank function, read on the
+    rank: `runtime.cuda_peaks`). It exceeds the formula by what the formula leaves out
+    (activations, temporaries, the allocator's rounding)."""
     import tempfile
     from pathlib import Path
 
     from .registry import tour_rows as registered
+    from .runtime import cuda_peaks
 
     out, ok = {}, True
     with tempfile.TemporaryDirectory() as folder:
         for name, row_fn in registered().items():
             key = "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
             try:
-                row = row_fn(world_size, Path(folder))
+                with cuda_peaks() as peaks:  # each NCCL world's ranks, measured on the ranks
+                    row = row_fn(world_size, Path(folder))
             except Exception as exc:  # one row's failure is reported, the others still run
                 out[key] = f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
                 ok = False
@@ -170,10 +187,10 @@ def tour_rows(world_size: int) -> dict:
             memory_ok = row.memory_theory is None or row.memory_per_rank == row.memory_theory
             out[key] = f"{'yes' if row.matches else 'NO'}/{row.max_abs_diff:.1e}"
             out[f"{key}_memory"] = f"{row.memory_per_rank}/{row.memory_theory}"
+            if peaks:  # NCCL worlds: rank 0's peak CUDA bytes over the row's worlds
+                out[f"{key}_max_memory_allocated_rank0"] = max(world[0] for world in peaks)
             out[f"{key}_bytes"] = f"{row.bytes_per_rank}/{row.bytes_theory}"
             ok = ok and row.matches and theory_ok and memory_ok
-    if torch.cuda.is_available():
-        out["max_memory_allocated_parent"] = torch.cuda.max_memory_allocated()
     return {**out, "ok": ok}
 
 

@@ -3,7 +3,8 @@
 `launch(fn, world_size, *args)` starts `world_size` processes on this machine, initialises
 the default `torch.distributed` process group in each (gloo; NCCL on request, for tensors
 on the ranks' GPUs), runs `fn(*args)` on every rank and returns the per-rank return values in rank
-order. Under `torchrun` the same call joins the world torchrun started instead.
+order, their tensors on the CPU whatever device the ranks computed on. Under `torchrun` the
+same call joins the world torchrun started instead.
 
 How the pieces fit:
 - Rendezvous: each world meets in a `FileStore` in a fresh temporary folder, so worlds never
@@ -39,6 +40,8 @@ Where each piece lives:
 - `board`: the call board, where `comm` writes the collective each rank is inside.
 - `collect`: `_collect`, waiting for the results; `RankFailedError`, `WorldTimeoutError`.
 - `torchrun`: `under_torchrun` and joining the world torchrun started.
+- `host`: `dumps_on_host`, how a rank's result is pickled: its GPU tensors as CPU copies.
+- `cuda_memory`: `cuda_peaks()`, each rank's peak CUDA memory, measured on the rank.
 """
 
 # The private names are re-exported (noqa) from the module this package was before the split.
@@ -50,7 +53,9 @@ from .backend import (  # noqa: F401
     start_method_for,
 )
 from .collect import _GRACE_S, RankFailedError, WorldTimeoutError, _collect, _exit_message  # noqa: F401
+from .cuda_memory import cuda_peaks
 from .device import DEVICES, rank_device, world_backend  # noqa: F401
+from .host import dumps_on_host, on_host  # noqa: F401
 from .parent import _main_module_hidden, _reap, _ship, launch  # noqa: F401
 from .rank import _COLLECTIVE_TIMEOUT_MARGIN_S, _rank_main  # noqa: F401
 from .stderr import _STDERR_TAIL_BYTES, _STDERR_TAIL_LINES, _StderrTail, _write_fd2  # noqa: F401
@@ -69,4 +74,5 @@ __all__ = [
     "under_torchrun",
     "default_backend",
     "rank_device",
+    "cuda_peaks",
 ]

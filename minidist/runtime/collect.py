@@ -58,8 +58,10 @@ class WorldTimeoutError(TimeoutError):
         self.ranks, self.where = ranks, where
 
 
-def _collect(procs, conns, errs, timeout_s, board_path: str | None = None) -> list:
-    """Wait for every rank; on the first failure, stop the world and report its root cause."""
+def _collect(procs, conns, errs, timeout_s, board_path: str | None = None,
+             peaks: list | None = None) -> list:  # fmt: skip
+    """Wait for every rank; on the first failure, stop the world and report its root cause.
+    `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured)."""
     results: dict[int, Any] = {}
     failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
     deadline = time.monotonic() + timeout_s
@@ -87,12 +89,14 @@ def _collect(procs, conns, errs, timeout_s, board_path: str | None = None) -> li
                 continue
             if ready in by_conn:
                 try:
-                    status, value, stamp = cloudpickle.loads(ready.recv_bytes())
+                    status, value, stamp, peak = cloudpickle.loads(ready.recv_bytes())
                 except EOFError:
                     failures[rank] = (time.time(), _exit_message(procs[rank], errs[rank]))
                     continue
                 if status == "ok":
                     results[rank] = value
+                    if peaks is not None:
+                        peaks[rank] = peak
                 else:
                     failures[rank] = (stamp, value)
             elif not conns[rank].poll():

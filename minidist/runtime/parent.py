@@ -29,6 +29,7 @@ from typing import Any
 
 import cloudpickle
 
+from . import cuda_memory
 from .backend import _pick_start_method
 from .board import create_board
 from .collect import _collect
@@ -96,6 +97,8 @@ def launch(
         device: "cpu" (gloo), "cuda" (NCCL, rank r on `cuda:r`; fewer GPUs than ranks is
             refused) or "auto" (CUDA when there are at least `world_size` GPUs, else CPUs);
             default: the device of `backend`. `minidist.rank_device()` tells a rank its own.
+            Whatever device a rank computes on, the tensors its result holds come back on the
+            CPU (`host.py`).
         timeout_s: the whole world is stopped after this many seconds (under torchrun, where
             nothing can be stopped, it is the timeout of every collective).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
@@ -127,6 +130,7 @@ def launch(
         "timeout_s": timeout_s,
         "threads": threads_per_rank
         or (1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)),
+        "cuda_peak": cuda_memory.wanted(backend),
     }
     ctx = mp.get_context(method)
     procs, conns, errs = [], [], []
@@ -149,7 +153,11 @@ def launch(
                     send_end.close()
                     err_send.close()
                 procs.append(p)
-        return _collect(procs, conns, errs, timeout_s, cfg["board_path"])
+        peaks = [None] * world_size if cfg["cuda_peak"] else None
+        results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks)
+        if peaks is not None:
+            cuda_memory.record(peaks)
+        return results
     finally:
         _reap(procs)
         for e in errs:

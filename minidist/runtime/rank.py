@@ -6,8 +6,11 @@
   pass a barrier, so that none runs `fn` and exits while a peer is still connecting to it.
 - Stderr: the rank's file descriptor 2 becomes its end of a pipe to the parent (read there
   by `stderr._StderrTail`).
-- Result: one message on the result pipe, `(status, value, time)`, where status is "ok" or
-  "error" (the value then is the traceback) and the time stamps when the rank finished.
+- Result: one message on the result pipe, `(status, value, time, peak)`, where status is "ok"
+  or "error" (the value then is the traceback), the time stamps when the rank finished and
+  peak is the rank's peak CUDA bytes while `fn` ran when the parent asked for it
+  (`cuda_memory.py`), else None. The message is pickled by `host.dumps_on_host`: tensors the
+  rank returns on a GPU reach the parent as CPU copies.
 - Dying with the parent: on Linux the kernel sends the rank SIGKILL when the parent dies
   (`prctl(PR_SET_PDEATHSIG)`, prctl(2)); elsewhere a watchdog thread polls the parent's pid.
   A parent killed by SIGKILL leaves no rank behind (its folders are swept by the next
@@ -34,7 +37,9 @@ import torch.distributed as dist
 
 from .. import comm
 from ..device_guard import rank_guard
+from . import cuda_memory
 from .board import CallBoard
+from .host import dumps_on_host
 
 _COLLECTIVE_TIMEOUT_MARGIN_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -64,14 +69,15 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_conn) -> None:
-    """Body of one rank: join the world, run the function, send back (status, value, time)."""
+    """Body of one rank: join the world, run the function, send back (status, value, time,
+    peak CUDA bytes or None)."""
     # Everything written to file descriptor 2 from here on, by Python or by native code,
     # goes to the parent, which forwards it and keeps the tail for the error if we die.
     os.dup2(err_conn.fileno(), 2)
     err_conn.close()
     _die_with_parent(cfg["parent_pid"])
     comm._board = CallBoard(cfg["board_path"], rank)
-    joined = False
+    joined, peak = False, None
     try:
         fn, args, kwargs = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
         torch.set_num_threads(cfg["threads"])
@@ -94,16 +100,21 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
             # ("connectFullMesh failed ... Connection closed by peer").
             dist.barrier()
         joined = True
+        if cfg.get("cuda_peak"):
+            cuda_memory.reset_on_rank()
         with rank_guard():  # MINIDIST_DEVICE_GUARD=1: no tensor without a device (tests)
-            message = ("ok", fn(*args, **kwargs), time.time())
+            value = fn(*args, **kwargs)
+        if cfg.get("cuda_peak"):
+            peak = cuda_memory.read_on_rank()
+        message = ("ok", value, time.time(), peak)
     except BaseException:
         # Stamped before this rank leaves the group: the others fail only after that.
-        message = ("error", traceback.format_exc(), time.time())
+        message = ("error", traceback.format_exc(), time.time(), None)
     try:
-        data = cloudpickle.dumps(message)
+        data = dumps_on_host(message)
     except Exception:
         why = "the result could not be pickled:\n" + traceback.format_exc()
-        data = cloudpickle.dumps(("error", why, time.time()))
+        data = cloudpickle.dumps(("error", why, time.time(), None))
     conn.send_bytes(data)
     conn.close()
     if joined and message[0] == "ok":

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .device import world_backend
+from .host import on_host
 
 
 def under_torchrun() -> bool:
@@ -33,7 +34,7 @@ def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, devic
         if backend == "nccl":  # LOCAL_RANK picks this process's GPU
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    result = fn(*args, **kwargs)
+    result = on_host(fn(*args, **kwargs))  # CPU tensors, as `launch` returns them
     results = [None] * env_world
     dist.all_gather_object(results, result)
     return results

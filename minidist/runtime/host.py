@@ -1,0 +1,53 @@
+"""Results come back on the host: what a rank returns is pickled with its tensors on the CPU.
+
+Under NCCL rank r computes on `cuda:r`, so what its function returns (final parameters,
+gradients, the tensors a ledger kept) may hold CUDA tensors. Pickled as they are, they would
+be rebuilt in the parent on that rank's GPU: the parent would initialise CUDA (and from then
+on start its worlds with spawn), hold each rank's tensors on a different GPU, and fail to
+compare them with its own CPU reference ("Expected all tensors to be on the same device").
+So a rank's result is pickled by `dumps_on_host`: cloudpickle, with every tensor that is not
+on the CPU replaced by a CPU copy (an `nn.Parameter` stays a Parameter; `requires_grad` and
+the tensor's Python attributes are kept). The parent gets CPU tensors whichever device a rank
+computed on; CPU tensors pickle as before. Two GPU tensors that are views of one storage come
+back as separate copies (one tensor returned twice is still one tensor). `on_host(obj)` is
+the same round trip in one process, for the results a torchrun world gathers.
+"""
+
+from __future__ import annotations
+
+import io
+
+import cloudpickle
+import torch
+
+
+def _rebuild(host: torch.Tensor, parameter: bool, requires_grad: bool, attrs: dict):
+    """The CPU copy as the parent gets it: a Parameter if it was one, the same
+    `requires_grad`, the Python attributes it carried (`tp_split`, ...)."""
+    out = torch.nn.Parameter(host, requires_grad) if parameter else host
+    out.requires_grad_(requires_grad)
+    out.__dict__.update(attrs)
+    return out
+
+
+class _HostPickler(cloudpickle.Pickler):
+    """cloudpickle, with every tensor off the CPU pickled as its CPU copy."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            parameter = isinstance(obj, torch.nn.Parameter)
+            return _rebuild, (obj.detach().cpu(), parameter, obj.requires_grad, dict(obj.__dict__))
+        return super().reducer_override(obj)
+
+
+def dumps_on_host(obj) -> bytes:
+    """`cloudpickle.dumps(obj)`, with the tensors `obj` holds off the CPU pickled as CPU
+    copies (`cloudpickle.loads` reads it back)."""
+    with io.BytesIO() as buffer:
+        _HostPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+        return buffer.getvalue()
+
+
+def on_host(obj):
+    """A copy of `obj` whose tensors are all on the CPU."""
+    return cloudpickle.loads(dumps_on_host(obj))

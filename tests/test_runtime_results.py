@@ -1,0 +1,110 @@
+"""What a rank returns reaches the parent on the CPU (runtime/host.py), and each rank's peak
+CUDA memory reaches `cuda_peaks()` (runtime/cuda_memory.py). Checked on CPUs: with tensors
+that report a GPU, as an NCCL rank's do, and with the CUDA memory calls replaced."""
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist.runtime import cuda_memory, cuda_peaks, on_host
+from minidist.training import TrainTrace
+
+
+class OnGPU(torch.Tensor):
+    """A CPU tensor that reports `cuda:1`, as a tensor an NCCL rank returns does; `.cpu()` and
+    `.to()` give the plain tensor, as a copy to the host would."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.device.__get__:
+            return torch.device("cuda", 1)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.Tensor.cpu, torch.Tensor.to):
+                return out.as_subclass(torch.Tensor)
+        return torch._tensor._convert(out, cls)
+
+
+class OnGPUParameter(torch.nn.Parameter):
+    """A parameter that reports `cuda:1`, as an NCCL rank's model's do."""
+
+    __torch_function__ = OnGPU.__torch_function__
+
+
+class Run(NamedTuple):  # the shape of the fixtures' results: a trace, params, extras
+    trace: TrainTrace
+    params: dict
+    tied: list
+
+
+def _on_gpu(values: list[float], requires_grad: bool = False) -> torch.Tensor:
+    t = torch.tensor(values, device="cpu", requires_grad=requires_grad)
+    return t.as_subclass(OnGPU)
+
+
+def _returns_gpu_tensors() -> Run:
+    r = float(dist.get_rank())
+    w = _on_gpu([r, r + 1])
+    trace = TrainTrace([1.0, 0.5], {"w": _on_gpu([r])}, {"w": w})
+    return Run(trace, {"w": w, "b": _on_gpu([2 * r], requires_grad=True)}, [w, (w, r)])
+
+
+def _tensors(obj) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    elif hasattr(obj, "__dict__"):
+        obj = list(vars(obj).values())
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in _tensors(item)]
+    return []
+
+
+def test_a_ranks_gpu_tensors_come_back_as_cpu_tensors():
+    assert _on_gpu([0.0]).device.type == "cuda"  # the fake says so
+    runs = minidist.launch(_returns_gpu_tensors, 2)
+    for rank, run in enumerate(runs):
+        found = _tensors(run)
+        assert len(found) == 6
+        for t in found:
+            assert type(t) is torch.Tensor and t.device.type == "cpu", (type(t), t.device)
+        assert torch.equal(run.params["w"], torch.tensor([rank, rank + 1.0], device="cpu"))
+        assert run.params["b"].requires_grad and not run.params["w"].requires_grad
+        assert run.tied[0] is run.params["w"]  # one tensor returned twice is one tensor
+    model = torch.nn.Linear(2, 2, device="cpu")
+    model.weight = OnGPUParameter(torch.ones(2, 2, device="cpu"))
+    model.weight.tp_split = 0  # the attributes a wrapper puts on its parameters
+    assert model.weight.device.type == "cuda"
+    local = on_host({"model": model, "g": _on_gpu([1.0])})
+    weight = local["model"].weight
+    assert type(weight) is torch.nn.Parameter and weight.device.type == "cpu"
+    assert weight.requires_grad and weight.tp_split == 0 and torch.equal(weight, model.weight)
+    assert type(local["g"]) is torch.Tensor and local["g"].device.type == "cpu"
+
+
+_FAKE = {"peak": -1}  # the CUDA allocator's peak counter, as the replaced calls see it
+
+
+def _allocates() -> int:
+    if _FAKE["peak"] == 0:  # counted from a reset before this function ran
+        _FAKE["peak"] = 100 * (dist.get_rank() + 1)
+    return dist.get_rank()
+
+
+def test_each_ranks_peak_cuda_memory_reaches_cuda_peaks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: _FAKE.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: _FAKE["peak"])
+    with cuda_peaks() as peaks:  # gloo worlds: nothing measured, nothing recorded
+        assert minidist.launch(_allocates, 2) == [0, 1]
+    assert peaks == [] and _FAKE["peak"] == -1
+    monkeypatch.setattr(cuda_memory, "wanted", lambda backend: bool(cuda_memory._active))
+    with cuda_peaks() as outer:
+        minidist.launch(_allocates, 2)
+        with cuda_peaks() as inner:
+            minidist.launch(_allocates, 3)
+    assert outer == [[100, 200], [100, 200, 300]] and inner == [[100, 200, 300]]
+    minidist.launch(_allocates, 2)  # no block open: nothing asked of the ranks
+    assert cuda_memory._active == [] and outer == [[100, 200], [100, 200, 300]]
