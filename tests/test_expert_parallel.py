@@ -178,8 +178,9 @@ def test_expert_parallel_gpt_equals_one_process_and_its_bytes_need_no_routing(n)
     from minidist.expert_parallel.lesson import gpt_theory
 
     results = minidist.launch(_gpt_world, n, GPT_CONFIGS[n])
-    assert "model must come from moe_gpt (every block's mlp an MoEMLP), got Sequential" in (
-        results[0][1]
+    assert (
+        "model must come from moe_gpt (every block's mlp an MoEMLP), got Sequential"
+        in (results[0][1])
     )
     ref = gpt_reference(n)
     assert GPT_BATCH // n * MOE_GPT["seq_len"] >= 16  # tokens per rank: some are dropped

@@ -115,6 +115,8 @@ def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int =
     trained on this rank's group of tokens like `reference` (padded to capacity or not)."""
     n, rank = dist.get_world_size(), dist.get_rank()
     moe, batches = build(n, k, capacity_factor, steps)
+    device = rank_device()  # a GPU rank's under NCCL, else the CPU
+    moe.to(device)
     ep_group, dp_group = groups_for(e)
     ep = ExpertParallelMoE(moe, ep_group, dp_group, pad_to_capacity)
     names = {"router.weight": "router.weight"} | ep.expert_names()
@@ -122,7 +124,8 @@ def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int =
     trace, sent = [], []
     with comm.record() as ledger:
         for x, target in batches:
-            xr, tr = x.chunk(n)[rank].clone().requires_grad_(), target.chunk(n)[rank]
+            xr = x.chunk(n)[rank].to(device).clone().requires_grad_()
+            tr = target.chunk(n)[rank].to(device)
             opt.zero_grad()
             y, aux = ep(xr)
             ((F.mse_loss(xr + y, tr) + alpha * aux) / n).backward()
