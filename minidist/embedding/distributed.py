@@ -130,9 +130,11 @@ class _SlotEmbedding(nn.Module):
         if mode not in ("sum", "mean"):
             raise ValueError(f"{type(self).__name__}: mode={mode!r} must be 'sum' or 'mean'")
         self.slots, self.mode, self.dim, self.group = slots, mode, dim, group
+        # on the device the group's collectives move: a rank's GPU under NCCL, else the CPU
+        device = comm.group_device(group) if dist.is_initialized() else None
         self.local = HashEmbeddingBag(
-            capacity_per_rank, dim, local_mode, backend=backend, loss_scale=loss_scale,
-            auto_grow=auto_grow,
+            capacity_per_rank, dim, local_mode, device=device, backend=backend,
+            loss_scale=loss_scale, auto_grow=auto_grow,
         )  # fmt: skip
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -152,7 +152,8 @@ def slot_embedding_on_rank(
         opt = SparseAdagrad([layer.local.weight], lr=LR)
         pooled_steps, sent = [], []
         for step in range(steps):
-            values, offsets, labels = data.batch(*rank_range(step, rank, world, global_batch))
+            batch = data.batch(*rank_range(step, rank, world, global_batch))
+            values, offsets, labels = (t.to(layer.local.weight.device) for t in batch)
             with comm.record() as ledger:
                 pooled = layer(values, offsets)
                 opt.zero_grad()
