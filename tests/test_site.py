@@ -82,6 +82,7 @@ MATH = """() => {
 }"""
 PAGE = """() => ({
   images: [...document.images].map(i => [i.currentSrc.slice(0, 60), i.complete, i.naturalWidth]),
+  alts: [...document.images].map(i => i.alt),
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
   ids: [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.name),
   title: document.title,
@@ -113,6 +114,7 @@ def test_every_page_in_chromium(browser, served):
         assert problems == [], f"{name}: console errors or outside requests: {problems}"
         assert all(done and w > 0 for _, done, w in info["images"]), (name, info["images"])
         assert len(info["images"]) >= _figures(page.source), f"{name}: figures missing"
+        assert all(a.startswith("Figure: ") for a in info["alts"]), (name, info["alts"])
         _check_math(name, page, math)
         assert page.title in info["title"] and page.title in info["h1"], (name, info)
         seen[name] = info
@@ -223,3 +225,26 @@ def test_lesson_packages_of_the_course():
         "parameter_server",
     ]
     assert site.lesson_packages(ROOT, nb / "08_parallel_layout.ipynb") == ["megatron"]
+
+
+def test_every_figure_says_what_it_shows():
+    """Alternative text for every figure of every lesson: the plotting function's summary,
+    or the sentence that introduces the figure; never nbconvert's placeholder."""
+    from minidist.expert_parallel.plots import plot_padding
+
+    for page in site.pages(ROOT)[1:]:
+        nb = site._notebook_for(page)
+        figures = [c for c in nb.cells if site._has_figure(c)]
+        assert len(figures) == sum(1 for c in nb.cells if "alt" in c.metadata) > 0, page.title
+        for cell in figures:
+            alt = cell.metadata["alt"]
+            assert alt.startswith("Figure: ") and len(alt) > 20, (page.title, alt)
+    import nbformat
+
+    code = "from minidist.expert_parallel.plots import plot_padding\nfig = plot_padding(1)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    summary = plot_padding.__doc__.split(":")[0]
+    assert site.alt_text(code, nb, "", "16").startswith("Figure: " + summary)
+    intro = "## The loss\n\nThe loss per `step`. More text."
+    assert site.alt_text("fig = f()", nb, intro, "t") == "Figure: The loss: The loss per step."
+    assert site.alt_text("fig = f()", nb, "", "t") == "Figure: one of t"
