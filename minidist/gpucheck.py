@@ -19,7 +19,7 @@ What it runs:
 - with one GPU, `cpu_tour_*`: the tour's rows on the usual CPU world of 4 (gloo);
 - with two or more, `nccl_tour_*`: every tour row under NCCL on min(GPUs, 4) ranks (equal
   to its reference, memory and bytes against the theory, and rank 0's measured peak CUDA
-  memory beside the memory formula), and `nccl_bench_*`: the ddp, zero, tp and pp benches
+  memory beside the memory formula), and `nccl_bench_*`: the ddp, zero, tp, pp, sp and cp benches
   against their torch-native equivalents under NCCL.
 """
 
@@ -48,7 +48,7 @@ WRAPPERS = (
     ("context_parallel", "minidist.context_parallel.fixture", "train_on_rank", ("zigzag",), 1e-4),
     ("expert_parallel", "minidist.expert_parallel.fixture", "train_on_rank", (1, 2), 1e-4),
 )
-BENCHES = ("ddp", "zero", "tp", "pp")
+BENCHES = ("ddp", "zero", "tp", "pp", "sp", "cp")
 
 
 def gpu_count() -> int:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..bench import interleaved_ab
 from ..megatron.fixture import STEPS, build_dense, compare, matches, reference
 from ..registry import TourRow, bench, tour_row
-from ..runtime import launch
+from ..runtime import launch, rank_device
 from . import theory
 from .fixture import layer_activations_rank, train_on_rank
 from .ring import ring_attention
@@ -64,7 +64,7 @@ def _cp_bench_rank(rounds: int, steps: int) -> dict:
     b, a, s, d = (BENCH[k] for k in ("batch", "heads", "seq", "dim"))
     c, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(b, a, s, d, device="cpu", generator=g) for _ in "qkv")
+    q, k, v = (torch.randn(b, a, s, d, device="cpu", generator=g).to(rank_device()) for _ in "qkv")
     pos = positions(s, c, r, "zigzag")
     mine = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
 
@@ -76,7 +76,7 @@ def _cp_bench_rank(rounds: int, steps: int) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental import context_parallel
 
-        mesh = init_device_mesh("cpu", (c,))
+        mesh = init_device_mesh(rank_device().type, (c,))
         bufs = [t.clone() for t in (q, k, v)]
 
         def native() -> None:

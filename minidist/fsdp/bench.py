@@ -4,7 +4,7 @@ Two pairs, each timed with `minidist.bench.interleaved_ab` on the same GPT, data
 
 - FSDP: `FullyShardedDataParallel` (one unit per `Block`, the root the rest, parameters freed
   after each unit's forward) vs FSDP2, `torch.distributed.fsdp.fully_shard` on every `Block`
-  and on the root (on CPU over `init_device_mesh("cpu", (N,))`).
+  and on the root (over `init_device_mesh` of the ranks' device type: CPU under gloo).
 - ZeRO-1: `ZeroDataParallel(stage=1)` with its `.optimizer` vs torch's composition of stage
   1, `DistributedDataParallel` + `ZeroRedundancyOptimizer(optimizer_class=Adam)`.
 
@@ -31,7 +31,7 @@ import torch.nn as nn
 from ..bench import interleaved_ab
 from ..models import GPT, Block, GPTConfig, lm_loss
 from ..registry import bench
-from ..runtime import launch
+from ..runtime import launch, rank_device
 
 # The ddp bench's GPT (about 1.8M parameters).
 CFG = dict(vocab_size=256, seq_len=64, layers=4, heads=4, hidden=192)
@@ -48,7 +48,7 @@ LOSS_RTOL = 1e-3
 def _models(cfg: GPTConfig) -> tuple[GPT, GPT]:
     """Two identical GPTs (same initial weights on every rank)."""
     torch.manual_seed(0)
-    ours, native = GPT(cfg), GPT(cfg)
+    ours, native = GPT(cfg).to(rank_device()), GPT(cfg).to(rank_device())
     native.load_state_dict(ours.state_dict())
     return ours, native
 
@@ -71,7 +71,7 @@ def _native_fsdp(model: GPT):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
@@ -134,8 +134,12 @@ def _pair(label: str, ours_fn, native_fn, cfg, idx, eval_idx, rounds, steps) -> 
 def _zero_bench_rank(rounds: int, steps: int) -> dict:
     cfg = GPTConfig(**CFG)
     g = torch.Generator().manual_seed(dist.get_rank())
-    idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), device="cpu", generator=g)
-    eval_idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), device="cpu", generator=g)
+    idx, eval_idx = (
+        torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), device="cpu", generator=g).to(
+            rank_device()
+        )
+        for _ in range(2)
+    )
     t0 = time.perf_counter()
     out = _pair("fsdp", _ours_fsdp, _native_fsdp, cfg, idx, eval_idx, rounds, steps)
     out |= _pair("zero1", _ours_zero1, _native_zero1, cfg, idx, eval_idx, rounds, steps)

@@ -9,7 +9,7 @@
   `theory.layout_bytes_sent_per_step`.
 - `tp` bench: minidist's column/row-parallel MLP blocks against torch's DTensor tensor
   parallelism (`parallelize_module` with `ColwiseParallel` / `RowwiseParallel` on
-  `init_device_mesh("cpu", (N,))`), same model, data and optimizer, interleaved.
+  `init_device_mesh` of the ranks' device type), same model, data and optimizer, interleaved.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..bench import interleaved_ab
 from ..registry import TourRow, bench, tour_row
-from ..runtime import launch
+from ..runtime import launch, rank_device
 from . import theory
 from .fixture import (
     STEPS,
@@ -160,7 +160,7 @@ def _torch_tp(model: MLPStack) -> MLPStack:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     plan = {}
     for i in range(len(model.blocks)):
         plan[f"blocks.{i}.mlp.0"] = ColwiseParallel()
@@ -241,9 +241,11 @@ def ab_report(prefix: str, results: list[dict], world_size: int, params: int) ->
 def _tp_bench_rank(rounds: int, steps: int) -> dict:
     h, layers, b, s = (BENCH[k] for k in ("hidden", "layers", "batch", "seq"))
     torch.manual_seed(0)
-    dense = MLPStack(h, layers)
+    dense = MLPStack(h, layers).to(rank_device())  # a GPU rank's under NCCL, else the CPU
     g = torch.Generator().manual_seed(1)  # the same data on every rank: TP replicates it
-    data = tuple(torch.randn(b, s, h, device="cpu", generator=g) for _ in range(4))
+    data = tuple(
+        torch.randn(b, s, h, device="cpu", generator=g).to(rank_device()) for _ in range(4)
+    )
     ours = _minidist_tp(copy.deepcopy(dense))
     out = ab_against_torch(ours, lambda: _torch_tp(copy.deepcopy(dense)), data, rounds, steps)
     return out | {"params": sum(p.numel() for p in dense.parameters())}

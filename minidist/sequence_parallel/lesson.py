@@ -22,7 +22,7 @@ from ..megatron.fixture import STEPS, build_dense, compare, matches, reference
 from ..megatron.lesson import BENCH, MLPStack, ab_against_torch, ab_report, tour_tp
 from ..megatron.sequence import allreduce_replicated_grad, split_sequence
 from ..registry import TourRow, bench, tour_row
-from ..runtime import launch
+from ..runtime import launch, rank_device
 from . import theory
 from .fixture import layer_terms_on_rank, train_on_rank
 
@@ -82,7 +82,7 @@ def _torch_sp(model: MLPStack) -> MLPStack:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     plan = {}
     for i in range(len(model.blocks)):
         plan[f"blocks.{i}.ln"] = SequenceParallel()
@@ -94,10 +94,11 @@ def _torch_sp(model: MLPStack) -> MLPStack:
 def _sp_bench_rank(rounds: int, steps: int) -> dict:
     h, layers, b, s = (BENCH[k] for k in ("hidden", "layers", "batch", "seq"))
     torch.manual_seed(0)
-    dense = MLPStack(h, layers)
+    dense = MLPStack(h, layers).to(rank_device())  # a GPU rank's under NCCL, else the CPU
     g = torch.Generator().manual_seed(1)  # every rank its block of the same sequences
     data = tuple(
-        split_sequence(torch.randn(b, s, h, device="cpu", generator=g), None) for _ in range(4)
+        split_sequence(torch.randn(b, s, h, device="cpu", generator=g).to(rank_device()), None)
+        for _ in range(4)
     )
     ours = _minidist_sp(copy.deepcopy(dense))
     out = ab_against_torch(ours, lambda: _torch_sp(copy.deepcopy(dense)), data, rounds, steps)
