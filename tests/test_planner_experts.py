@@ -56,6 +56,8 @@ def test_all_to_alls_sit_on_the_critical_path_inside_a_node():
     with pytest.raises(ValueError, match=r"ModelSpec\(experts=8\) plans no activations"):
         p.fits(1e12)
     assert all(lay.tp == lay.pp == 1 and lay.zero == 0 for lay in layouts(MOE, 16, ep=4))
+    assert [lay.ep for lay in layouts(MOE, 16, global_batch=32)] == [1, 2, 4, 8]
+    assert [lay.ep for lay in layouts(MOE, 12, global_batch=24)] == [1, 2, 4]
 
 
 @pytest.mark.parametrize(

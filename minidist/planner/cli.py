@@ -113,6 +113,21 @@ def layout_name(lay: Layout) -> str:
     return name + (f".ep{lay.ep}" if lay.ep > 1 else "")
 
 
+def _expert_placements(model, args, cluster, microbatches, fixed) -> None:
+    """An MoE model: every placement of its experts (ep) ranked by step time, with its model
+    states; no fit is judged, as the activations of MoE blocks are not planned."""
+    free = {k: v for k, v in fixed.items() if k != "ep"}  # every ep dividing dp and E
+    plans = sweep(model, args.world, cluster, microbatches=microbatches, **free)
+    plans.sort(key=lambda p: p.time.total_s)
+    print(f"# {_plural(len(plans), 'placement')} of the experts, fastest first (model states "
+          "only: the activations of MoE blocks are not planned, so no fit is judged)")  # fmt: skip
+    for p in plans[: args.top]:
+        print(
+            f"layout={layout_name(p.layout)} model_state_gib={p.model_state_bytes / GIB:.2f} "
+            f"step_time_s={p.time.total_s:.4g} bound={p.time.bound}"
+        )
+
+
 def run_plan(args) -> int:
     validate(args)
     model = model_spec(args)
@@ -151,8 +166,7 @@ def run_plan(args) -> int:
         )
     if not chosen.activations_planned:
         if model.experts:
-            print("# no sweep: the activations of MoE blocks are not planned, so no layout can "
-                  "be judged to fit")  # fmt: skip
+            _expert_placements(model, args, cluster, microbatches, fixed)
         return 0
     if micro_batch is not None:
         plans = sweep_micro_batch(model, args.world, cluster, micro_batch, **fixed)

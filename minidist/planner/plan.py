@@ -226,7 +226,8 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
     """Every dp × tp × pp of `world` with ZeRO 0-3 (0-1 with tp or pp) the model allows;
     `fixed` sets the other fields (global_batch, microbatches, precision, ...). A fixed
     `cp=c` leaves world / c ranks to the sweep; a fixed `sp=True` keeps the tp > 1 ones; a
-    model with experts gets data parallelism only (with a fixed `ep`)."""
+    model with experts gets data parallelism with every ep dividing dp and E (or a fixed
+    `ep`)."""
     out = []
     cp = fixed.get("cp", 1)
     if not isinstance(cp, int) or cp < 1 or world % cp:
@@ -242,9 +243,13 @@ def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:
             continue
         dp = world // (tp * pp)
         zeros = (0,) if model.experts else (0, 1) if tp > 1 or pp > 1 else (0, 1, 2, 3)
-        for zero in zeros:
+        eps = [1]
+        if model.experts and "ep" not in fixed:  # every placement of the experts
+            eps = divisors(math.gcd(dp, model.experts))
+        for zero, ep in itertools.product(zeros, eps):
             try:
-                layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, **fixed)
+                extra = {} if ep == 1 else {"ep": ep}
+                layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, **fixed, **extra)
                 layout.check(model, world * cp)
             except ValueError:
                 continue
