@@ -199,3 +199,23 @@ def test_expert_parallel_gpt_equals_one_process_and_its_bytes_need_no_routing(n)
         assert (ledger == pytest.approx(sent, rel=1e-12)) == pad, (e, pad, ledger, sent)
         tags = {r.tag for r in runs[0].records}
         assert ("ep expert grads" in tags) == (n // e > 1)
+
+
+def _flops_on_rank(k: int, cf: float) -> tuple[int, int]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    moe = MoE(16, 32, 8, k, cf)
+    ep = ExpertParallelMoE(moe, pad_to_capacity=True)
+    x = torch.randn(TOKENS, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        y, _ = ep(x)
+        y.sum().backward()
+    return counter.get_total_flops(), ep.routing.capacity
+
+
+@pytest.mark.parametrize("k, cf", [(1, 1.0), (2, 1.5)])
+def test_padded_flops_are_what_torch_counts(k, cf):
+    """`theory.expert_flops` (E/e experts on e·C padded rows, 3x forward) plus the router's
+    3 · 2·T·h·E equal torch's FlopCounterMode over forward and backward (world of 1)."""
+    counted, cap = minidist.launch(_flops_on_rank, 1, k, cf)[0]
+    assert counted == theory.expert_flops(8, 1, cap, 16, 32) + 3 * 2 * TOKENS * 16 * 8
