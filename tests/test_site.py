@@ -227,6 +227,23 @@ def test_lesson_packages_of_the_course():
     assert site.lesson_packages(ROOT, nb / "08_parallel_layout.ipynb") == ["megatron"]
 
 
+def test_pages_share_one_copy_of_nbconvert_css(tmp_path):
+    """The theme nbconvert inlines in every page is written once and linked."""
+    import re
+
+    out = tmp_path / "site"
+    site.build_site(ROOT, out)
+    sheets = sorted(out.glob("_static/nbconvert-*.css"))
+    assert sheets and all(s.stat().st_size > 3000 for s in sheets)
+    for page in out.glob("*.html"):
+        text = page.read_text()
+        assert all(len(css) < 3000 for css in re.findall(r"<style[^>]*>(.*?)</style>", text, re.S))
+        linked = re.findall(
+            r'<link rel="stylesheet" href="(_static/nbconvert-[0-9a-f]+\.css)">', text
+        )
+        assert sorted(out / name for name in linked) == sheets, page.name
+
+
 def test_every_figure_says_what_it_shows():
     """Alternative text for every figure of every lesson: the plotting function's summary,
     or the sentence that introduces the figure; never nbconvert's placeholder."""

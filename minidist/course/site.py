@@ -189,6 +189,27 @@ def _with_alt_texts(body: str, nb) -> str:
     return re.sub(re.escape(NO_ALT), lambda m: f'alt="{next(alts, "")}"', body)
 
 
+STYLE = re.compile(r"<style[^>]*>(.*?)</style>", re.S)
+
+
+def _shared_styles(body: str, out: Path) -> str:
+    """nbconvert inlines its theme in every page (about 260 KB): each large style block goes
+    to one file in `_static/`, named by its content's hash, and the page links it where
+    the block stood (the order of the rules is kept)."""
+    import hashlib
+
+    def link(match: re.Match) -> str:
+        css = match.group(1)
+        if len(css) < 3000:
+            return match.group(0)
+        name = f"_static/nbconvert-{hashlib.sha256(css.encode()).hexdigest()[:16]}.css"
+        if not (out / name).exists():
+            (out / name).write_text(css)
+        return f'<link rel="stylesheet" href="{name}">'
+
+    return STYLE.sub(link, body)
+
+
 PLOT_CALL = re.compile(r"\b(plot_\w+|draw_\w+)\(")
 
 
@@ -268,7 +289,7 @@ def build_site(root: Path, out: Path) -> list[Page]:
         }
         nb = _notebook_for(page)
         body, _ = exporter.from_notebook_node(nb, resources=resources)
-        body = _with_alt_texts(body, nb)
+        body = _shared_styles(_with_alt_texts(body, nb), out)
         (out / page.html_name).write_text(_rewrite_links(body, page, lessons, root, repo))
         if page.exercise is not None:
             (out / "_downloads" / "exercises").mkdir(parents=True, exist_ok=True)
