@@ -26,6 +26,11 @@ Lesson 07 (Shoeybi et al. 2019, "Megatron-LM", section 3):
    caught and named), the target logit not shifted by M, forgot the SUM of exp, forgot to
    all-reduce the target logit, or made it only where the rank holds a target, padding not
    masked or masked from vocab_size + 1, a sum instead of a mean, the full logits gathered.
+   A wrong loss that no predicted value explains (the mistake written another way, e.g.
+   M + log Σ exp(logit - M) - logit_target) is probed on crafted one-token rows
+   (`ce_probe.py`): which columns counted as the target names a clamped instead of masked
+   index, a missing start offset or a range that includes its end; right where every
+   rank's maximum is the same and wrong elsewhere names a row maximum never all-reduced.
 
 Lesson 08 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM", section 3):

@@ -14,6 +14,7 @@ from ...runtime import RankFailedError
 from ._shared import raised
 from .ce_group import check_group_case
 from .ce_messages import CE_MESSAGES, CE_OVERFLOW
+from .ce_probe import probe_cross_entropy
 
 CE_TOKENS = 8
 # (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
@@ -129,7 +130,9 @@ def _ce_variants(case: str) -> dict:
     return out
 
 
-def _diagnose_ce(case: str, results: list[dict]) -> str | None:
+def _diagnose_ce(case: str, results: list[dict], probe=lambda: None) -> str | None:
+    """What is wrong with the losses of `case`: a shape, a predicted mistake, else what
+    `probe()` (the crafted rows of `ce_probe.py`) finds, else the difference."""
     world, vocab, scale, offset = CE_CASES[case]
     variants = _ce_variants(case)
     padded = -(-vocab // world) * world
@@ -159,6 +162,9 @@ def _diagnose_ce(case: str, results: list[dict]) -> str | None:
             text = message.format(tokens=CE_TOKENS, pad=padded - vocab, padded=padded,
                                   offset=offset, value=float(values[0]), vocab=vocab)  # fmt: skip
             return f"{where}: {text}"
+    found = probe()
+    if found:
+        return f"{where} is wrong; {found}"
     if not all(math.isfinite(float(v)) for v in values) and offset:
         return f"{where}: the loss is {float(values[0])}: " + CE_OVERFLOW.format(offset=offset)
     want = float(variants["right"][0])
@@ -238,11 +244,21 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
                 results[case] = run_on_world(_ce_rank, world, fn, case, hang_hint=CE_HANG_HINT)
             except RankFailedError as exc:
                 fail(_ce_crash(case, exc))
-    for diagnose in (_diagnose_ce, _diagnose_ce_ledger):  # values first, in every case
-        for case in CE_CASES:
-            problem = diagnose(case, results[case])
-            if problem:
-                fail(problem)
+    probed: list = []
+
+    def probe() -> str | None:  # once, and only for a wrong answer no prediction names
+        if not probed:
+            probed.append(probe_cross_entropy(fn, CE_HANG_HINT))
+        return probed[0]
+
+    for case in CE_CASES:  # values first, in every case
+        problem = _diagnose_ce(case, results[case], probe)
+        if problem:
+            fail(problem)
+    for case in CE_CASES:
+        problem = _diagnose_ce_ledger(case, results[case])
+        if problem:
+            fail(problem)
     case = CE_GROUP_CASE
     check_group_case(
         fn, _case_inputs(case), CE_CASES[case][1], float(_ce_variants(case)["right"][0]),
