@@ -406,6 +406,39 @@ class Stage1ByNMinus1(Stage1Right):
         return out.div_(self.world - 1)
 
 
+class Stage1InPlaceGather(Stage1Right):
+    """No copy: the input is this rank's own chunk of the output, NCCL's in-place all-gather
+    (what DeepSpeed's ZeRO and FSDP2 do): right."""
+
+    def gather(self):
+        comm.all_gather(self.flat_param, self.shard.detach())
+
+
+class Stage1InPlaceReduce(Stage1Right):
+    """The output is this rank's own chunk of flat_grad, NCCL's in-place reduce-scatter: right."""
+
+    def reduce(self, flat_grad):
+        start = self.rank * self.chunk
+        comm.reduce_scatter(flat_grad[start : start + self.chunk], flat_grad)
+        return flat_grad[start : start + self.chunk] / self.world
+
+
+class Stage1GatherFromChunk0(Stage1Right):
+    """The input is a view of the output's chunk 0 on every rank: in place on rank 0 only."""
+
+    def gather(self):
+        comm.all_gather(self.flat_param, self.flat_param[: self.chunk].detach())
+
+
+class Stage1ReduceIntoChunk0(Stage1Right):
+    """flat_grad's chunk 0 reused as the output: gloo copies the input first, so the values
+    come out right on CPUs; NCCL overwrites chunk 0 while ranks 1.. still reduce it."""
+
+    def reduce(self, flat_grad):
+        comm.reduce_scatter(flat_grad[: self.chunk], flat_grad)
+        return flat_grad[: self.chunk] / self.world
+
+
 class Stage1Stub(Stage1Right):
     def step(self, flat_grad):
         raise NotImplementedError("exercise: replace this line with your code")
@@ -427,7 +460,25 @@ STAGE1_MISTAKES = [
     Mistake("step before grad", (Stage1StepBeforeGrad,), "ran before self.shard.grad was set"),
     Mistake("divide twice", (Stage1DivideTwice,), "divided by N=3 twice"),
     Mistake("by N-1", (Stage1ByNMinus1,), "by N-1 = 2; divide by the world size N = 3"),
+    Mistake("in-place all-gather", (Stage1InPlaceGather,), ""),
+    Mistake("in-place reduce-scatter", (Stage1InPlaceReduce,), ""),
+    Mistake(
+        "all-gather input aliases chunk 0",
+        (Stage1GatherFromChunk0,),
+        r"rank [12]: .*comm.all_gather.*input shares memory with the output but is not this "
+        r"rank's own chunk.*overlaps chunk 0.*Likely cause: one collective's input and output "
+        r"overlap",
+        alone=True,
+    ),  # fmt: skip
+    Mistake(
+        "reduce-scatter output aliases chunk 0",
+        (Stage1ReduceIntoChunk0,),
+        r"rank [12]: .*comm.reduce_scatter.*output shares memory with the input but is not "
+        r"this rank's own chunk.*Likely cause: one collective's input and output overlap",
+        alone=True,
+    ),  # fmt: skip
 ]
+STAGE1_RIGHT = ("right", "in-place all-gather", "in-place reduce-scatter")
 
 
 @pytest.fixture(scope="module")
@@ -435,11 +486,14 @@ def stage1_messages():
     return catalogue_messages(check_zero_stage1, STAGE1_MISTAKES)
 
 
-def test_zero_stage1_passes(stage1_messages):
-    assert stage1_messages["right"] is None
+@pytest.mark.parametrize("name", STAGE1_RIGHT)
+def test_zero_stage1_passes(name, stage1_messages):
+    assert stage1_messages[name] is None
 
 
-@pytest.mark.parametrize("mistake", STAGE1_MISTAKES[1:], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mistake", [m for m in STAGE1_MISTAKES if m.name not in STAGE1_RIGHT], ids=lambda m: m.name
+)
 def test_zero_stage1_names_the_mistake(mistake, stage1_messages):
     assert names_mistake(mistake, stage1_messages[mistake.name]) is None
 
