@@ -315,6 +315,23 @@ def ce_lse_end_included(logits, targets, group, start, vocab_size):
     return _ce_from_parts(m, s, _ce_target(x, targets, start, group, inside, index))
 
 
+def ce_lse_target_as_index(logits, targets, group, start, vocab_size):
+    """The target itself used as the column index (start never subtracted), unmasked."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, None, targets))
+
+
+def ce_lse_no_lower_test(logits, targets, group, start, vocab_size):
+    """Only the upper end tested: a target below the range gives a negative index."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    local = targets - start
+    inside = local < x.shape[-1]
+    index = local.masked_fill(~inside, 0)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, inside, index))
+
+
 def ce_lse_right(logits, targets, group, start, vocab_size):
     """The right answer in the same (unshifted) formulation as the four above."""
     x = _masked(logits, start, vocab_size)
@@ -386,6 +403,17 @@ CE_MISTAKES = [
         "lse: end included",
         (ce_lse_end_included,),
         r"target 4 was counted at columns 3, 4.*includes its end \(<= instead of <\)",
+    ),  # fmt: skip
+    Mistake(
+        "lse: target as the index",
+        (ce_lse_target_as_index,),
+        r"index \d+ is out of bounds.*used as the column index without subtracting this rank",
+    ),  # fmt: skip
+    Mistake(
+        "lse: no lower test",
+        (ce_lse_no_lower_test,),
+        r"index -\d+ is out of bounds.*a negative index.*\(local >= 0\)",
+        alone=True,
     ),  # fmt: skip
 ]
 CE_RIGHT = ("right", "right, unshifted")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -224,10 +225,29 @@ def _ce_crash(case: str, exc: RankFailedError) -> str:
         return f"{where}: rank {exc.rank} failed inside a collective ({last}). {CE_HANG_HINT}"
     if "out of bounds" in last or "out of range" in last:
         per = -(-vocab // world)
+        index = re.search(r"index (-?\d+) is out of bounds", last)
+        at = int(index.group(1)) if index else per
+        if at < 0:
+            why = (
+                "a negative index: target - start < 0 for a target below this rank's range. "
+                "Test both ends, inside = (local >= 0) & (local < columns)"
+            )
+        elif at > per:
+            why = (
+                f"an index beyond the {per} columns a rank holds by more than one: a target "
+                "used as a column index without subtracting this rank's start? local = "
+                "target - start; a target is this rank's when 0 <= local < columns"
+            )
+        else:
+            why = (
+                f"an index at the {per} columns a rank holds, one past its last. Either the "
+                "range test includes its end (not <=): a target is this rank's when start <= "
+                "target < start + columns; or a target was used as the column index without "
+                "subtracting this rank's start (local = target - start)"
+            )
         return (
-            f"{where}: rank {exc.rank} raised {last}: an index at or beyond the {per} columns "
-            "a rank holds. A target is this rank's when start <= target < start + columns "
-            "(not <=); gather at target - start only there, at any valid index (0) elsewhere."
+            f"{where}: rank {exc.rank} raised {last}: {why}; gather at target - start only "
+            "there, at any valid index (0) elsewhere."
         )
     return f"{where}: rank {exc.rank}'s code raised {last}."
 
