@@ -423,6 +423,11 @@ class Stage1InPlaceReduce(Stage1Right):
         return flat_grad[start : start + self.chunk] / self.world
 
 
+class Stage1NoDetach(Stage1Right):
+    def gather(self):
+        comm.all_gather(self.flat_param, self.shard)  # a Parameter: autograd refuses
+
+
 class Stage1GatherFromChunk0(Stage1Right):
     """The input is a view of the output's chunk 0 on every rank: in place on rank 0 only."""
 
@@ -462,6 +467,12 @@ STAGE1_MISTAKES = [
     Mistake("by N-1", (Stage1ByNMinus1,), "by N-1 = 2; divide by the world size N = 3"),
     Mistake("in-place all-gather", (Stage1InPlaceGather,), ""),
     Mistake("in-place reduce-scatter", (Stage1InPlaceReduce,), ""),
+    Mistake(
+        "all-gather from the Parameter",
+        (Stage1NoDetach,),
+        r"modified inplace.*Likely cause: .*Pass self.shard.detach\(\)",
+        alone=True,
+    ),  # fmt: skip
     Mistake(
         "all-gather input aliases chunk 0",
         (Stage1GatherFromChunk0,),
