@@ -72,7 +72,8 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device != b.device or a.device.type == "meta" or not a.numel() or not b.numel():
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    base = a.untyped_storage().data_ptr()
+    if not base or base != b.untyped_storage().data_ptr():  # 0: a storage resized to nothing
         return False
     (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
     return a0 < b1 and b0 < a1
