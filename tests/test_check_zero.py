@@ -239,6 +239,20 @@ def rs_through_dist(flat_grad):
     return out.div_(world)
 
 
+def rs_in_place(flat_grad):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = flat_grad.numel() // world
+    mine = flat_grad[rank * chunk : (rank + 1) * chunk]
+    comm.reduce_scatter(mine, flat_grad)  # NCCL's in-place reduce-scatter: right
+    return mine / world
+
+
+def rs_into_chunk0(flat_grad):
+    chunk = flat_grad.numel() // dist.get_world_size()
+    comm.reduce_scatter(flat_grad[:chunk], flat_grad)  # in place on rank 0 only
+    return flat_grad[:chunk] / dist.get_world_size()
+
+
 def rs_stub(flat_grad):
     raise NotImplementedError("exercise: replace this line with your code")
 
@@ -267,7 +281,15 @@ RS_MISTAKES = [
         alone=True,
     ),
     Mistake("through dist", (rs_through_dist,), "no reduce-scatter went through minidist.comm"),
+    Mistake("in place", (rs_in_place,), ""),
+    Mistake(
+        "output aliases chunk 0",
+        (rs_into_chunk0,),
+        r"output shares memory with the input but is not this rank's own chunk",
+        alone=True,
+    ),  # fmt: skip
 ]
+RS_RIGHT = ("right", "in place")
 
 
 @pytest.fixture(scope="module")
@@ -275,11 +297,14 @@ def rs_messages():
     return catalogue_messages(check_reduce_scatter_bucket, RS_MISTAKES)
 
 
-def test_reduce_scatter_bucket_passes(rs_messages):
-    assert rs_messages["right"] is None
+@pytest.mark.parametrize("name", RS_RIGHT)
+def test_reduce_scatter_bucket_passes(name, rs_messages):
+    assert rs_messages[name] is None
 
 
-@pytest.mark.parametrize("mistake", RS_MISTAKES[1:], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mistake", [m for m in RS_MISTAKES if m.name not in RS_RIGHT], ids=lambda m: m.name
+)
 def test_reduce_scatter_bucket_names_the_mistake(mistake, rs_messages):
     assert names_mistake(mistake, rs_messages[mistake.name]) is None
 
