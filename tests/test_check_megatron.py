@@ -332,6 +332,25 @@ def ce_lse_no_lower_test(logits, targets, group, start, vocab_size):
     return _ce_from_parts(m, s, _ce_target(x, targets, start, group, inside, index))
 
 
+def ce_lse_upper_mask_only(logits, targets, group, start, vocab_size):
+    """Clamped, and masked at the upper end only: ranks above a target add their column 0."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    local = targets - start
+    index = local.clamp(0, x.shape[-1] - 1)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, local < x.shape[-1], index))
+
+
+def ce_lse_index_is_target(logits, targets, group, start, vocab_size):
+    """The right range test, but the column index is the target itself (clamped)."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    per = x.shape[-1]
+    inside = (targets >= start) & (targets < start + per)
+    index = targets.clamp(0, per - 1)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, inside, index))
+
+
 def ce_lse_right(logits, targets, group, start, vocab_size):
     """The right answer in the same (unshifted) formulation as the four above."""
     x = _masked(logits, start, vocab_size)
@@ -403,6 +422,16 @@ CE_MISTAKES = [
         "lse: end included",
         (ce_lse_end_included,),
         r"target 4 was counted at columns 3, 4.*includes its end \(<= instead of <\)",
+    ),  # fmt: skip
+    Mistake(
+        "lse: upper end masked only",
+        (ce_lse_upper_mask_only,),
+        r"target 6 was counted at columns 6, 8: .*mask misses the lower end",
+    ),  # fmt: skip
+    Mistake(
+        "lse: index is the target",
+        (ce_lse_index_is_target,),
+        r"target 6 was counted at column 7: .*at another of its columns.*local = target - start",
     ),  # fmt: skip
     Mistake(
         "lse: target as the index",

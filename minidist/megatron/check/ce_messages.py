@@ -83,6 +83,23 @@ CE_PROBE_MESSAGES = {
         "that rank. A rank holds [start, start + columns), the end excluded: inside = (local "
         ">= 0) & (local < columns), not <=."
     ),
+    "lower_end_unmasked": (
+        "ranks whose columns lie above the target (target - start < 0) added the logit of "
+        "their first column: the mask misses the lower end of the range (an index clamped or "
+        "replaced by 0 there, and not masked). inside = (local >= 0) & (local < columns); "
+        "zero the picked logit where not inside."
+    ),
+    "upper_end_unmasked": (
+        "ranks whose columns lie below the target (target >= start + columns) added the logit "
+        "of their last column: the mask misses the upper end of the range (an index clamped "
+        "there, and not masked). inside = (local >= 0) & (local < columns); zero the picked "
+        "logit where not inside."
+    ),
+    "wrong_column": (
+        "the rank that holds the target counted it, but at another of its columns: the column "
+        "index into this rank's logits is local = target - start (not the target itself, "
+        "nor a clamped value)."
+    ),
     "miscounted": (
         "the target logit must be counted once, from the rank whose columns [start, start + "
         "columns) hold it, and 0 from every other rank: inside = (local >= 0) & (local < "

@@ -124,6 +124,35 @@ def _end_included(seen: dict[int, dict[int, int]]) -> bool:
     return any(t % PROBE_PER == 0 and t for t in seen)
 
 
+def _one_side(seen: dict[int, dict[int, int]]) -> str | None:
+    """ "lower" when the only extra counts are first columns of ranks above the target's
+    owner (the mask lacks local >= 0), "upper" when they are last columns of ranks below it
+    (the mask lacks local < columns); None otherwise."""
+    for side, at, beyond in (("lower", 0, 1), ("upper", PROBE_PER - 1, -1)):
+        extras = [(t, c) for t, counts in seen.items() for c in counts if c != t]
+        fits = all(
+            counts.get(t) == 1
+            and all(n == 1 for n in counts.values())
+            and all(
+                c % PROBE_PER == at and (_owner(c) - _owner(t)) * beyond > 0
+                for c in counts
+                if c != t
+            )
+            for t, counts in seen.items()
+        )
+        if fits and extras:
+            return side
+    return None
+
+
+def _wrong_column(seen: dict[int, dict[int, int]]) -> bool:
+    """Each target counted once, by the rank that holds it, but at another of its columns."""
+    return any(counts != {t: 1} for t, counts in seen.items()) and all(
+        len(counts) == 1 and set(counts.values()) == {1} and _owner(next(iter(counts))) == _owner(t)
+        for t, counts in seen.items()
+    )
+
+
 def _show(counts: dict[int, int]) -> str:
     if not counts:
         return "no column"
@@ -168,6 +197,11 @@ def _diagnose(losses: list[list[float]]) -> str | None:
             t = next(u for u in seen if u % PROBE_PER == 0 and u)
             shown = f"target {t} was counted at {_show(seen[t])}"
             return f"{where}: {shown}: " + CE_PROBE_MESSAGES["end_included"]
+        side = _one_side(seen)
+        if side:
+            return f"{where}: {shown}: " + CE_PROBE_MESSAGES[f"{side}_end_unmasked"]
+        if _wrong_column(seen):
+            return f"{where}: {shown}: " + CE_PROBE_MESSAGES["wrong_column"]
         return f"{where}: {shown}: " + CE_PROBE_MESSAGES["miscounted"].format(target=t)
     peaks = [(i, row, t) for i, (row, t) in enumerate(rows) if row.max() > 0]
     for i, row, t in peaks:
