@@ -351,6 +351,42 @@ def ce_lse_index_is_target(logits, targets, group, start, vocab_size):
     return _ce_from_parts(m, s, _ce_target(x, targets, start, group, inside, index))
 
 
+def ce_lse_no_target_reduce(logits, targets, group, start, vocab_size):
+    """The target logit never all-reduced: each rank's loss sees it only where it holds it."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    local = targets - start
+    inside = (local >= 0) & (local < x.shape[-1])
+    picked = x.gather(1, local.clamp(0, x.shape[-1] - 1)[:, None]).squeeze(1)
+    return _ce_from_parts(m, s, torch.where(inside, picked, 0.0))
+
+
+def ce_lse_zero_index(logits, targets, group, start, vocab_size):
+    """Index 0 where the target is not this rank's, and that logit never zeroed."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    local = targets - start
+    index = local.masked_fill((local < 0) | (local >= x.shape[-1]), 0)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, None, index))
+
+
+def ce_lse_lower_mask_only(logits, targets, group, start, vocab_size):
+    """Clamped, and masked at the lower end only: ranks below a target add their last column."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    local = targets - start
+    index = local.clamp(0, x.shape[-1] - 1)
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, local >= 0, index))
+
+
+def ce_lse_modulo(logits, targets, group, start, vocab_size):
+    """target % columns as every rank's index, nothing masked."""
+    x = _masked(logits, start, vocab_size)
+    m, s = _ce_global(x, group)
+    index = targets % x.shape[-1]
+    return _ce_from_parts(m, s, _ce_target(x, targets, start, group, None, index))
+
+
 def ce_lse_right(logits, targets, group, start, vocab_size):
     """The right answer in the same (unshifted) formulation as the four above."""
     x = _masked(logits, start, vocab_size)
@@ -432,6 +468,26 @@ CE_MISTAKES = [
         "lse: index is the target",
         (ce_lse_index_is_target,),
         r"target 6 was counted at column 7: .*at another of its columns.*local = target - start",
+    ),  # fmt: skip
+    Mistake(
+        "lse: no target all-reduce",
+        (ce_lse_no_target_reduce,),
+        r"only the rank that holds the target counted it.*all-reduce \(SUM\) the masked target",
+    ),  # fmt: skip
+    Mistake(
+        "lse: index 0, not zeroed",
+        (ce_lse_zero_index,),
+        r"target 6 was counted at columns 0, 6, 8: .*the one at the index you replaced",
+    ),  # fmt: skip
+    Mistake(
+        "lse: lower end masked only",
+        (ce_lse_lower_mask_only,),
+        r"target 6 was counted at columns 3, 6: .*mask misses the upper end",
+    ),  # fmt: skip
+    Mistake(
+        "lse: target % columns",
+        (ce_lse_modulo,),
+        r"target 6 was counted at columns 2, 6, 10: the target logit must be counted once",
     ),  # fmt: skip
     Mistake(
         "lse: target as the index",

@@ -30,7 +30,8 @@ Lesson 07 (Shoeybi et al. 2019, "Megatron-LM", section 3):
    A wrong loss that no predicted value explains (the mistake written another way, e.g.
    M + log Σ exp(logit - M) - logit_target) is probed on crafted one-token rows
    (`ce_probe.py`): which columns counted as the target names a clamped instead of masked
-   index, a missing start offset or a range that includes its end; right where every
+   index (or one end of the range unmasked), a missing start offset, a range that includes
+   its end, the owner's wrong column, a target logit never all-reduced; right where every
    rank's maximum is the same and wrong elsewhere names a row maximum never all-reduced.
 
 Lesson 08 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU

@@ -12,7 +12,8 @@ What does not depend on the way it is written is *which logits count as the targ
   -1 per time column c was counted as the target. For targets at the first column of ranks
   0 and 1, in the middle of rank 1 and at the last column, this names the mask's mistake:
   clamped instead of masked, no start offset, the end of the range included (<=), or any
-  other pattern, by column.
+  other pattern, by column. Counted only on the rank that holds the target: the target
+  logit never all-reduced.
 - Maxima: rows where one rank holds a logit of 2 and the others only zeros. An answer right
   on every zero row and wrong here subtracts each rank's own maximum.
 """
@@ -41,7 +42,8 @@ PROBE_ATOL = 1e-4  # float32 logs of sums of 12 terms near 1; a miscount moves a
 
 def _probe_rows() -> list[tuple[torch.Tensor, int]]:
     """(full row of V logits, target): per target a zero row, then the zero row with each
-    column lowered; then the maxima rows (one larger logit on rank k, target on rank k + 1)."""
+    column lowered; then the maxima rows (one larger logit on rank k, target on rank k + 1).
+    No padding: the checker's own cases name padding mistakes whatever the formulation."""
     rows = []
     zero = torch.zeros(PROBE_VOCAB, device="cpu")
     for t in PROBE_TARGETS:
@@ -167,15 +169,22 @@ def _diagnose(losses: list[list[float]]) -> str | None:
         f"{PROBE_PER} columns each)"
     )
     starts = [i for i, (row, _) in enumerate(rows) if not row.any()]
-    agree = all(
-        abs(ls[i] - losses[0][i]) <= PROBE_ATOL for ls in losses for i in range(len(rows) - 3)
-    )
-    seen = {}
-    for i in starts:
-        counts = _counts(losses[0], i, rows[i][1]) if agree else None
-        if counts is None:
-            return None  # the log-sum-exp itself is wrong: the value checks say more
-        seen[rows[i][1]] = counts
+    per_rank = [{rows[i][1]: _counts(ls, i, rows[i][1]) for i in starts} for ls in losses]
+    if any(c is None for counts in per_rank for c in counts.values()):
+        return None  # the log-sum-exp itself is wrong: the value checks say more
+    if any(counts != per_rank[0] for counts in per_rank):
+        owner_only = all(
+            counts[t] == ({t: 1} if _owner(t) == r else {})
+            for r, counts in enumerate(per_rank)
+            for t in counts
+        )
+        if owner_only:
+            return (
+                f"{where}: only the rank that holds the target counted it: "
+                + CE_MESSAGES["no_target_reduce"]
+            )
+        return None
+    seen = per_rank[0]
     first_wrong = next((t for t, counts in seen.items() if counts != {t: 1}), None)
     if first_wrong is not None:
         t = first_wrong
@@ -209,8 +218,6 @@ def _diagnose(losses: list[list[float]]) -> str | None:
         got = [ls[i] for ls in losses]
         if all(abs(g - want) <= PROBE_ATOL for g in got):
             continue
-        if all(abs(g - want - PEAK) <= PROBE_ATOL for g in got):
-            return f"{where}: " + CE_MESSAGES["unshifted_target"]
         k = _owner(int(row.argmax()))
         return (
             f"{where}: right on every row whose ranks all have the same maximum (0), wrong "
