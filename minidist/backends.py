@@ -91,8 +91,10 @@ def _check_aliasing(op: str, whole, part, group, tag: str) -> None:
                 "still being sent): give it a separate output buffer."
             )
         return
-    rank, n = dist.get_rank(group), dist.get_world_size(group)
     chunks = list(whole) if isinstance(whole, list | tuple) else None
+    if chunks is None and not _overlap(whole, part):
+        return  # the common case: separate buffers, no chunk views made
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     if chunks is None:
         if part.numel() * n != whole.numel() or not whole.is_contiguous():
             return  # the backend refuses the sizes, with its own words
