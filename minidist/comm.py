@@ -28,7 +28,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .backends import _NO_PAYLOAD, _check_devices, group_backend, group_device  # noqa: F401
+from .backends import (  # noqa: F401
+    _NO_PAYLOAD,
+    _check_aliasing,
+    _check_devices,
+    group_backend,
+    group_device,
+)
 from .ledger import (  # noqa: F401 (minidist.comm's names since lesson 00)
     RING_FACTORS,
     CommRecord,
@@ -79,6 +85,8 @@ def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
 def _run(op: str, tensor: torch.Tensor, group, async_op: bool, call, tag="", others=()):
     if tensor is not _NO_PAYLOAD:
         _check_devices(op, (tensor, *others), group, tag)
+    if op in ("all_gather", "reduce_scatter"):  # tensor: the whole; others: (the part,)
+        _check_aliasing(op, tensor, others[0], group, tag)
     rec = _log(op, tensor, group, tag=tag)
     work = _on_board(op, tag, group, call, async_op)
     return _stamp_end(rec, work if async_op else None) or work
@@ -137,7 +145,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
 
 
 def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
-    """`output` (1/N of `input`) receives this rank's reduced chunk of `input`."""
+    """`output` (1/N of `input`) receives this rank's reduced chunk of `input`; `output` may
+    be that chunk of `input` itself (in place), and share no other memory with it."""
     return _run(
         "reduce_scatter", input, group, async_op,
         lambda: _reduce_scatter_flat(output, input, op=op, group=group, async_op=async_op),
@@ -147,7 +156,8 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, t
 
 def all_gather(output, input, group=None, async_op=False, tag=""):
     """`output` (N times `input`) receives every rank's `input`, in rank order; or, in
-    torch.distributed's list form, `output[r]` receives rank r's `input`."""
+    torch.distributed's list form, `output[r]` receives rank r's `input`. `input` may be
+    this rank's own chunk of `output` (in place), and share no other memory with it."""
     gather = dist.all_gather if isinstance(output, list | tuple) else _all_gather_flat
     return _run(
         "all_gather", output, group, async_op,
@@ -180,6 +190,7 @@ def all_to_all(
 ):
     """Rank i's j-th input chunk lands as rank j's i-th output chunk."""
     _check_devices("all_to_all", (output, input), group, tag)
+    _check_aliasing("all_to_all", output, input, group, tag)
     rec = _log("all_to_all", input, group, tag=tag)
     if rec is not None and rec.group_size > 1:
         # The (N-1)/N factor assumes even chunks; record what this rank really sends instead.

@@ -239,6 +239,20 @@ def rs_through_dist(flat_grad):
     return out.div_(world)
 
 
+def rs_in_place(flat_grad):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = flat_grad.numel() // world
+    mine = flat_grad[rank * chunk : (rank + 1) * chunk]
+    comm.reduce_scatter(mine, flat_grad)  # NCCL's in-place reduce-scatter: right
+    return mine / world
+
+
+def rs_into_chunk0(flat_grad):
+    chunk = flat_grad.numel() // dist.get_world_size()
+    comm.reduce_scatter(flat_grad[:chunk], flat_grad)  # in place on rank 0 only
+    return flat_grad[:chunk] / dist.get_world_size()
+
+
 def rs_stub(flat_grad):
     raise NotImplementedError("exercise: replace this line with your code")
 
@@ -267,7 +281,15 @@ RS_MISTAKES = [
         alone=True,
     ),
     Mistake("through dist", (rs_through_dist,), "no reduce-scatter went through minidist.comm"),
+    Mistake("in place", (rs_in_place,), ""),
+    Mistake(
+        "output aliases chunk 0",
+        (rs_into_chunk0,),
+        r"output shares memory with the input but is not this rank's own chunk",
+        alone=True,
+    ),  # fmt: skip
 ]
+RS_RIGHT = ("right", "in place")
 
 
 @pytest.fixture(scope="module")
@@ -275,11 +297,14 @@ def rs_messages():
     return catalogue_messages(check_reduce_scatter_bucket, RS_MISTAKES)
 
 
-def test_reduce_scatter_bucket_passes(rs_messages):
-    assert rs_messages["right"] is None
+@pytest.mark.parametrize("name", RS_RIGHT)
+def test_reduce_scatter_bucket_passes(name, rs_messages):
+    assert rs_messages[name] is None
 
 
-@pytest.mark.parametrize("mistake", RS_MISTAKES[1:], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mistake", [m for m in RS_MISTAKES if m.name not in RS_RIGHT], ids=lambda m: m.name
+)
 def test_reduce_scatter_bucket_names_the_mistake(mistake, rs_messages):
     assert names_mistake(mistake, rs_messages[mistake.name]) is None
 
@@ -406,6 +431,44 @@ class Stage1ByNMinus1(Stage1Right):
         return out.div_(self.world - 1)
 
 
+class Stage1InPlaceGather(Stage1Right):
+    """No copy: the input is this rank's own chunk of the output, NCCL's in-place all-gather
+    (what DeepSpeed's ZeRO and FSDP2 do): right."""
+
+    def gather(self):
+        comm.all_gather(self.flat_param, self.shard.detach())
+
+
+class Stage1InPlaceReduce(Stage1Right):
+    """The output is this rank's own chunk of flat_grad, NCCL's in-place reduce-scatter: right."""
+
+    def reduce(self, flat_grad):
+        start = self.rank * self.chunk
+        comm.reduce_scatter(flat_grad[start : start + self.chunk], flat_grad)
+        return flat_grad[start : start + self.chunk] / self.world
+
+
+class Stage1NoDetach(Stage1Right):
+    def gather(self):
+        comm.all_gather(self.flat_param, self.shard)  # a Parameter: autograd refuses
+
+
+class Stage1GatherFromChunk0(Stage1Right):
+    """The input is a view of the output's chunk 0 on every rank: in place on rank 0 only."""
+
+    def gather(self):
+        comm.all_gather(self.flat_param, self.flat_param[: self.chunk].detach())
+
+
+class Stage1ReduceIntoChunk0(Stage1Right):
+    """flat_grad's chunk 0 reused as the output: gloo copies the input first, so the values
+    come out right on CPUs; NCCL overwrites chunk 0 while ranks 1.. still reduce it."""
+
+    def reduce(self, flat_grad):
+        comm.reduce_scatter(flat_grad[: self.chunk], flat_grad)
+        return flat_grad[: self.chunk] / self.world
+
+
 class Stage1Stub(Stage1Right):
     def step(self, flat_grad):
         raise NotImplementedError("exercise: replace this line with your code")
@@ -427,7 +490,31 @@ STAGE1_MISTAKES = [
     Mistake("step before grad", (Stage1StepBeforeGrad,), "ran before self.shard.grad was set"),
     Mistake("divide twice", (Stage1DivideTwice,), "divided by N=3 twice"),
     Mistake("by N-1", (Stage1ByNMinus1,), "by N-1 = 2; divide by the world size N = 3"),
+    Mistake("in-place all-gather", (Stage1InPlaceGather,), ""),
+    Mistake("in-place reduce-scatter", (Stage1InPlaceReduce,), ""),
+    Mistake(
+        "all-gather from the Parameter",
+        (Stage1NoDetach,),
+        r"modified inplace.*Likely cause: .*Pass self.shard.detach\(\)",
+        alone=True,
+    ),  # fmt: skip
+    Mistake(
+        "all-gather input aliases chunk 0",
+        (Stage1GatherFromChunk0,),
+        r"rank [12]: .*comm.all_gather.*input shares memory with the output but is not this "
+        r"rank's own chunk.*overlaps chunk 0.*Likely cause: one collective's input and output "
+        r"overlap",
+        alone=True,
+    ),  # fmt: skip
+    Mistake(
+        "reduce-scatter output aliases chunk 0",
+        (Stage1ReduceIntoChunk0,),
+        r"rank [12]: .*comm.reduce_scatter.*output shares memory with the input but is not "
+        r"this rank's own chunk.*Likely cause: one collective's input and output overlap",
+        alone=True,
+    ),  # fmt: skip
 ]
+STAGE1_RIGHT = ("right", "in-place all-gather", "in-place reduce-scatter")
 
 
 @pytest.fixture(scope="module")
@@ -435,11 +522,14 @@ def stage1_messages():
     return catalogue_messages(check_zero_stage1, STAGE1_MISTAKES)
 
 
-def test_zero_stage1_passes(stage1_messages):
-    assert stage1_messages["right"] is None
+@pytest.mark.parametrize("name", STAGE1_RIGHT)
+def test_zero_stage1_passes(name, stage1_messages):
+    assert stage1_messages[name] is None
 
 
-@pytest.mark.parametrize("mistake", STAGE1_MISTAKES[1:], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mistake", [m for m in STAGE1_MISTAKES if m.name not in STAGE1_RIGHT], ids=lambda m: m.name
+)
 def test_zero_stage1_names_the_mistake(mistake, stage1_messages):
     assert names_mistake(mistake, stage1_messages[mistake.name]) is None
 

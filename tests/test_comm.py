@@ -241,3 +241,50 @@ def test_a_tensor_the_backend_cannot_move_is_refused_by_comm(monkeypatch, backen
     expected = "cpu" if backend == "gloo" else None
     if expected:
         assert comm.group_device() == torch.device(expected)
+
+
+def _aliasing():
+    """In place is accepted (and right); any other overlap is refused on every rank before
+    anything is sent (each refused call overlaps on every rank, so none waits for a peer)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    k = S // n
+    mine, other = slice(rank * k, (rank + 1) * k), (rank + 1) % n
+    want = torch.cat([torch.full((k,), float(r + 1)) for r in range(n)])
+    full = torch.full((S,), float(rank + 1))
+    comm.all_gather(full, full[mine])  # NCCL's in-place all-gather
+    listed = list(torch.full((S,), float(rank + 1)).chunk(n))
+    comm.all_gather(listed, listed[rank])  # the list form, in place
+    grads = torch.full((S,), float(rank + 1))
+    comm.reduce_scatter(grads[mine], grads)  # NCCL's in-place reduce-scatter
+    right = (
+        torch.equal(full, want)
+        and torch.equal(torch.cat(listed), want)
+        and torch.equal(grads[mine], torch.full((k,), float(n * (n + 1) // 2)))
+    )
+    refused = []
+    shifted = slice(rank * k + 1, (rank + 1) * k + 1) if rank < n - 1 else slice(S - k - 1, S - 1)
+    calls = [
+        lambda: comm.all_gather(full, full[other * k : (other + 1) * k].detach()),
+        lambda: comm.all_gather(full, full[shifted]),
+        lambda: comm.all_gather(listed, listed[other]),
+        lambda: comm.reduce_scatter(grads[other * k : (other + 1) * k], grads, tag="grads"),
+        lambda: comm.all_to_all(full, full),
+    ]
+    with comm.record() as ledger:
+        for call in calls:
+            try:
+                call()
+            except ValueError as exc:
+                refused.append(str(exc))
+    return right, refused, ledger.ops()
+
+
+def test_an_input_aliasing_the_output_is_refused_unless_in_place():
+    for right, refused, ops in minidist.launch(_aliasing, 3):
+        assert right and ops == []
+        assert len(refused) == 5
+        assert all("shares memory with" in m for m in refused)
+        assert "the input shares memory with the output but is not this rank's own" in refused[0]
+        assert "the input overlaps chunk" in refused[1] and "(in place)" in refused[2]
+        assert "comm.reduce_scatter (tag 'grads'): the output shares memory" in refused[3]
+        assert "an all-to-all has no in-place form" in refused[4]

@@ -47,6 +47,13 @@ _COLLECTIVE_PATTERNS = (
 _LIBRARY = (str(Path(__file__).resolve().parents[1]), "site-packages", "/lib/python3", "<frozen")
 # What commonly goes wrong, whatever the exercise (a checker's own hints come first).
 GENERIC_HINTS: dict[str, str] = {
+    r"shares memory with the (input|output)": "one collective's input and output overlap: a "
+    "view of the buffer it writes (a slice, .detach() or .data of it) anywhere but this "
+    "rank's own chunk is overwritten while it is still being sent or reduced, so the result "
+    "depends on the backend (gloo happens to copy the input first; for NCCL it is undefined). "
+    "The in-place form is exactly this rank's own chunk r of the larger buffer (all-gather: "
+    "input = output[r·n : (r+1)·n]; reduce-scatter: output = input[r·n : (r+1)·n]); anything "
+    "else needs a copy (.clone()) or a buffer of its own",
     r"view size is not compatible": ".view() needs memory laid out in order (a transposed or "
     "sliced tensor is not): use .reshape(), which copies only when it must",
     r"'NoneType' object": "a value was None where your code expected a tensor: a parameter "

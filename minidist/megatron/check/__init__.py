@@ -23,9 +23,16 @@ Lesson 07 (Shoeybi et al. 2019, "Megatron-LM", section 3):
    targets sit at the first, last and middle column of a range. Named mistakes: no MAX
    all-reduce (overflow, or each rank's own max), target logit not masked outside the
    rank's range, the range off by one at either end (the upper one raises an index error,
-   caught and named), the target logit not shifted by M, forgot the SUM of exp, forgot to
-   all-reduce the target logit, or made it only where the rank holds a target, padding not
-   masked or masked from vocab_size + 1, a sum instead of a mean, the full logits gathered.
+   caught and named: a negative index, one past the end, or beyond it, each its cause),
+   the target logit not shifted by M, forgot the SUM of exp, forgot to all-reduce the
+   target logit, or made it only where the rank holds a target, padding not masked or
+   masked from vocab_size + 1, a sum instead of a mean, the full logits gathered.
+   A wrong loss that no predicted value explains (the mistake written another way, e.g.
+   M + log Σ exp(logit - M) - logit_target) is probed on crafted one-token rows
+   (`ce_probe.py`): which columns counted as the target names a clamped instead of masked
+   index (or one end of the range unmasked), a missing start offset, a range that includes
+   its end, the owner's wrong column, a target logit never all-reduced; right where every
+   rank's maximum is the same and wrong elsewhere names a row maximum never all-reduced.
 
 Lesson 08 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM", section 3):

@@ -30,7 +30,8 @@ CE_MESSAGES = {
         "mean over tokens, as F.cross_entropy does."
     ),
     "local_max": (
-        "each rank subtracted its OWN row maximum before exp: then rank r's exps are scaled by "
+        "the row maximum was not all-reduced: each rank subtracted its OWN row maximum before "
+        "exp: then rank r's exps are scaled by "
         "e^(-max_r), a different factor on every rank, and their sum over ranks means nothing. "
         "All-reduce the row maxima with op=comm.ReduceOp.MAX first and subtract that global "
         "maximum everywhere."
@@ -42,9 +43,12 @@ CE_MESSAGES = {
         "(masked_fill(~inside, 0)), so only the owner contributes to the SUM all-reduce."
     ),
     "unmasked_clamp": (
-        "the target logit is summed over ranks, but the ranks that do not hold a token's target "
-        "added a logit too (clamping the index picks a real column): zero the target logit where "
-        "the target is outside [start, start + columns), so only the owner contributes."
+        "the target index was clamped into this rank's range instead of masked: the target "
+        "logit is summed over ranks, but the ranks that do not hold a token's target added a "
+        "logit too (clamping the index picks a real column: its first one for a target below "
+        "its range, its last for one above). Clamping keeps the gather in bounds; then zero "
+        "the picked logit where the target is outside [start, start + columns) "
+        "(torch.where(inside, picked, 0)), so only the owner contributes."
     ),
     "local_sum": (
         "the ranks return different losses: each used the sum of exp over its own columns only. "
@@ -62,5 +66,44 @@ CE_MESSAGES = {
         "value the maximum. Mask them to -inf before the maximum "
         "(logits.masked_fill(column >= vocab_size, float('-inf')), column = start + "
         "arange(columns))."
+    ),
+}
+# Named by probing the answer on crafted rows (`ce_probe.py`), whatever its formulation.
+CE_PROBE_MESSAGES = {
+    "no_offset": (
+        "the target was compared with the local column indices 0..{last} without subtracting "
+        "the rank's vocabulary start: every rank took targets 0..{last} as its own (one logit "
+        "per rank was added) and no rank took a target >= {per}. Rank r holds the columns "
+        "[start, start + columns): local = target - start, inside = (local >= 0) & (local < "
+        "columns), and gather at local where inside."
+    ),
+    "end_included": (
+        "the range test includes its end (<= instead of <): a target at the first column of a "
+        "rank's range, target == start + columns of the rank before it, was also counted by "
+        "that rank. A rank holds [start, start + columns), the end excluded: inside = (local "
+        ">= 0) & (local < columns), not <=."
+    ),
+    "lower_end_unmasked": (
+        "ranks whose columns lie above the target (target - start < 0) added the logit of "
+        "their first column: the mask misses the lower end of the range (an index clamped or "
+        "replaced by 0 there, and not masked). inside = (local >= 0) & (local < columns); "
+        "zero the picked logit where not inside."
+    ),
+    "upper_end_unmasked": (
+        "ranks whose columns lie below the target (target >= start + columns) added the logit "
+        "of their last column: the mask misses the upper end of the range (an index clamped "
+        "there, and not masked). inside = (local >= 0) & (local < columns); zero the picked "
+        "logit where not inside."
+    ),
+    "wrong_column": (
+        "the rank that holds the target counted it, but at another of its columns: the column "
+        "index into this rank's logits is local = target - start (not the target itself, "
+        "nor a clamped value)."
+    ),
+    "miscounted": (
+        "the target logit must be counted once, from the rank whose columns [start, start + "
+        "columns) hold it, and 0 from every other rank: inside = (local >= 0) & (local < "
+        "columns) with local = target - start; gather at local where inside, zero elsewhere, "
+        "then all-reduce (SUM). Target {target} is column {target} only."
     ),
 }

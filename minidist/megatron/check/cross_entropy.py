@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -14,6 +15,7 @@ from ...runtime import RankFailedError
 from ._shared import raised
 from .ce_group import check_group_case
 from .ce_messages import CE_MESSAGES, CE_OVERFLOW
+from .ce_probe import probe_cross_entropy
 
 CE_TOKENS = 8
 # (world, vocab, scale, offset): ordinary logits; a vocabulary that needs padding; large logits
@@ -129,7 +131,9 @@ def _ce_variants(case: str) -> dict:
     return out
 
 
-def _diagnose_ce(case: str, results: list[dict]) -> str | None:
+def _diagnose_ce(case: str, results: list[dict], probe=lambda: None) -> str | None:
+    """What is wrong with the losses of `case`: a shape, a predicted mistake, else what
+    `probe()` (the crafted rows of `ce_probe.py`) finds, else the difference."""
     world, vocab, scale, offset = CE_CASES[case]
     variants = _ce_variants(case)
     padded = -(-vocab // world) * world
@@ -159,6 +163,9 @@ def _diagnose_ce(case: str, results: list[dict]) -> str | None:
             text = message.format(tokens=CE_TOKENS, pad=padded - vocab, padded=padded,
                                   offset=offset, value=float(values[0]), vocab=vocab)  # fmt: skip
             return f"{where}: {text}"
+    found = probe()
+    if found:
+        return f"{where} is wrong; {found}"
     if not all(math.isfinite(float(v)) for v in values) and offset:
         return f"{where}: the loss is {float(values[0])}: " + CE_OVERFLOW.format(offset=offset)
     want = float(variants["right"][0])
@@ -218,10 +225,29 @@ def _ce_crash(case: str, exc: RankFailedError) -> str:
         return f"{where}: rank {exc.rank} failed inside a collective ({last}). {CE_HANG_HINT}"
     if "out of bounds" in last or "out of range" in last:
         per = -(-vocab // world)
+        index = re.search(r"index (-?\d+) is out of bounds", last)
+        at = int(index.group(1)) if index else per
+        if at < 0:
+            why = (
+                "a negative index: target - start < 0 for a target below this rank's range. "
+                "Test both ends, inside = (local >= 0) & (local < columns)"
+            )
+        elif at > per:
+            why = (
+                f"an index beyond the {per} columns a rank holds by more than one: a target "
+                "used as a column index without subtracting this rank's start? local = "
+                "target - start; a target is this rank's when 0 <= local < columns"
+            )
+        else:
+            why = (
+                f"an index at the {per} columns a rank holds, one past its last. Either the "
+                "range test includes its end (not <=): a target is this rank's when start <= "
+                "target < start + columns; or a target was used as the column index without "
+                "subtracting this rank's start (local = target - start)"
+            )
         return (
-            f"{where}: rank {exc.rank} raised {last}: an index at or beyond the {per} columns "
-            "a rank holds. A target is this rank's when start <= target < start + columns "
-            "(not <=); gather at target - start only there, at any valid index (0) elsewhere."
+            f"{where}: rank {exc.rank} raised {last}: {why}; gather at target - start only "
+            "there, at any valid index (0) elsewhere."
         )
     return f"{where}: rank {exc.rank}'s code raised {last}."
 
@@ -238,11 +264,21 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
                 results[case] = run_on_world(_ce_rank, world, fn, case, hang_hint=CE_HANG_HINT)
             except RankFailedError as exc:
                 fail(_ce_crash(case, exc))
-    for diagnose in (_diagnose_ce, _diagnose_ce_ledger):  # values first, in every case
-        for case in CE_CASES:
-            problem = diagnose(case, results[case])
-            if problem:
-                fail(problem)
+    probed: list = []
+
+    def probe() -> str | None:  # once, and only for a wrong answer no prediction names
+        if not probed:
+            probed.append(probe_cross_entropy(fn, CE_HANG_HINT))
+        return probed[0]
+
+    for case in CE_CASES:  # values first, in every case
+        problem = _diagnose_ce(case, results[case], probe)
+        if problem:
+            fail(problem)
+    for case in CE_CASES:
+        problem = _diagnose_ce_ledger(case, results[case])
+        if problem:
+            fail(problem)
     case = CE_GROUP_CASE
     check_group_case(
         fn, _case_inputs(case), CE_CASES[case][1], float(_ce_variants(case)["right"][0]),

@@ -18,7 +18,11 @@
 All run on real worlds of 2, 3 and 4 ranks (3 gives padding everywhere), compare with the
 reference and read a `comm.record()` ledger, so a wrong answer is named: no padding, wrong
 chunk, padding not zero, forgot to divide, divided twice, all-reduce instead of
-reduce-scatter, optimizer state of the full parameters, forgot the all-gather.
+reduce-scatter, optimizer state of the full parameters, forgot the all-gather. An input
+that shares memory with its collective's output (a view of flat_param or flat_grad at
+another rank's chunk) is refused by `minidist.comm` and named; exactly this rank's own
+chunk is the in-place form (NCCL's), accepted: `comm.all_gather(flat_param,
+shard.detach())` needs no copy.
 """
 
 from .reduce_scatter import BUCKET_NUMEL, RS_HANG_HINT, RS_WORLDS, check_reduce_scatter_bucket

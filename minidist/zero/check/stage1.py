@@ -29,6 +29,15 @@ STAGE1_HANG_HINT = (
     "whole flat gradient, then one all-gather into the whole flat_param."
 )
 
+STAGE1_HINTS = {  # an exception's words -> its likely cause in this exercise
+    r"is being modified inplace|modified inplace with grad|leaf Variable that requires grad": (
+        "the all-gather writes into flat_param, and self.shard, a Parameter that requires "
+        "grad, is a view of it: autograd refuses an in-place write it cannot record. Pass "
+        "self.shard.detach() (the same memory without autograd: an in-place all-gather, no "
+        "copy needed)"
+    ),
+}
+
 
 def make_adam(params: list) -> torch.optim.Optimizer:
     """The optimizer the checker hands to `ZeroStage1` (module level: it travels to ranks)."""
@@ -232,7 +241,9 @@ def check_zero_stage1(zero_stage1_cls: type) -> None:
     """Train lesson 01's MLP with `ZeroStage1(flat_param, make_optimizer)` on N = 2, 3, 4."""
     for world in STAGE1_WORLDS:
         reference = _stage1_reference(world)
-        results = run_on_world(_stage1_rank, world, zero_stage1_cls, hang_hint=STAGE1_HANG_HINT)
+        results = run_on_world(
+            _stage1_rank, world, zero_stage1_cls, hang_hint=STAGE1_HANG_HINT, hints=STAGE1_HINTS
+        )
         padded = reference[0]["grad"].numel()
         sent_theory = theory.bytes_sent_per_step(padded, world, stage=1)
         for step, ref in enumerate(reference):
