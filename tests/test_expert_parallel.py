@@ -5,6 +5,8 @@ measured routing (Lepikhin et al. 2020, GShard; Fedus et al. 2021, Switch Transf
 
 import pytest
 import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.expert_parallel import MoE, theory
@@ -17,6 +19,7 @@ from minidist.expert_parallel.routing import capacity, dispatch, load_balancing_
 # parameters within 1e-6 absolute (measured: under 1e-7); gradients (about 1e-4) within
 # 1e-5 relative + 1e-8 (measured: under 2e-9). Routing and drops must be EXACTLY equal.
 TOL = 1e-6
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 # (e, k, capacity factor, padded to capacity)
 CONFIGS = {
@@ -219,3 +222,73 @@ def test_padded_flops_are_what_torch_counts(k, cf):
     3 · 2·T·h·E equal torch's FlopCounterMode over forward and backward (world of 1)."""
     counted, cap = minidist.launch(_flops_on_rank, 1, k, cf)[0]
     assert counted == theory.expert_flops(8, 1, cap, 16, 32) + 3 * 2 * TOKENS * 16 * 8
+
+
+def _both_dispatches(cases) -> list:
+    """On a rank: per case, each dispatch's (output, input grad, router grad, expert grads,
+    all-to-all bytes per tag) for this rank's tokens, experts over the whole world."""
+    from minidist import comm
+
+    rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    out = []
+    for h, experts, k, cf, tokens, seed in cases:
+        moe = MoE(h, 2 * h, experts, k, cf, seed=seed)
+        x = torch.randn(n * tokens, h, generator=torch.Generator().manual_seed(seed))
+        per = []
+        for pad in (False, True):
+            ep = ExpertParallelMoE(moe, pad_to_capacity=pad)
+            xr = x.chunk(n)[rank].clone().requires_grad_()
+            with comm.record() as ledger:
+                y, _ = ep(xr)
+                (y**2).sum().backward()
+            names = {"router.weight": "router.weight"} | ep.expert_names()
+            grads = {names[m]: p.grad for m, p in ep.named_parameters() if p.grad is not None}
+            sent = {}
+            for r in ledger.records:
+                sent[r.tag] = sent.get(r.tag, 0.0) + r.ring_bytes
+            per.append((y.detach(), xr.grad, grads, sent, ep.routing.capacity))
+        out.append(per)
+    return out
+
+
+@settings(max_examples=3, deadline=None, phases=NO_SHRINK)  # each example launches a world
+@given(
+    world=st.sampled_from([2, 4]),
+    cases=st.lists(
+        st.tuples(
+            st.sampled_from([4, 8]), st.sampled_from([4, 8]), st.integers(1, 2),
+            st.sampled_from([0.5, 1.0, 1.25, 2.0]), st.integers(1, 13), st.integers(0, 99),
+        ),
+        min_size=2, max_size=3,
+    ),
+)  # fmt: skip
+def test_padded_and_exact_dispatch_equal_one_process_over_the_range(world, cases):
+    """Hidden sizes, E, k, capacity factors and token counts that do not divide (ceil
+    capacities, empty experts): both dispatches give the one-process MoE's outputs and
+    gradients, and the padded one sends exactly `padded_all_to_all_bytes`."""
+    cases = [c for c in cases if c[1] % world == 0]
+    if not cases:
+        return
+    results = minidist.launch(_both_dispatches, world, cases)
+    for c, (h, experts, k, cf, tokens, seed) in enumerate(cases):
+        moe = MoE(h, 2 * h, experts, k, cf, seed=seed)
+        x = torch.randn(world * tokens, h, generator=torch.Generator().manual_seed(seed))
+        x.requires_grad_()
+        y, _ = moe(x, world)
+        (y**2).sum().backward()
+        want_grads = {m: p.grad for m, p in moe.named_parameters() if p.grad is not None}
+        for i, pad in enumerate((False, True)):
+            router = sum(results[rank][c][i][2]["router.weight"] for rank in range(world))
+            assert torch.allclose(router, want_grads["router.weight"], atol=1e-5), (c, pad)
+        for rank in range(world):
+            rows = slice(rank * tokens, (rank + 1) * tokens)
+            for pad, (got, xgrad, grads, sent, cap) in zip((False, True), results[rank][c]):
+                assert torch.allclose(got, y.detach()[rows], atol=1e-6), (c, pad)
+                assert torch.allclose(xgrad, x.grad[rows], atol=1e-5), (c, pad)
+                for name, g in grads.items():  # an expert's: every rank's tokens routed to it
+                    want = want_grads.get(name, torch.zeros_like(g))
+                    assert name == "router.weight" or torch.allclose(g, want, atol=1e-5), name
+                if pad:
+                    want = theory.padded_all_to_all_bytes(experts, world, cap, h)
+                    assert {t: sent.get(t, 0.0) for t in want} == want, (c, sent)
+                    assert "ep counts" not in sent
