@@ -4,10 +4,13 @@ context-parallel GPT equals the dense GPT, and bytes, memory and work equal the 
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.context_parallel import ContextParallelGPT, theory
 from minidist.context_parallel.fixture import attention_rank, layer_activations_rank, train_on_rank
+from minidist.context_parallel.ring import work_per_forward
 from minidist.context_parallel.split import positions
 from minidist.megatron.fixture import STEPS, build_dense, compare, matches, reference
 
@@ -15,13 +18,22 @@ from minidist.megatron.fixture import STEPS, build_dense, compare, matches, refe
 # sums in another order); the GPT in float32 within lesson 07's (the fixture's) tolerances.
 
 
+def _attention_rank(layout, seqs):
+    """On a rank: `attention_rank` for each sequence length, with the chunk pairs computed."""
+    work_per_forward()
+    return [(*attention_rank(layout, 2, 4, seq, 8), work_per_forward()) for seq in seqs]
+
+
 @pytest.mark.parametrize("c", [2, 3, 4])
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_ring_attention_equals_torch_attention_and_saves_one_c_th(c, layout):
-    seq = 24 if c == 3 else 16
-    for worst, saved, saved_whole in minidist.launch(attention_rank, c, layout, 2, 4, seq, 8):
-        assert worst < 1e-12
-        assert saved * c == saved_whole  # q, k, v, output, log-sum-exp: 1/c of each
+    chunks = c if layout == "contiguous" else 2 * c
+    seqs = [24 if c == 3 else 16, chunks, 3 * chunks]  # chunks of 1 and 3 tokens too
+    for rank, results in enumerate(minidist.launch(_attention_rank, c, layout, seqs)):
+        for worst, saved, saved_whole, work in results:
+            assert worst < 1e-12
+            assert saved * c == saved_whole  # q, k, v, output, log-sum-exp: 1/c of each
+            assert work == [theory.causal_pairs(layout, c)[rank]]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +81,21 @@ def test_the_splits_cover_the_sequence_once_and_zigzag_balances_the_work(c):
         chunks = [r, 2 * c - 1 - r]
         pairs = sum(1 for qi in chunks for kj in range(2 * c) if kj * size <= (qi + 1) * size - 1)
         assert pairs == theory.causal_pairs("zigzag", c)[r]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    c=st.integers(1, 8), size=st.integers(1, 4), layout=st.sampled_from(["zigzag", "contiguous"])
+)
+def test_causal_work_counts_the_scores_of_every_chunk_pair_not_masked_whole(c, size, layout):
+    seq = size * (c if layout == "contiguous" else 2 * c)
+    every = [positions(seq, c, r, layout).split(size) for r in range(c)]
+    keys = [k for chunks in every for k in chunks]
+    want = [
+        sum(size * size for q in chunks for k in keys if int(k.min()) <= int(q.max()))
+        for chunks in every
+    ]
+    assert theory.causal_work(layout, seq, c) == want
 
 
 def _refused(seq_len, layout, dropout=0.0):
