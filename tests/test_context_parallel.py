@@ -2,15 +2,20 @@
 context-parallel GPT equals the dense GPT, and bytes, memory and work equal the theory
 (Liu et al. 2023, "Ring Attention", section 3)."""
 
+from collections import Counter
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidist
+from minidist import comm
 from minidist.context_parallel import ContextParallelGPT, theory
 from minidist.context_parallel.fixture import attention_rank, layer_activations_rank, train_on_rank
-from minidist.context_parallel.ring import work_per_forward
+from minidist.context_parallel.ring import ring_attention, work_per_forward
 from minidist.context_parallel.split import positions
 from minidist.megatron.fixture import STEPS, build_dense, compare, matches, reference
 
@@ -36,6 +41,30 @@ def test_ring_attention_equals_torch_attention_and_saves_one_c_th(c, layout):
             assert work == [theory.causal_pairs(layout, c)[rank]]
 
 
+def _subgroup_rank(layout):
+    """On a rank of 4: two interleaved rings, {0, 2} and {1, 3} (context-parallel groups
+    inside data parallelism), each with its own q, k, v; this rank's largest difference
+    from torch's attention, output and gradients."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[rank % 2]
+    g = torch.Generator().manual_seed(rank % 2)
+    q, k, v, up = (torch.randn(2, 2, 8, 4, generator=g, dtype=torch.float64) for _ in "qkvu")
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*whole, is_causal=True)
+    want.backward(up)
+    pos = positions(8, 2, dist.get_rank(group), layout)
+    mine = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
+    out = ring_attention(*mine, group, layout)
+    out.backward(up[:, :, pos])
+    diffs = [(m.grad - w.grad[:, :, pos]).abs().max() for m, w in zip(mine, whole)]
+    return float(max((out - want[:, :, pos]).detach().abs().max(), *diffs))
+
+
+def test_ring_attention_runs_on_rings_that_are_subgroups_of_the_world():
+    assert max(minidist.launch(_subgroup_rank, 4, "zigzag")) < 1e-12
+
+
 @pytest.fixture(scope="module")
 def ref():
     return reference()
@@ -57,6 +86,18 @@ def test_context_parallel_gpt_equals_the_dense_gpt_and_its_bytes_the_theory(c, r
         forward = sum(r.ring_bytes for r in runs[0].records if r.tag == "cp-kv-forward")
         per_layer = forward / STEPS / cfg.layers
         assert per_layer == (c - 1) / c * theory.kv_bytes(b, s, cfg.hidden)
+        per_tag = Counter()
+        for r in runs[0].records:
+            per_tag[r.tag] += r.ring_bytes / STEPS
+        # each collective under its own tag, as the theory's phases
+        phases = theory.ring_bytes_per_layer(b, s, cfg.hidden, c)
+        assert dict(per_tag) == pytest.approx({
+            "cp-kv-forward": cfg.layers * phases["forward"],
+            "cp-kv-backward": cfg.layers * phases["backward K, V"],
+            "cp-dkv-backward": cfg.layers * phases["backward dK, dV"],
+            "cp-grads": comm.ring_bytes("all_reduce", 4 * runs[0].trainable, c),
+            "cp-loss": comm.ring_bytes("all_reduce", 4, c),
+        })  # fmt: skip
         # causal work: chunk pairs per forward on each rank
         assert [run.work[0] for run in runs] == theory.causal_pairs(layout, c)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist.expert_parallel import MoE
-from minidist.expert_parallel.routing import route, tokens_per_expert
+from minidist.expert_parallel.routing import dispatch, route, tokens_per_expert
 
 # Tolerance: float64 throughout; the router sums in another order than the loops here.
 TOL = 1e-12
@@ -63,6 +63,11 @@ def test_route_equals_its_definition_token_by_token(tokens, e, k, capacity_facto
     kept_n, dropped_n = tokens_per_expert(r, e)
     assert kept_n.tolist() == [int(kept[experts == x].sum()) for x in range(e)]
     assert dropped_n.tolist() == [int((~kept)[experts == x].sum()) for x in range(e)]
+    if k == 1:  # top-1 dispatch: per expert, its kept then its dropped tokens, in order
+        for x, (kept_t, dropped_t) in enumerate(dispatch(experts[:, 0], e, capacity_factor)):
+            mine = [t for t in range(tokens) if int(experts[t, 0]) == x]
+            assert kept_t.tolist() == [t for t in mine if kept[t, 0]]
+            assert dropped_t.tolist() == [t for t in mine if not kept[t, 0]]
     # the aux loss: its value, and its gradient reaches the router's logits through P_e
     want = aux_of(torch.softmax(logits, -1))
     assert float(r.aux.detach()) == pytest.approx(float(want.detach()), abs=TOL)

@@ -534,6 +534,20 @@ MUTANTS = [
         '"attention scores": element_size * batch * heads * seq,',
         "log-sum-exp not split with the heads",
     ),
+    (
+        "sequence_parallel",
+        "megatron/sequence.py",
+        "return torch.cat(out.unbind(0), dim=1)",
+        "return out.view(x.shape[0], -1, *x.shape[2:])",
+        "gathered blocks reinterpreted in place: right for batch 1 only",
+    ),
+    (
+        "sequence_parallel",
+        "sequence_parallel/theory.py",
+        "if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:",
+        "if not isinstance(tp, int) or tp < 1:",
+        "tp=True accepted as 1",
+    ),
     # -- context parallel (lesson 15) ---------------------------------------------------------
     (
         "context_parallel",
@@ -633,6 +647,27 @@ MUTANTS = [
         "return [r for r in range(c)]",
         "contiguous rank forgets its diagonal chunk pair",
     ),
+    (
+        "context_parallel",
+        "context_parallel/ring.py",
+        "ranks = dist.get_process_group_ranks(group) if group is not None else range(self.c)",
+        "ranks = range(self.c)",
+        "ring neighbours taken as group ranks, not global ranks (right for the whole world only)",
+    ),
+    (
+        "context_parallel",
+        "context_parallel/model.py",
+        'comm.all_reduce(flat, group=self.group, tag="cp-grads")',
+        "comm.all_reduce(flat, group=self.group)",
+        "gradient all-reduce's tag dropped",
+    ),
+    (
+        "context_parallel",
+        "context_parallel/ring.py",
+        'kv = ring.pass_on(kv, "cp-kv-backward")',
+        'kv = ring.pass_on(kv, "cp-kv-forward")',
+        "backward's K/V hops under the forward's tag",
+    ),
     # -- expert parallel routing (lesson 16) --------------------------------------------------
     (
         "expert_parallel",
@@ -710,6 +745,20 @@ MUTANTS = [
         "y = y.index_add(0, t, expert(xg[t]) * r.gates[t, j, None])",
         "y = y.index_add(0, t, expert(xg[t]) * r.gates[t, 0, None])",
         "every choice weighted by the first choice's gate",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/routing.py",
+        "c = capacity(expert.numel(), num_experts, 1, capacity_factor)",
+        "c = capacity(expert.numel(), num_experts)",
+        "dispatch ignores the capacity factor",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/routing.py",
+        "gates = top if k == 1 else top / top.sum(-1, keepdim=True)",
+        "gates = top / top.sum(-1, keepdim=True)",
+        "k = 1 gates renormalised to 1: the router gets no gradient from the task loss",
     ),
     # -- planner ------------------------------------------------------------------------------
     (
