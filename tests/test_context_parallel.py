@@ -2,12 +2,20 @@
 context-parallel GPT equals the dense GPT, and bytes, memory and work equal the theory
 (Liu et al. 2023, "Ring Attention", section 3)."""
 
+from collections import Counter
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
+from minidist import comm
 from minidist.context_parallel import ContextParallelGPT, theory
 from minidist.context_parallel.fixture import attention_rank, layer_activations_rank, train_on_rank
+from minidist.context_parallel.ring import ring_attention, work_per_forward
 from minidist.context_parallel.split import positions
 from minidist.megatron.fixture import STEPS, build_dense, compare, matches, reference
 
@@ -15,13 +23,46 @@ from minidist.megatron.fixture import STEPS, build_dense, compare, matches, refe
 # sums in another order); the GPT in float32 within lesson 07's (the fixture's) tolerances.
 
 
+def _attention_rank(layout, seqs):
+    """On a rank: `attention_rank` for each sequence length, with the chunk pairs computed."""
+    work_per_forward()
+    return [(*attention_rank(layout, 2, 4, seq, 8), work_per_forward()) for seq in seqs]
+
+
 @pytest.mark.parametrize("c", [2, 3, 4])
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_ring_attention_equals_torch_attention_and_saves_one_c_th(c, layout):
-    seq = 24 if c == 3 else 16
-    for worst, saved, saved_whole in minidist.launch(attention_rank, c, layout, 2, 4, seq, 8):
-        assert worst < 1e-12
-        assert saved * c == saved_whole  # q, k, v, output, log-sum-exp: 1/c of each
+    chunks = c if layout == "contiguous" else 2 * c
+    seqs = [24 if c == 3 else 16, chunks, 3 * chunks]  # chunks of 1 and 3 tokens too
+    for rank, results in enumerate(minidist.launch(_attention_rank, c, layout, seqs)):
+        for worst, saved, saved_whole, work in results:
+            assert worst < 1e-12
+            assert saved * c == saved_whole  # q, k, v, output, log-sum-exp: 1/c of each
+            assert work == [theory.causal_pairs(layout, c)[rank]]
+
+
+def _subgroup_rank(layout):
+    """On a rank of 4: two interleaved rings, {0, 2} and {1, 3} (context-parallel groups
+    inside data parallelism), each with its own q, k, v; this rank's largest difference
+    from torch's attention, output and gradients."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[rank % 2]
+    g = torch.Generator().manual_seed(rank % 2)
+    q, k, v, up = (torch.randn(2, 2, 8, 4, generator=g, dtype=torch.float64) for _ in "qkvu")
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*whole, is_causal=True)
+    want.backward(up)
+    pos = positions(8, 2, dist.get_rank(group), layout)
+    mine = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
+    out = ring_attention(*mine, group, layout)
+    out.backward(up[:, :, pos])
+    diffs = [(m.grad - w.grad[:, :, pos]).abs().max() for m, w in zip(mine, whole)]
+    return float(max((out - want[:, :, pos]).detach().abs().max(), *diffs))
+
+
+def test_ring_attention_runs_on_rings_that_are_subgroups_of_the_world():
+    assert max(minidist.launch(_subgroup_rank, 4, "zigzag")) < 1e-12
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +86,18 @@ def test_context_parallel_gpt_equals_the_dense_gpt_and_its_bytes_the_theory(c, r
         forward = sum(r.ring_bytes for r in runs[0].records if r.tag == "cp-kv-forward")
         per_layer = forward / STEPS / cfg.layers
         assert per_layer == (c - 1) / c * theory.kv_bytes(b, s, cfg.hidden)
+        per_tag = Counter()
+        for r in runs[0].records:
+            per_tag[r.tag] += r.ring_bytes / STEPS
+        # each collective under its own tag, as the theory's phases
+        phases = theory.ring_bytes_per_layer(b, s, cfg.hidden, c)
+        assert dict(per_tag) == pytest.approx({
+            "cp-kv-forward": cfg.layers * phases["forward"],
+            "cp-kv-backward": cfg.layers * phases["backward K, V"],
+            "cp-dkv-backward": cfg.layers * phases["backward dK, dV"],
+            "cp-grads": comm.ring_bytes("all_reduce", 4 * runs[0].trainable, c),
+            "cp-loss": comm.ring_bytes("all_reduce", 4, c),
+        })  # fmt: skip
         # causal work: chunk pairs per forward on each rank
         assert [run.work[0] for run in runs] == theory.causal_pairs(layout, c)
 
@@ -69,6 +122,21 @@ def test_the_splits_cover_the_sequence_once_and_zigzag_balances_the_work(c):
         chunks = [r, 2 * c - 1 - r]
         pairs = sum(1 for qi in chunks for kj in range(2 * c) if kj * size <= (qi + 1) * size - 1)
         assert pairs == theory.causal_pairs("zigzag", c)[r]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    c=st.integers(1, 8), size=st.integers(1, 4), layout=st.sampled_from(["zigzag", "contiguous"])
+)
+def test_causal_work_counts_the_scores_of_every_chunk_pair_not_masked_whole(c, size, layout):
+    seq = size * (c if layout == "contiguous" else 2 * c)
+    every = [positions(seq, c, r, layout).split(size) for r in range(c)]
+    keys = [k for chunks in every for k in chunks]
+    want = [
+        sum(size * size for q in chunks for k in keys if int(k.min()) <= int(q.max()))
+        for chunks in every
+    ]
+    assert theory.causal_work(layout, seq, c) == want
 
 
 def _refused(seq_len, layout, dropout=0.0):

@@ -164,3 +164,15 @@ def test_bench_report_says_when_torch_is_unavailable_and_compares_losses_otherwi
     report = ab_report("sp", up, 2, 10)
     assert report["sp_step_ratio_vs_torch"] == 0.5 and report["sp_same_loss"] is False
     assert report["sp_loss_max_abs_diff"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True, None])
+def test_the_theory_refuses_a_tp_that_is_not_a_positive_int_by_name(bad):
+    calls = (
+        lambda: theory.bytes_sent_per_step(2, 1, 4, 8, bad),
+        lambda: theory.korthikanti_terms(4, 1, 8, 2, bad, True),
+        lambda: theory.activation_terms(1, 4, 8, 2, bad, True),
+    )
+    for call in calls:
+        with pytest.raises(ValueError, match=f"tp must be a positive int, got {bad!r}"):
+            call()
