@@ -70,8 +70,8 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
         if layout.precision == "mixed":
             return _mixed(trainable, 1, 0, layout.element_bytes, params - trainable, tensors)
         total = dp_theory.model_state_bytes_per_rank(params, trainable, layout.optimizer, tensors)
-        return {"params": 4 * params, "grads": 4 * trainable,
-                "optimizer": total - 4 * (params + trainable)}  # fmt: skip
+        states = {"params": 4 * params, "grads": 4 * trainable}
+        return states | {"optimizer": total - 4 * (params + trainable)}
     n, z = layout.dp, layout.zero
     e = layout.element_bytes
     if layout.tp > 1 or layout.pp > 1:

@@ -149,7 +149,7 @@ MUTANTS = [
     # -- mixed precision (lesson 04) ----------------------------------------------------------
     (
         "mixed_precision",
-        "mixed_precision/policy.py",
+        "policy.py",
         "world_size / (pre * 2) >= pre * 2",
         "world_size / (pre * 2) >= pre",
         "pre-divide factor above sqrt(N)",
@@ -157,8 +157,8 @@ MUTANTS = [
     (
         "mixed_precision",
         "mixed_precision/scaler.py",
-        "self.good_steps = 0\n        else:",
-        "pass\n        else:",
+        "self.good_steps = 0\n            self.skipped_in_a_row += 1",
+        "self.skipped_in_a_row += 1",
         "an overflow does not reset the good-step count",
     ),
     (
@@ -193,8 +193,8 @@ MUTANTS = [
     (
         "offload",
         "offload/optimizer.py",
-        "torch.empty(p.shape, dtype=torch.float32, pin_memory=self.pinned).copy_(p.detach())",
-        "torch.empty(p.shape, dtype=p.dtype, pin_memory=self.pinned).copy_(p.detach())",
+        'torch.empty(p.shape, dtype=torch.float32, device="cpu", pin_memory=self.pinned).copy_(',
+        'torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=self.pinned).copy_(',
         "masters kept in the parameters' dtype",
     ),
     (
@@ -765,7 +765,7 @@ MUTANTS = [
         "planner",
         "planner/predict.py",
         "        layer *= 4 / 3\n",
-        "",
+        "        layer *= 1.0\n",
         "recompute's extra forward not in the FLOPs",
     ),
     (
@@ -784,9 +784,74 @@ MUTANTS = [
     ),
     (
         "planner",
-        "planner/plan.py",
-        "return [d for d in range(1, n + 1) if n % d == 0]",
-        "return [d for d in range(1, n) if n % d == 0]",
+        "planner/divisors.py",
+        "    return sorted(out)\n",
+        "    return sorted(out)[:-1]\n",
         "the world itself is not a divisor",
+    ),
+    # -- expert parallelism, padded dispatch and the MoE GPT (lesson 16) ------------------------
+    (
+        "expert_parallel",
+        "expert_parallel/gpt.py",
+        "all_reduce_flat([g for n, g in named if is_expert(n)], self.dp_group,",
+        "all_reduce_flat([g for n, g in named if is_expert(n)], None,",
+        "experts' gradients summed over every rank, not over the ranks holding them",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/parallel.py",
+        "buf = x.new_zeros(num, h).index_copy(0, where, x[t])",
+        "buf = x.new_zeros(num, h).index_copy(0, where.sort().values, x[t])",
+        "padded dispatch puts kept rows in the wrong slots",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/theory.py",
+        "per = num_experts // e * cap",
+        "per = num_experts // e * cap - 1",
+        "padded rows per rank one short of E/e·C",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/theory.py",
+        "return 3 * (num_experts // e) * (e * cap) * 4 * hidden * ffn",
+        "return 2 * (num_experts // e) * (e * cap) * 4 * hidden * ffn",
+        "expert FLOPs without the backward's second matmul",
+    ),
+    (
+        "expert_parallel",
+        "expert_parallel/theory.py",
+        "return 4 * state_copies * (replicated_params + expert_params // e)",
+        "return 4 * state_copies * (replicated_params + expert_params)",
+        "model states count every expert on every rank",
+    ),
+    # -- the planner's expert parallelism --------------------------------------------------------
+    (
+        "planner",
+        "planner/experts.py",
+        'if is_expert(name) and int(name.split(".experts.")[1].split(".")[0]) >= per:',
+        'if is_expert(name) and int(name.split(".experts.")[1].split(".")[0]) > per:',
+        "rank 0 planned with one expert too many per layer",
+    ),
+    (
+        "planner",
+        "planner/experts.py",
+        '("all_reduce", "edp"): dp_theory.bytes_sent_per_step(experts // e, layout.dp // e, r),',
+        '("all_reduce", "edp"): dp_theory.bytes_sent_per_step(experts // e, layout.dp, r),',
+        "experts' gradients planned over all dp ranks, not dp/ep",
+    ),
+    (
+        "planner",
+        "planner/experts.py",
+        "tokens = layout.global_batch // layout.dp * model.seq",
+        "tokens = layout.global_batch * model.seq",
+        "capacity from the global batch, not the rank's tokens",
+    ),
+    (
+        "planner",
+        "planner/plan.py",
+        "eps = divisors(math.gcd(dp, model.experts))",
+        "eps = [e for e in divisors(math.gcd(dp, model.experts)) if e > 1]",
+        "the sweep forgets the replicated experts (ep = 1)",
     ),
 ]
