@@ -800,9 +800,9 @@ MUTANTS = [
     (
         "expert_parallel",
         "expert_parallel/parallel.py",
-        "buf = x.new_zeros(num, h).index_copy(0, where, x[t])",
-        "buf = x.new_zeros(num, h).index_copy(0, where.sort().values, x[t])",
-        "padded dispatch puts kept rows in the wrong slots",
+        "back = self._padded(x, t, ex * r.capacity + r.slot[t, j], r.capacity)",
+        "back = self._padded(x, t, ex * self.per + r.slot[t, j], r.capacity)",
+        "padded buffer strided by experts per rank, not by the capacity",
     ),
     (
         "expert_parallel",
