@@ -3,6 +3,7 @@ named (one checker run per answer, all in this process)."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +104,16 @@ DISPATCH_MISTAKES = [
         (_with(lambda t, e, cf, i, m: math.ceil(cf * len(m) / e)),),
         "own number of tokens",
     ),
+    Mistake(
+        "floor + 1 as a ceil",
+        (_with(lambda t, e, cf, i, m: int(cf * t // e) + 1),),
+        "only when cf·T/E is not a whole number",
+    ),
+    Mistake(
+        "float capacity",
+        (_with(lambda t, e, cf, i, m: math.ceil(t / e) * cf),),
+        "C is not a whole number",
+    ),
     Mistake("C + 1", (_with(lambda t, e, cf, i, m: _ceil(t, e, cf) + 1),), "one token too many"),
     Mistake("C - 1", (_with(lambda t, e, cf, i, m: _ceil(t, e, cf) - 1),), "one token too few"),
     Mistake("no capacity at all", (_with(lambda t, e, cf, i, m: t),), r"keeps \[.*should keep"),
@@ -125,6 +136,7 @@ DISPATCH_MISTAKES = [
     Mistake(
         "E from max(expert)", (lambda ids, e, cf: dispatch(ids, int(ids.max()) + 1, cf),), "E ="
     ),
+    Mistake("a generator", (lambda ids, e, cf: (p for p in dispatch(ids, e, cf)),), "generator"),
     Mistake("a dict", (lambda ids, e, cf: dict(enumerate(dispatch(ids, e, cf))),), "dict"),
     Mistake("None", (lambda ids, e, cf: None,), "NoneType"),
     Mistake("kept only", (lambda ids, e, cf: [k for k, _ in dispatch(ids, e, cf)],), "a pair"),
@@ -166,7 +178,12 @@ def _sorted(ids, e, cf):
     return out
 
 
-@pytest.mark.parametrize("answer", [dispatch, _lists_loop, _cumsum, _sorted])
+def _numpy(ids, e, cf):
+    a, c = ids.numpy(), math.ceil(cf * ids.numel() / e)
+    return [(list(np.flatnonzero(a == x)[:c]), np.flatnonzero(a == x)[c:]) for x in range(e)]
+
+
+@pytest.mark.parametrize("answer", [dispatch, _lists_loop, _cumsum, _sorted, _numpy])
 def test_right_dispatch_passes(answer, capsys):
     check_dispatch(answer)
     assert "PASSED" in capsys.readouterr().out
@@ -234,6 +251,21 @@ AUX_MISTAKES = [
     ),
     Mistake("divided by E", (lambda p, i: (_f(p, i) * p.mean(0)).sum() / _e(p),), "divided by E"),
     Mistake("counts", (lambda p, i: load_balancing_loss(p, i) * i.numel(),), "T times too large"),
+    Mistake(
+        "mean of all probs",
+        (lambda p, i: _e(p) * (_f(p, i) * p.mean()).sum(),),
+        "mean of ALL of probs",
+    ),
+    Mistake(
+        "f over E",
+        (lambda p, i: _e(p) * (torch.bincount(i, minlength=_e(p)) / _e(p) * p.mean(0)).sum(),),
+        "count / E",
+    ),
+    Mistake(
+        "P over the wrong dimension",
+        (lambda p, i: _e(p) * (_f(p, i) * p.mean(1)).sum(),),
+        r"probs is \[T, E\]",
+    ),
     Mistake("sum of probs", (lambda p, i: _e(p) * (_f(p, i) * p.sum(0)).sum(),), "T times"),
     Mistake("T and E swapped", (_swapped_shape,), "T and E swapped"),
     Mistake(
@@ -317,8 +349,13 @@ def _bincount_truncated(p, i):
     return _e(p) * (f * p.mean(0)[: len(f)]).sum()
 
 
+def _histc(p, i):
+    f = i.to(p.dtype).histc(bins=_e(p), min=0, max=_e(p) - 1) / i.numel()
+    return (_e(p) * f @ p.mean(0)).reshape(1, 1)
+
+
 @pytest.mark.parametrize(
-    "answer", [load_balancing_loss, _einsum, _loop_int_over_int, _bincount_truncated]
+    "answer", [load_balancing_loss, _einsum, _loop_int_over_int, _bincount_truncated, _histc]
 )
 def test_right_aux_loss_passes(answer, capsys):
     check_load_balancing_loss(answer)

@@ -15,6 +15,8 @@ HINTS = {
     r"must match the size|size mismatch": "two tensors of different lengths met: "
     "torch.bincount(expert) and one_hot(expert) have only max(expert) + 1 entries unless "
     "told minlength=E / num_classes=E (an expert may get no token), and probs is [T, E]",
+    r"slice indices must be integers": "C is not a whole number: math.ceil(capacity_factor · "
+    "T / E) is an int; cf · T / E, or ⌈T / E⌉ · cf, is a float",
     r"^IndexError|out of (range|bounds)": "an index past the end: the tokens are 0 … T − 1 "
     "and the experts 0 … E − 1",
 }

@@ -68,6 +68,11 @@ VALUES = {
     "divided by E instead of multiplied: the loss is E · Σ_e f_e · P_e": lambda p, i: (
         _aux_ref(p, i) / _e(p) ** 2
     ),
+    "P_e is the mean of ALL of probs (1/E), not of column e: P = probs.mean(0), one per "
+    "expert": lambda p, i: _e(p) * (_frac(p, i) * p.mean()).sum(),
+    "f_e = count / E: f_e is the fraction of the T tokens, count / T": lambda p, i: (
+        _aux_ref(p, i) * i.numel() / _e(p)
+    ),
     "T times too large: f_e and P_e are both MEANS over the T tokens (fractions), not counts "
     "or sums": lambda p, i: _aux_ref(p, i) * i.numel(),
     "T and E swapped: probs is [T, E] (tokens, experts), so T = probs.shape[0] and E = "
@@ -133,7 +138,7 @@ def check_load_balancing_loss(loss) -> None:
             if all(_close(g, alt(p, i), p.dtype) for (p, i), (g, _) in zip(cases, runs)):
                 fail(f"load_balancing_loss: {name}.")
         probs, ids = cases[wrong[0]]
-        got, want = float(runs[wrong[0]][0]), float(_aux_ref(probs, ids))
+        got, want = float(runs[wrong[0]][0].detach()), float(_aux_ref(probs, ids))
         ratio = f"; got/want = {got / want:.4g}" if want else ""
         fail(
             f"load_balancing_loss on {ids.numel()} token(s), E = {probs.shape[-1]}, expert "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -94,6 +95,8 @@ ALTERNATIVES = {
     "tokens, the same for every expert": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(cf * len(m) / e)
     ),
+    "C = ⌊cf·T/E⌋ + 1: that is ⌈cf·T/E⌉ only when cf·T/E is not a whole number; use "
+    "math.ceil": _with_capacity(lambda t, e, cf, i, m: int(cf * t // e) + 1),
     "one token too many per expert (C + 1: a `<=` where `<` belongs?)": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(cf * t / e) + 1
     ),
@@ -124,13 +127,19 @@ def _indices(p, what: str) -> list[int]:
         return p.tolist()
     if not isinstance(p, list | tuple | range):
         fail(f"{what} must be a tensor or a list of token indices; got {type(p).__name__}.")
-    vals = [int(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in p]
+    vals = list(p)
     if vals and all(isinstance(v, bool) for v in vals):
         fail(f"{what} is a list of booleans (a mask): return the INDICES of the tokens.")
-    bad = next((v for v in vals if isinstance(v, bool) or not isinstance(v, int)), None)
+    bad = next((v for v in vals if isinstance(v, bool) or not _integral(v)), None)
     if bad is not None:
         fail(f"{what} holds {bad!r} ({type(bad).__name__}): it must hold token indices (ints).")
-    return vals
+    return [int(v) for v in vals]
+
+
+def _integral(v) -> bool:
+    return isinstance(v, numbers.Integral) or (
+        isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()
+    )
 
 
 def _as_pairs(got, e: int, what: str):
