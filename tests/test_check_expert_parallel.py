@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from minidist.course.check import Mistake, catalogue_messages, names_mistake
-from minidist.expert_parallel.check import check_dispatch, check_load_balancing_loss
+from minidist.expert_parallel.check import (
+    check_dispatch,
+    check_load_balancing_loss,
+    check_priority,
+)
 from minidist.expert_parallel.routing import dispatch, load_balancing_loss
 
 # -- exercise 1: dispatch -------------------------------------------------------------------
@@ -372,5 +376,139 @@ def test_each_aux_mistake_is_named(mistake, aux_messages):
     assert names_mistake(mistake, aux_messages[mistake.name]) is None
 
 
+# -- exercise 3: top-k slots and capacity ----------------------------------------------------
+
+
+def _slots(order, e):
+    onehot = torch.nn.functional.one_hot(order, e)
+    return ((onehot.cumsum(0) - 1) * onehot).sum(-1)
+
+
+def _priority(x, e, cf, order="choice", cap=lambda t, k, e, cf: math.ceil(cf * t * k / e)):
+    """Slots in the given order, kept = slot < cap(T, k, E, cf)."""
+    t, k = x.shape
+    if order == "choice":
+        slot = _slots(x.t().reshape(-1), e).view(k, t).t()
+    elif order == "token":
+        slot = _slots(x.reshape(-1), e).view(t, k)
+    elif order == "second first":
+        slot = _slots(x.flip(1).t().reshape(-1), e).view(k, t).t().flip(1)
+    else:  # one count per choice
+        slot = torch.stack([_slots(x[:, j], e) for j in range(k)], 1)
+    return slot, slot < cap(t, k, e, cf)
+
+
+def _p(**kw):
+    return lambda x, e, cf: _priority(x, e, cf, **kw)
+
+
+def _from_one(x, e, cf):
+    slot, _ = _priority(x, e, cf)
+    return slot + 1, slot + 1 <= math.ceil(cf * x.numel() / e)
+
+
+def _minus_one_dropped(x, e, cf):
+    slot, kept = _priority(x, e, cf)
+    return slot.masked_fill(~kept, -1), kept
+
+
+def _token_dropped_whole(x, e, cf):
+    slot, kept = _priority(x, e, cf)
+    return slot, kept.all(1, keepdim=True).expand_as(kept)
+
+
+def _sorts_experts(x, e, cf):
+    out = _priority(x.clone(), e, cf)
+    x.copy_(x.sort(1).values)
+    return out
+
+
+def _never_ends_priority(x, e, cf):
+    while True:
+        pass
+
+
+PRIORITY_MISTAKES = [
+    Mistake("priority by token", (_p(order="token"),), "priority by token"),
+    Mistake("second choices first", (_p(order="second first"),), "second choices before first"),
+    Mistake("one count per choice", (_p(order="per choice"),), "its own count"),
+    Mistake(
+        "C without k", (_p(cap=lambda t, k, e, cf: math.ceil(cf * t / e)),), r"k·T assignments"
+    ),
+    Mistake(
+        "C with k twice", (_p(cap=lambda t, k, e, cf: math.ceil(cf * t * k * k / e)),), "k twice"
+    ),
+    Mistake("floor", (_p(cap=lambda t, k, e, cf: math.floor(cf * t * k / e)),), "floor"),
+    Mistake(
+        "kept = slot <= C",
+        (_p(cap=lambda t, k, e, cf: math.ceil(cf * t * k / e) + 1),),
+        "one assignment too many",
+    ),
+    Mistake("slots from 1", (_from_one,), "count from 1"),
+    Mistake("-1 for dropped", (_minus_one_dropped,), "not a negative marker"),
+    Mistake("a token dropped whole", (_token_dropped_whole,), "kept is not slot < C"),
+    Mistake(
+        "kept as int", (lambda x, e, cf: tuple(t.long() for t in _priority(x, e, cf)),), "bool"
+    ),
+    Mistake(
+        "slot as float",
+        (lambda x, e, cf: (_priority(x, e, cf)[0].float(), _priority(x, e, cf)[1]),),
+        "integers",
+    ),
+    Mistake(
+        "transposed [k, T]",
+        (lambda x, e, cf: tuple(t.t() for t in _priority(x, e, cf)),),
+        r"want \[T, k\]",
+    ),
+    Mistake("slot only", (lambda x, e, cf: _priority(x, e, cf)[0],), r"pair \(slot, kept\)"),
+    Mistake(
+        "lists",
+        (lambda x, e, cf: tuple(t.tolist() for t in _priority(x, e, cf)),),
+        "must be a tensor",
+    ),
+    Mistake("sorts experts in place", (_sorts_experts,), "changed its input `experts`"),
+    Mistake("never ends", (_never_ends_priority,), "still running"),
+]
+
+
+def _priority_loop(x, e, cf):
+    t, k = x.shape
+    c, used = math.ceil(cf * t * k / e), [0] * e
+    slot = torch.empty(t, k, dtype=torch.long)
+    for j in range(k):
+        for i in range(t):
+            slot[i, j] = used[int(x[i, j])]
+            used[int(x[i, j])] += 1
+    return slot, slot < c
+
+
+def _priority_offsets(x, e, cf):
+    t, k = x.shape
+    before = torch.zeros(e, dtype=torch.long)  # assignments of the earlier choices per expert
+    slots = []
+    for j in range(k):
+        onehot = torch.nn.functional.one_hot(x[:, j], e)
+        slots.append(((onehot.cumsum(0) - 1 + before) * onehot).sum(-1))
+        before += onehot.sum(0)
+    slot = torch.stack(slots, 1)
+    return slot, slot < -(-cf * t * k // e)
+
+
+@pytest.mark.parametrize("answer", [_p(), _priority_loop, _priority_offsets])
+def test_right_priority_passes(answer, capsys):
+    check_priority(answer)
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def priority_messages():
+    return catalogue_messages(check_priority, PRIORITY_MISTAKES)
+
+
+@pytest.mark.parametrize("mistake", PRIORITY_MISTAKES, ids=lambda m: m.name)
+def test_each_priority_mistake_is_named(mistake, priority_messages):
+    assert names_mistake(mistake, priority_messages[mistake.name]) is None
+
+
 def test_catalogues_have_at_least_eight():
-    assert len(DISPATCH_MISTAKES) >= 8 and len(AUX_MISTAKES) >= 8
+    assert min(len(DISPATCH_MISTAKES), len(AUX_MISTAKES), len(PRIORITY_MISTAKES)) >= 8
