@@ -391,6 +391,8 @@ def _priority(x, e, cf, order="choice", cap=lambda t, k, e, cf: math.ceil(cf * t
         slot = _slots(x.t().reshape(-1), e).view(k, t).t()
     elif order == "token":
         slot = _slots(x.reshape(-1), e).view(t, k)
+    elif order == "tokens reversed":
+        slot = _slots(x.flip(0).t().reshape(-1), e).view(k, t).t().flip(0)
     elif order == "second first":
         slot = _slots(x.flip(1).t().reshape(-1), e).view(k, t).t().flip(1)
     else:  # one count per choice
@@ -430,6 +432,12 @@ def _never_ends_priority(x, e, cf):
 
 PRIORITY_MISTAKES = [
     Mistake("priority by token", (_p(order="token"),), "priority by token"),
+    Mistake("tokens reversed", (_p(order="tokens reversed"),), "reverse order"),
+    Mistake(
+        "(kept, slot)",
+        (lambda x, e, cf: _priority(x, e, cf)[::-1],),
+        r"came back as \(kept, slot\)",
+    ),
     Mistake("second choices first", (_p(order="second first"),), "second choices before first"),
     Mistake("one count per choice", (_p(order="per choice"),), "its own count"),
     Mistake(

@@ -57,6 +57,10 @@ def _per_choice(x, e, cf):
     return torch.stack([_slots(x[:, j], e) for j in range(x.shape[1])], 1), None
 
 
+def _tokens_reversed(x, e, cf):
+    return _slots(x.flip(0).t().reshape(-1), e).view(x.shape[1], -1).t().flip(0), None
+
+
 def _cap(rule):
     return lambda x, e, cf: (_reference(x, e, cf)[0], rule(x.shape[0], x.shape[1], e, cf))
 
@@ -65,6 +69,9 @@ ALTERNATIVES = {
     "priority by token (token 0's choices, then token 1's, ...): GShard puts EVERY token's "
     "first choice before any second choice, so order the assignments choice by choice "
     "(experts.t().reshape(-1)), tokens in order within a choice": _token_major,
+    "tokens in reverse order within a choice: within a choice, token 0 comes first": (
+        _tokens_reversed
+    ),
     "second choices before first choices: the first choices go first": _second_first,
     "each choice has its own count (slots restart at 0 for the second choices): the expert's "
     "buffer is shared by all choices, first choices first": _per_choice,
@@ -91,6 +98,9 @@ def _form(out, t: int, k: int):
     if not (isinstance(out, tuple | list) and len(out) == 2):
         fail(f"priority must return a pair (slot, kept); it returned {type(out).__name__}.")
     slot, kept = out
+    if isinstance(slot, torch.Tensor) and isinstance(kept, torch.Tensor):
+        if slot.dtype == torch.bool and kept.dtype != torch.bool:
+            fail("priority: (slot, kept) came back as (kept, slot): return slot first.")
     for name, x in (("slot", slot), ("kept", kept)):
         if not isinstance(x, torch.Tensor):
             fail(f"priority: {name} must be a tensor [T, k]; got {type(x).__name__}.")
@@ -133,7 +143,7 @@ def check_priority(priority) -> None:
     for name, alt in ALTERNATIVES.items():
         if all(_same(g, alt(x, e, cf)) for g, (x, e, cf) in zip(got, cases)):
             fail(f"priority: {name}.")
-    i = bad[0]
+    i = min(bad, key=lambda n: cases[n][0].numel())  # the smallest wrong routing
     (x, e, cf), (slot, kept), (ws, wk, cap) = cases[i], got[i], want[i]
     where = f"on experts {x.tolist()} (E = {e}, capacity_factor = {cf}, C = {cap})"
     if torch.equal(slot, ws):
