@@ -75,6 +75,11 @@ def _overflow_next(ids, e, cf):
     return list(zip(kept, dropped, strict=True))
 
 
+def _unstable_sort(ids, e, cf):
+    c, order = _ceil(ids.numel(), e, cf), torch.argsort(ids)  # not stable=True
+    return [(order[ids[order] == x][:c], order[ids[order] == x][c:]) for x in range(e)]
+
+
 def _index_past_end(ids, e, cf):
     buckets = [[] for _ in range(e)]
     for t in range(ids.numel() + 1):
@@ -82,7 +87,7 @@ def _index_past_end(ids, e, cf):
     return buckets
 
 
-def _never_ends(ids, e, cf):
+def _never_ends(ids, e, cf):  # the one answer that waits out the time limit (5 s)
     while True:
         pass
 
@@ -120,13 +125,14 @@ DISPATCH_MISTAKES = [
     ),
     Mistake("C + 1", (_with(lambda t, e, cf, i, m: _ceil(t, e, cf) + 1),), "one token too many"),
     Mistake("C - 1", (_with(lambda t, e, cf, i, m: _ceil(t, e, cf) - 1),), "one token too few"),
-    Mistake("no capacity at all", (_with(lambda t, e, cf, i, m: t),), r"keeps \[.*should keep"),
+    Mistake("no capacity at all", (_with(lambda t, e, cf, i, m: t),), "nothing is dropped"),
     Mistake(
         "last C kept",
         (_with(_right, lambda m, c: (m[max(len(m) - c, 0) :], m[: max(len(m) - c, 0)])),),
         "LAST C",
     ),
     Mistake("reversed", (_map(lambda k, d: (k.flip(0), d.flip(0))),), "wrong order"),
+    Mistake("unstable argsort", (_unstable_sort,), "stable=True"),
     Mistake("kept and dropped swapped", (_map(lambda k, d: (d, k)),), "swapped"),
     Mistake("nothing dropped reported", (_map(lambda k, d: (k, d[:0])),), "drops"),
     Mistake("dropped holds kept too", (_map(lambda k, d: (k, torch.cat([k, d]))),), "twice"),
@@ -240,11 +246,6 @@ def _swapped_shape(p, i):
     return e * (torch.bincount(i, minlength=t).to(p.dtype) / t * p.mean(0)).sum()
 
 
-def _never_ends_aux(p, i):
-    while True:
-        pass
-
-
 AUX_MISTAKES = [
     Mistake("no E", (lambda p, i: (_f(p, i) * p.mean(0)).sum(),), "factor E is missing"),
     Mistake(
@@ -331,7 +332,6 @@ AUX_MISTAKES = [
     Mistake("scales probs in place", (_scales_probs,), "in-place operation on an input"),
     Mistake("zeroes expert in place", (_zeroes_expert,), "changed its input `expert`"),
     Mistake("index past the end", (lambda p, i: p[i.numel() + 50],), "raised IndexError"),
-    Mistake("never ends", (_never_ends_aux,), "still running"),
 ]
 
 
@@ -425,11 +425,6 @@ def _sorts_experts(x, e, cf):
     return out
 
 
-def _never_ends_priority(x, e, cf):
-    while True:
-        pass
-
-
 PRIORITY_MISTAKES = [
     Mistake("priority by token", (_p(order="token"),), "priority by token"),
     Mistake("tokens reversed", (_p(order="tokens reversed"),), "reverse order"),
@@ -475,7 +470,6 @@ PRIORITY_MISTAKES = [
         "must be a tensor",
     ),
     Mistake("sorts experts in place", (_sorts_experts,), "changed its input `experts`"),
-    Mistake("never ends", (_never_ends_priority,), "still running"),
 ]
 
 

@@ -97,6 +97,9 @@ ALTERNATIVES = {
     ),
     "C = ⌊cf·T/E⌋ + 1: that is ⌈cf·T/E⌉ only when cf·T/E is not a whole number; use "
     "math.ceil": _with_capacity(lambda t, e, cf, i, m: int(cf * t // e) + 1),
+    "nothing is dropped: each expert keeps at most C = ⌈cf·T/E⌉ tokens, its first C": (
+        _with_capacity(lambda t, e, cf, i, m: t)
+    ),
     "one token too many per expert (C + 1: a `<=` where `<` belongs?)": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(cf * t / e) + 1
     ),
@@ -216,4 +219,8 @@ def check_dispatch(dispatch) -> None:
     if sorted(gk) == wk:
         fail(f"dispatch {where}: expert {x} keeps the right tokens in the wrong order {gk}: "
              "return them in token order (their priority).")  # fmt: skip
+    if sorted(gk + gd) == wk + wd != gk + gd:
+        fail(f"dispatch {where}: expert {x} has the right tokens, taken in another order than "
+             f"token order ({gk + gd}): an expert keeps its FIRST C tokens (an argsort? "
+             "torch.argsort is not stable unless stable=True).")  # fmt: skip
     fail(f"dispatch {where}: expert {x} keeps {gk}, it should keep {wk} (and drop {wd}).")
