@@ -33,6 +33,13 @@ def _world(configs):
     """On a rank: every config trained, then what a bad placement is refused with."""
     runs = [train_on_rank(e, k, cf, pad_to_capacity=pad) for e, k, cf, pad in configs]
     refused = []
+    n = torch.distributed.get_world_size()
+    halves = [torch.distributed.new_group(list(range(i, i + n // 2))) for i in (0, n // 2)]
+    try:  # experts over half the world, no dp_group: the halves' copies never meet
+        ExpertParallelMoE(MoE(8, 8, 4), halves[torch.distributed.get_rank() * 2 // n])
+        refused.append("")
+    except ValueError as e:
+        refused.append(str(e))
     for bad in (lambda: ExpertParallelMoE(MoE(8, 8, 6)),
                 lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8)),
                 lambda: ExpertParallelMoE(MoE(8, 8, 4), pad_to_capacity="yes")):  # fmt: skip
@@ -48,9 +55,13 @@ def _world(configs):
 def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
     results = minidist.launch(_world, n, CONFIGS[n])
     if n == 4:
-        assert "divisible by the expert-parallel group's size 4" in results[0][1][0]
-    assert "x must be [tokens, 8] (this rank's tokens); got (2, 3, 8)" in results[0][1][1]
-    assert "pad_to_capacity='yes' must be True or False" in results[0][1][2]
+        assert "divisible by the expert-parallel group's size 4" in results[0][1][1]
+    assert "x must be [tokens, 8] (this rank's tokens); got (2, 3, 8)" in results[0][1][2]
+    assert "pad_to_capacity='yes' must be True or False" in results[0][1][3]
+    assert (
+        f"ep_group ({n // 2} ranks) × dp_group (1) must cover the world of {n}"
+        in (results[0][1][0])
+    )
     for c, (e, k, cf, pad) in enumerate(CONFIGS[n]):
         ref, ref_params = reference(n, k, cf)
         runs = [res[0][c] for res in results]

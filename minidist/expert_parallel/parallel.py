@@ -72,6 +72,11 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"ExpertParallelMoE: pad_to_capacity={pad_to_capacity!r} must be "
                              "True or False")  # fmt: skip
         e, r = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+        d, n = dist.get_world_size(dp_group) if dp_group is not None else 1, dist.get_world_size()
+        if e * d != n:  # else some ranks' copies of an expert would never be reduced together
+            raise ValueError(f"ExpertParallelMoE: ep_group ({e} ranks) × dp_group ({d}) must "
+                             f"cover the world of {n} ranks (pass the dp_group of the ranks "
+                             "holding the same experts)")  # fmt: skip
         if moe.num_experts % e:
             raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
                              f"divisible by the expert-parallel group's size {e}")  # fmt: skip
