@@ -20,6 +20,7 @@ What does not depend on the way it is written is *which logits count as the targ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -80,7 +81,7 @@ def _counts(losses: list[float], at: int, t: int) -> dict[int, int] | None:
     base = losses[at]
     if abs(base - _right(torch.zeros(PROBE_VOCAB, device="cpu"), t)) > PROBE_ATOL:
         return None
-    lse_change = float(torch.log(torch.tensor((PROBE_VOCAB - 1 + torch.e**LOWER) / PROBE_VOCAB)))
+    lse_change = math.log((PROBE_VOCAB - 1 + math.e**LOWER) / PROBE_VOCAB)
     counts = {}
     for c in range(PROBE_VOCAB):
         n = -(losses[at + 1 + c] - base - lse_change) / LOWER
