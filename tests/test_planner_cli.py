@@ -184,20 +184,23 @@ def test_sp_and_cp_are_planned_and_swept(capsys):
 
 def test_experts_are_planned_and_their_placements_ranked(capsys):
     """--experts/--ep: the padded all-to-alls on ep, the experts' gradients over dp/ep, one
-    micro-batch by default; no fit judged (MoE activations are not planned), and every ep
-    dividing dp and E listed fastest first."""
+    micro-batch by default; the activations an upper bound that judges the fit, and every
+    ep dividing dp and E swept, fastest first."""
     out, _ = _run(capsys, *GPT, "--experts", "8", "--top-k", "2", "--world", "8", "--ep", "4")
     values = _values(out)
     assert int(values["bytes_sent[all_to_all@ep]"]) > 0
     assert int(values["bytes_sent[all_reduce@edp]"]) > 0
-    assert values["activations_bytes_per_rank"] == "not_planned"
-    assert values["fits"] == "unknown" and "the activations of MoE blocks are not planned" in out
+    assert int(values["activations_bytes_per_rank"]) > 0
+    assert values["activations_bound"] == "upper" and values["fits"].startswith("yes")
     placements = [line for line in out.splitlines() if line.startswith("layout=")]
     assert {line.split()[0] for line in placements} == {
         f"layout=dp8.tp1.pp1.zero0{e}" for e in ("", ".ep2", ".ep4", ".ep8")
     }
     times = [float(line.split("step_time_s=")[1].split()[0]) for line in placements]
     assert times == sorted(times)
+    out, _ = _run(capsys, *GPT, "--experts", "8", "--world", "8", "--memory-gib", "0.001")
+    assert "# none fits: the smallest, dp8.tp1.pp1.zero0.ep8," in out
+    assert "--recompute" not in out.split("# none fits")[1]  # not with experts
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ it cannot plan, and each bad spec or layout refused by name."""
 
 import pytest
 
+import minidist
 from minidist.expert_parallel import theory as ep_theory
 from minidist.expert_parallel.fixture import build_gpt
 from minidist.expert_parallel.gpt import is_expert
@@ -52,9 +53,8 @@ def test_all_to_alls_sit_on_the_critical_path_inside_a_node():
     p = plan(MOE, Layout(dp=16, ep=8, global_batch=32), CLUSTERS["dgx-h100"])
     assert p.time.ep_s > 0
     assert p.by_link["intra-node"] >= p.traffic[("all_to_all", "ep")]
-    assert "activations_bytes_per_rank=not_planned" in p.lines()
-    with pytest.raises(ValueError, match=r"ModelSpec\(experts=8\) plans no activations"):
-        p.fits(1e12)
+    assert "activations_bound=upper" in p.lines() and p.activations_bound
+    assert p.fits(p.memory_per_rank) and not p.fits(p.memory_per_rank - 1)
     assert all(lay.tp == lay.pp == 1 and lay.zero == 0 for lay in layouts(MOE, 16, ep=4))
     assert [lay.ep for lay in layouts(MOE, 16, global_batch=32)] == [1, 2, 4, 8]
     assert [lay.ep for lay in layouts(MOE, 12, global_batch=24)] == [1, 2, 4]
@@ -86,6 +86,7 @@ def test_experts_need_a_configuration():
         (dict(dp=4, ep=2, tp=2), MOE, "ep=2 with tp=2: lesson 16 runs experts"),
         (dict(dp=4, ep=2, zero=1), MOE, "ep=2 with zero=1"),
         (dict(dp=4, tp=2), MOE, "a model with experts=8 with tp=2"),
+        (dict(dp=4, ep=2, recompute=True), MOE, "ep=2 with recompute=True"),
         (dict(dp=6, ep=3, global_batch=6), MOE, "ep=3 must divide experts=8"),
         (dict(dp=4, ep=2), ModelSpec(layers=2, hidden=32, heads=2, vocab=32, seq=16),
          "ep=2 needs a model with experts"),
@@ -94,3 +95,42 @@ def test_experts_need_a_configuration():
 def test_bad_expert_layout_is_named(kwargs, model, words):
     with pytest.raises(ValueError, match=words):
         Layout(**kwargs).check(model)
+
+
+def _moe_saved(e: int) -> tuple[int, list[int]]:
+    """On a rank: what the MoE GPT (padded, experts over e ranks) saves for backward in its
+    loss's forward, and how many assignments each layer kept."""
+    import torch.distributed as dist
+
+    from minidist.data import shard_batch
+    from minidist.expert_parallel.fixture import ALPHA, groups_for
+    from minidist.expert_parallel.gpt import ExpertParallelGPT
+    from minidist.memory import SavedActivations
+    from minidist.models import lm_loss
+
+    model, batches = build_gpt(dist.get_world_size())
+    ep = ExpertParallelGPT(model, *groups_for(e))
+    x, y = shard_batch(batches[0], dist.get_rank(), dist.get_world_size())
+    x, y = x.clone(), y.clone()  # a rank's own ids, not views of the global batch's storage
+    with SavedActivations(ep) as saved:
+        lm_loss(ep(x), y) + ALPHA * ep.aux_loss()
+    kept = [int(b.mlp.moe.routing.kept.sum()) for b in ep.module.blocks]
+    return saved.bytes, kept
+
+
+@pytest.mark.parametrize("n, e", [(2, 2), (4, 2), (4, 4)])
+def test_moe_activations_are_exact_for_the_routing_and_bounded_for_any(n, e):
+    """The MoE GPT's activations, to the byte, once each layer's kept assignments are known
+    (`experts.layer_bytes(kept=K)`); the plan, which counts every slot filled, bounds them."""
+    from minidist.expert_parallel.fixture import GPT_BATCH
+    from minidist.planner import experts
+
+    spec = ModelSpec.of(build_gpt(n, steps=0)[0])
+    layout = Layout(dp=n, ep=e, optimizer="sgd", global_batch=GPT_BATCH)
+    planned = plan(spec, layout).memory["activations"]
+    full = experts.layer_bytes(spec, layout)
+    for measured, kept in minidist.launch(_moe_saved, n, e):
+        assert max(kept) <= experts.max_kept(spec, layout)
+        exact = planned - sum(full - experts.layer_bytes(spec, layout, k) for k in kept)
+        assert measured == exact, (measured, exact, kept)
+        assert measured <= planned

@@ -111,3 +111,27 @@ def model_state_bytes_per_rank(replicated_params: int, expert_params: int, e: in
         raise ValueError(f"model_state_bytes_per_rank: expert_params={expert_params} must "
                          f"divide by e={e}")  # fmt: skip
     return 4 * state_copies * (replicated_params + expert_params // e)
+
+
+def padded_saved_bytes(tokens: int, hidden: int, num_experts: int, k: int, e: int, cap: int,
+                       kept: int, element_size: int = 4) -> int:  # fmt: skip
+    """Bytes one MoE layer saves for backward on a rank with `pad_to_capacity=True`, as
+    autograd saves them for this course's code (torch 2.13, measured with saved-tensor
+    hooks), T = `tokens` routed by the rank, K = `kept` of its T·k assignments:
+
+        router      T·h (its input) + T·E (softmax) + T·k int64 (top-k indices)
+                    + for k > 1 the renormalisation's T·k chosen and T sums, + E (the aux
+                    loss's fractions)
+        dispatch    K int64 token ids, K int64 slots, K·h gathered rows
+        experts     E/e experts, each on e·C rows: its input, the GELU's input and output
+                    (h + 4h + 4h per row)
+        combine     K int64 choice ids, K gates, K·h rows back and K·h weighted rows
+
+    K depends on the routing (K ≤ min(T·k, E·C)); the largest K bounds the layer."""
+    floats = tokens * hidden + tokens * num_experts + num_experts
+    if k > 1:
+        floats += tokens * k + tokens
+    floats += kept * hidden + kept + 2 * kept * hidden
+    floats += num_experts // e * (e * cap) * 9 * hidden
+    ints = tokens * k + 3 * kept
+    return element_size * floats + 8 * ints

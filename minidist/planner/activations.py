@@ -80,9 +80,9 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
     Sequence parallelism keeps each block's input and the final norm's 1/t (its sequence
     block); the embedding as lesson 07's. Context parallelism: all of it over c (the loss's
-    mean scalar aside: one per rank). MoE blocks (`model.experts`) are not planned: 0, and
-    `Plan.activations_planned` says so."""
-    if not model.has_config or model.experts:
+    mean scalar aside: one per rank). MoE blocks (`model.experts`, padded to capacity): an
+    upper bound, every expert slot the rank's tokens can fill filled (`experts.layer_bytes`)."""
+    if not model.has_config:
         return 0.0
     b, s, h = layout.micro_batch, model.seq, model.hidden
     e = layout.element_bytes
@@ -110,6 +110,10 @@ def layer_bytes(model: ModelSpec, layout: Layout) -> float:
     `sequence_parallel.theory.activation_bytes_per_layer` when `sp`, over c with `cp`."""
     b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
     t, e = layout.tp, layout.element_bytes
+    if model.experts:  # lesson 16's MoE blocks (tp = sp = cp = 1 there)
+        from .experts import layer_bytes as moe_layer_bytes
+
+        return moe_layer_bytes(model, layout)
     if layout.sp:
         per_layer = sp_theory.activation_bytes_per_layer(b, s, h, a, t, True, e)
     else:

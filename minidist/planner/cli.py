@@ -95,13 +95,15 @@ def _hint(plans: list[Plan], args, budget: float) -> str:
         )
     small = min(plans, key=lambda p: p.memory_per_rank)
     lay = small.layout
-    tips = [] if args.recompute else ["--recompute (keeps only each block's input)"]
+    moe = bool(small.model.experts)  # lesson 16 runs no recompute, one micro-batch
+    tips = [] if args.recompute or moe else ["--recompute (keeps only each block's input)"]
     if args.precision == "fp32":
         tips.append("--precision mixed")
-    tips += ["more ranks (--world)", "a smaller --micro-batch or --global-batch",
+    batch = "a smaller --global-batch" if moe else "a smaller --micro-batch or --global-batch"
+    tips += ["more ranks (--world)", batch,
              f"a budget above {small.memory_per_rank / GIB:.1f} GiB (--memory-gib)"]  # fmt: skip
     return (
-        f"# none fits: the smallest, dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero}, needs "
+        f"# none fits: the smallest, {layout_name(lay)}, needs "
         f"{small.memory_per_rank / GIB:.1f} GiB per rank; try {', '.join(tips)}"
     )
 
@@ -111,21 +113,6 @@ def layout_name(lay: Layout) -> str:
     name = f"dp{lay.dp}.tp{lay.tp}.pp{lay.pp}.zero{lay.zero}"
     name += (".sp" if lay.sp else "") + (f".cp{lay.cp}" if lay.cp > 1 else "")
     return name + (f".ep{lay.ep}" if lay.ep > 1 else "")
-
-
-def _expert_placements(model, args, cluster, microbatches, fixed) -> None:
-    """An MoE model: every placement of its experts (ep) ranked by step time, with its model
-    states; no fit is judged, as the activations of MoE blocks are not planned."""
-    free = {k: v for k, v in fixed.items() if k != "ep"}  # every ep dividing dp and E
-    plans = sweep(model, args.world, cluster, microbatches=microbatches, **free)
-    plans.sort(key=lambda p: p.time.total_s)
-    print(f"# {_plural(len(plans), 'placement')} of the experts, fastest first (model states "
-          "only: the activations of MoE blocks are not planned, so no fit is judged)")  # fmt: skip
-    for p in plans[: args.top]:
-        print(
-            f"layout={layout_name(p.layout)} model_state_gib={p.model_state_bytes / GIB:.2f} "
-            f"step_time_s={p.time.total_s:.4g} bound={p.time.bound}"
-        )
 
 
 def run_plan(args) -> int:
@@ -164,10 +151,10 @@ def run_plan(args) -> int:
             "shrink it",
             file=sys.stderr,
         )
-    if not chosen.activations_planned:
-        if model.experts:
-            _expert_placements(model, args, cluster, microbatches, fixed)
+    if not model.has_config:
         return 0
+    if model.experts:  # the sweep places the experts every way (ep dividing dp and E)
+        fixed = {k: v for k, v in fixed.items() if k != "ep"}
     if micro_batch is not None:
         plans = sweep_micro_batch(model, args.world, cluster, micro_batch, **fixed)
     else:

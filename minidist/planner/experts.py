@@ -5,6 +5,8 @@ Rank 0 holds every replicated parameter (attention, norms, embeddings, the route
 experts 0 .. E/e-1 of each layer. Bytes per step are those of `ExpertParallelGPT` padded to
 capacity (GShard's static shapes, Lepikhin et al. 2020, section 3.2), so they need no
 routing: C = ⌈cf · T · k / E⌉ rows per expert and source rank, T = the rank's b·s tokens.
+Its activations are an upper bound: how many assignments a rank keeps depends on the
+routing, so every slot its tokens can fill is counted filled.
 """
 
 from __future__ import annotations
@@ -78,3 +80,26 @@ def calls(model: ModelSpec, layout: Layout) -> dict[str, int]:
     ep = 4 * model.layers if layout.ep > 1 else 0
     dp = (layout.dp > 1) + (layout.dp // layout.ep > 1)
     return {"ep": ep, "dp": dp}
+
+
+def max_kept(model: ModelSpec, layout: Layout) -> int:
+    """The most assignments rank 0 can keep per MoE layer: min(T·k, E·C)."""
+    tokens, cap = tokens_and_capacity(model, layout)
+    return min(tokens * model.top_k, model.experts * cap)
+
+
+def layer_bytes(model: ModelSpec, layout: Layout, kept: int | None = None) -> float:
+    """What one MoE block saves for backward on rank 0: the dense block's
+    (`megatron.theory.activation_bytes_per_layer`) less its MLP's two 4h activations, plus
+    the MoE layer's (`expert_parallel.theory.padded_saved_bytes`) less its router's input,
+    which is the second layer norm's output the dense block already counts. `kept`
+    assignments (default `max_kept`, which makes it an upper bound for any routing)."""
+    from ..megatron import theory as tp_theory
+
+    tokens, cap = tokens_and_capacity(model, layout)
+    b, s, h, e = layout.micro_batch, model.seq, model.hidden, layout.element_bytes
+    dense = tp_theory.activation_bytes_per_layer(b, s, h, model.heads, 1, e)
+    kept = max_kept(model, layout) if kept is None else kept
+    moe = ep_theory.padded_saved_bytes(tokens, h, model.experts, model.top_k, layout.ep, cap,
+                                       kept, e)  # fmt: skip
+    return dense - e * 8 * tokens * h + moe - e * tokens * h

@@ -71,20 +71,25 @@ class Plan:
     @property
     def activations_planned(self) -> bool:
         """False for a `ModelSpec(params=P)`: without layers, hidden size and sequence there
-        are no activations to plan (`memory["activations"]` is 0, not a prediction); False
-        for MoE blocks too, whose saved tensors (routing, padded rows) no course run pins."""
-        return self.model.has_config and not self.model.experts
+        are no activations to plan (`memory["activations"]` is 0, not a prediction). For MoE
+        blocks they are an upper bound (`activations_bound`)."""
+        return self.model.has_config
+
+    @property
+    def activations_bound(self) -> bool:
+        """True where `memory["activations"]` is an upper bound, not an equality: MoE blocks,
+        whose kept assignments depend on the routing (every slot counted filled)."""
+        return bool(self.model.experts)
 
     def fits(self, memory_bytes: float) -> bool:
-        """Model states and activations within `memory_bytes` per rank. A plan without
-        activations cannot say (`fits_model_states` says whether the states alone do)."""
+        """Model states and activations within `memory_bytes` per rank (with MoE blocks the
+        activations' upper bound: a fit for any routing). A plan without activations cannot
+        say (`fits_model_states` says whether the states alone do)."""
         if not self.activations_planned:
-            what = (f"experts={self.model.experts}" if self.model.experts
-                    else f"params={self.model.params}")  # fmt: skip
             raise ValueError(
-                f"Plan.fits: a ModelSpec({what}) plans no activations, so whether the layout "
-                "fits is unknown; give a dense GPT's configuration, or ask fits_model_states "
-                "(a necessary condition only)"
+                f"Plan.fits: a ModelSpec(params={self.model.params}) plans no activations, so "
+                "whether the layout fits is unknown; give the GPT's configuration, or ask "
+                "fits_model_states (a necessary condition only)"
             )
         return self.memory_per_rank <= memory_bytes
 
@@ -99,6 +104,8 @@ class Plan:
         for kind, value in self.memory.items():
             planned = kind != "activations" or self.activations_planned
             out.append(f"{kind}_bytes_per_rank={int(round(value)) if planned else 'not_planned'}")
+        if self.activations_bound:
+            out.append("activations_bound=upper")  # MoE: every expert slot counted filled
         out.append(f"bytes_sent_per_rank_per_step={int(round(self.bytes_sent))}")
         for (op, group), value in self.traffic.items():
             out.append(f"bytes_sent[{op}@{group}]={int(round(value))}")

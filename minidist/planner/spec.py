@@ -210,9 +210,11 @@ def _moe_layout_only(layout: Layout, what: str) -> None:
     others = dict(tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=layout.zero,
                   microbatches=layout.microbatches)  # fmt: skip
     bad = {k: v for k, v in others.items() if v != (0 if k == "zero" else 1)}
+    if layout.recompute:
+        bad["recompute"] = True
     if bad:
         named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
         raise ValueError(
             f"Layout: {what} with {named}: lesson 16 runs experts with data and expert "
-            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1)"
+            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1, no recompute)"
         )

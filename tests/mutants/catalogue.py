@@ -854,4 +854,18 @@ MUTANTS = [
         "eps = [e for e in divisors(math.gcd(dp, model.experts)) if e > 1]",
         "the sweep forgets the replicated experts (ep = 1)",
     ),
+    (
+        "expert_parallel",
+        "expert_parallel/theory.py",
+        "ints = tokens * k + 3 * kept",
+        "ints = tokens * k + 2 * kept",
+        "the combine's choice ids not among the saved tensors",
+    ),
+    (
+        "planner",
+        "planner/experts.py",
+        "return dense - e * 8 * tokens * h + moe - e * tokens * h",
+        "return dense - e * 8 * tokens * h + moe",
+        "the router's input counted twice (it is the norm's output the dense block counts)",
+    ),
 ]
