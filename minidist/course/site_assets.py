@@ -18,7 +18,7 @@ def _with_alt_texts(body: str, nb) -> str:
         for c in nb.cells
         if "alt" in c.metadata
         for o in c.get("outputs", [])
-        if any(k.startswith("image/") for k in o.get("data", {}))
+        if _is_image(o)
     )
     return re.sub(re.escape(NO_ALT), lambda m: f'alt="{next(alts, "")}"', body)
 
@@ -47,8 +47,12 @@ def _shared_styles(body: str, out: Path) -> str:
 PLOT_CALL = re.compile(r"\b(plot_\w+|draw_\w+)\(")
 
 
+def _is_image(output) -> bool:
+    return any(k.startswith("image/") for k in output.get("data", {}))
+
+
 def _has_figure(cell) -> bool:
-    return any(k.startswith("image/") for o in cell.get("outputs", []) for k in o.get("data", {}))
+    return any(_is_image(o) for o in cell.get("outputs", []))
 
 
 def _first_sentence(text: str, limit: int = 300) -> str:

@@ -110,8 +110,14 @@ class ExpertParallelMoE(nn.Module):
         t, j, ex = t[order], j[order], ex[order]
         if self.pad_to_capacity:
             back = self._padded(x, t, ex * r.capacity + r.slot[t, j], r.capacity)
-            y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
-            return y, r.aux
+        else:
+            back = self._exact(x, t, ex)
+        y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
+        return y, r.aux
+
+    def _exact(self, x, t, ex) -> torch.Tensor:
+        """Only the kept rows travel: the counts first (so each rank knows what it receives),
+        then the rows sorted by expert and priority, the local experts, and back."""
         counts = torch.bincount(ex, minlength=self.num_experts).view(self.e, self.per)
         got = torch.empty_like(counts)
         comm.all_to_all(got, counts.contiguous(), group=self.ep_group, tag="ep counts")
@@ -125,9 +131,7 @@ class ExpertParallelMoE(nn.Module):
         sizes = torch.bincount(expert_of_row, minlength=self.per).tolist()
         outs = [f(b) for f, b in zip(self.experts, rows[perm].split(sizes))]
         done = torch.cat(outs)[torch.argsort(perm)]  # back to the order they arrived in
-        back = _AllToAll.apply(done, send, recv, self.ep_group, "ep combine")
-        y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
-        return y, r.aux
+        return _AllToAll.apply(done, send, recv, self.ep_group, "ep combine")
 
     def _padded(self, x, t, where, cap: int) -> torch.Tensor:
         """Static-shape dispatch: kept rows into their (expert, slot) of an [E·C, h] buffer,

@@ -66,12 +66,7 @@ def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
 def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """{params, grads, optimizer}: bytes rank 0 keeps on its device between steps."""
     if model.experts:  # lesson 16's MoE GPT: the replicated parameters and E/ep experts
-        params, trainable, tensors = experts.rank_params(model, layout)
-        if layout.precision == "mixed":
-            return _mixed(trainable, 1, 0, layout.element_bytes, params - trainable, tensors)
-        total = dp_theory.model_state_bytes_per_rank(params, trainable, layout.optimizer, tensors)
-        states = {"params": 4 * params, "grads": 4 * trainable}
-        return states | {"optimizer": total - 4 * (params + trainable)}
+        return _unsharded(*experts.rank_params(model, layout), layout)
     n, z = layout.dp, layout.zero
     e = layout.element_bytes
     if layout.tp > 1 or layout.pp > 1:
@@ -91,13 +86,7 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     frozen = model.frozen_numel
     if z == 0:
         tensors = sum(1 for p in model.tensors() if p.requires_grad) if model.has_config else 0
-        if layout.precision == "mixed":
-            return _mixed(model.trainable, 1, 0, e, frozen, tensors)
-        total = dp_theory.model_state_bytes_per_rank(
-            model.num_params, model.trainable, layout.optimizer, tensors
-        )
-        params, grads = 4 * model.num_params, 4 * model.trainable
-        return {"params": params, "grads": grads, "optimizer": total - params - grads}
+        return _unsharded(model.num_params, model.trainable, tensors, layout)
     _need_adam(layout)
     f = shard_group(layout)
     if z in (1, 2):
@@ -117,6 +106,17 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
         return out
     padded = sum(fsdp_theory.padded(u, f) for u in units)
     return _mixed(padded, f, 3, e, frozen, len(units))
+
+
+def _unsharded(params: int, trainable: int, tensors: int, layout: Layout) -> dict[str, float]:
+    """{params, grads, optimizer} of a rank holding `params` elements whole (`trainable` of
+    them in `tensors` stepped tensors), nothing sharded: DDP (lesson 01's
+    `model_state_bytes_per_rank`), or mixed precision's terms at stage 0."""
+    if layout.precision == "mixed":
+        return _mixed(trainable, 1, 0, layout.element_bytes, params - trainable, tensors)
+    total = dp_theory.model_state_bytes_per_rank(params, trainable, layout.optimizer, tensors)
+    held, grads = 4 * params, 4 * trainable
+    return {"params": held, "grads": grads, "optimizer": total - held - grads}
 
 
 def _mixed(
