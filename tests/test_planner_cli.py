@@ -218,3 +218,33 @@ def test_bad_expert_options_are_named(capsys, args, words):
         _run(capsys, *GPT, *args)
     assert exit_.value.code == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--micro-batch", "1", "--global-batch", "64", "--zero", "1"],
+        ["--micro-batch", "2", "--global-batch", "32", "--tp", "2"],
+        ["--micro-batch", "1", "--global-batch", "16", "--zero", "3"],
+        ["--micro-batch", "4", "--global-batch", "64", "--pp", "2"],
+    ],
+)
+def test_the_chosen_layout_in_the_sweep_has_the_same_memory(capsys, extra):
+    """`--micro-batch b` means micro-batches of b sequences for every layout of the sweep, as
+    for the chosen one (a sweep that ran a replica's batch at once listed the chosen ZeRO-1
+    layout at twice its memory)."""
+    big = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--vocab", "32000"]
+    out, _ = _run(capsys, *big, "--seq", "1024", "--world", "8", "--top", "1000",
+                  "--memory-gib", "1000", *extra)  # fmt: skip
+    chosen = int(_values(out)["memory_bytes_per_rank"]) / 2**30
+    listed = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^layout=(\S+) m=\d+ memory_gib=([\d.]+)", out, re.M)
+    }
+    tp = extra[extra.index("--tp") + 1] if "--tp" in extra else "1"
+    pp = extra[extra.index("--pp") + 1] if "--pp" in extra else "1"
+    zero = extra[extra.index("--zero") + 1] if "--zero" in extra else "0"
+    dp = 8 // (int(tp) * int(pp))
+    name = f"dp{dp}.tp{tp}.pp{pp}.zero{zero}"
+    assert name in listed, (name, sorted(listed))
+    assert abs(listed[name] - chosen) < 0.006, (name, listed[name], chosen)

@@ -23,15 +23,18 @@ A100_BATCH = 1536  # sequences per step (GPT-3's 3.2M tokens per batch, rounded 
 def sweep_micro_batch(
     model: ModelSpec, world: int, cluster: Cluster, micro_batch: int = 1, **fixed
 ) -> list[Plan]:
-    """`plan` of every layout of `world` with micro-batches of `micro_batch` sequences: a
-    pipeline runs global_batch / (dp · micro_batch) of them, a layout without one runs its
-    replica's batch at once. Layouts whose dp does not divide the batch are left out."""
+    """`plan` of every layout of `world` with micro-batches of `micro_batch` sequences: every
+    layout runs global_batch / (dp · micro_batch) of them, through its pipeline or, without
+    one, one after another with the gradients accumulated (the `--micro-batch` help text, and
+    what the chosen layout of `python -m minidist plan` runs). An MoE GPT routes a replica's
+    batch at once (lesson 16: one capacity per step), so without a pipeline it runs one.
+    Layouts whose dp does not divide the batch into such micro-batches are left out."""
     batch = fixed.get("global_batch", Layout.global_batch)
     out = []
     for layout in layouts(model, world, **fixed):
         per_replica = batch // layout.dp
-        if per_replica % micro_batch:
+        if batch % layout.dp or per_replica % micro_batch:
             continue
-        m = per_replica // micro_batch if layout.pp > 1 else 1
+        m = per_replica // micro_batch if layout.pp > 1 or not model.experts else 1
         out.append(plan(model, dataclasses.replace(layout, microbatches=m), cluster))
     return out
