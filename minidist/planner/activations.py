@@ -20,6 +20,7 @@ from ..pipeline.schedules import schedule
 from ..recompute import theory as recompute_theory
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
+from . import llama
 from .spec import Layout, ModelSpec
 
 MEAN_BYTES = 4  # the float32 scalar the cross entropy's mean saves (lesson 07's keeps none)
@@ -88,6 +89,8 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     e = layout.element_bytes
     per_layer = layer_bytes(model, layout) * layout.cp  # all of it is divided by c below
     indices = embedding_index_bytes(layout.global_batch // layout.dp, s, b, layout.tp, layout.sp)
+    if model.arch == "llama":  # no position embedding
+        indices -= 8 * (s // layout.tp if layout.sp else s)
     if layout.recompute:
         kept = s // layout.tp if layout.sp else s  # the block's input: this rank's block
         boundary = recompute_theory.boundary_bytes(kept, b, h, e)
@@ -96,7 +99,9 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     else:
         held = [n * per_layer for n in chunk_layers(model, layout)]
     held[0] += indices
-    if layout.pp == 1:
+    if layout.pp == 1 and model.arch == "llama":
+        held[0] += llama.head_bytes(b, model, layout, b * s if layout.tp > 1 else MEAN_BYTES)
+    elif layout.pp == 1:
         held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e, layout.sp)
     # context parallelism: every activation is per token, 1/c, but the loss's mean scalar
     scalar = MEAN_BYTES if layout.pp == 1 and layout.tp == 1 else 0
@@ -110,6 +115,8 @@ def layer_bytes(model: ModelSpec, layout: Layout) -> float:
     `sequence_parallel.theory.activation_bytes_per_layer` when `sp`, over c with `cp`."""
     b, s, h, a = layout.micro_batch, model.seq, model.hidden, model.heads
     t, e = layout.tp, layout.element_bytes
+    if model.arch == "llama":
+        return llama.layer_bytes(model, layout) / layout.cp
     if model.experts:  # lesson 16's MoE blocks (tp = sp = cp = 1 there)
         from .experts import layer_bytes as moe_layer_bytes
 

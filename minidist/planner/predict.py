@@ -27,7 +27,7 @@ from ..pipeline import theory as pp_theory
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
-from . import experts
+from . import experts, llama
 from .activations import stage_layers
 from .spec import Layout, ModelSpec
 
@@ -57,6 +57,8 @@ def owned_elements(model: ModelSpec, layout: Layout) -> int:
 
 def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     """(parameters, trainable ones) of a rank of stage 0 under tp × pp (lesson 10)."""
+    if model.arch == "llama":
+        return llama.stage_params(model, layout)
     cfg = (model.layers, model.hidden, model.vocab, model.seq, layout.tp)
     params = three_d_theory.params_per_rank(0, layout.pp, *cfg)
     frozen = model.frozen_numel if layout.pp == 1 else 0  # ln_f lives on the last stage
@@ -149,11 +151,7 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     if layout.cp > 1:
         return context_parallel_traffic(model, layout)
     if layout.tp > 1 or layout.pp > 1:
-        cfg = model.layers, layout.global_batch, model.seq, model.hidden, model.vocab
-        frozen = model.frozen_numel
-        by_kind = three_d_theory.bytes_sent_per_step(
-            0, layout.pp, *cfg, layout.tp, layout.dp, frozen
-        )
+        by_kind = _three_d_bytes(model, layout)
         scale = e / 4  # the lessons count float32; every term is linear in the element size
         tp = scale * by_kind["tp"] + recompute_tp_bytes(model, layout)
         out = {("all_reduce", "tp"): tp, ("p2p", "pp"): scale * by_kind["pp"]}
@@ -187,6 +185,22 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     if "all_reduce" in reduces:
         out[("all_reduce", "replicate")] = reduces["all_reduce"]
     return out
+
+
+def _three_d_bytes(model: ModelSpec, layout: Layout) -> dict[str, float]:
+    """Lesson 10's {tp, pp, dp} bytes of rank 0 in float32; the Llama's pipeline has no tied
+    embedding to reduce, and its ZeRO-1 flat is its own stage's trainable elements."""
+    if model.arch != "llama":
+        cfg = model.layers, layout.global_batch, model.seq, model.hidden, model.vocab
+        return three_d_theory.bytes_sent_per_step(
+            0, layout.pp, *cfg, layout.tp, layout.dp, model.frozen_numel
+        )
+    b, s, h = layout.global_batch // layout.dp, model.seq, model.hidden
+    return {
+        "tp": three_d_theory.tp_bytes_sent_per_step(0, layout.pp, model.layers, b, s, h, layout.tp),
+        "pp": pp_theory.p2p_bytes_sent_per_step(0, layout.pp, b, s, h, 0),
+        "dp": three_d_theory.dp_bytes_sent_per_step(_stage_params(model, layout)[1], layout.dp),
+    }
 
 
 def sequence_parallel_tp_traffic(model: ModelSpec, layout: Layout) -> dict:
@@ -273,6 +287,8 @@ def flops_per_step(model: ModelSpec, layout: Layout) -> float:
     b = layout.global_batch // layout.dp
     s, h = model.seq, model.hidden
     layer = tp_theory.transformer_layer_flops(b, s, h)
+    if model.arch == "llama":
+        layer = llama.layer_flops(model, b, s)
     if model.experts:
         layer = experts.layer_flops(model, layout)
     if layout.recompute:

@@ -158,6 +158,9 @@ class Layout:
 
     def check(self, model: ModelSpec, world: int | None = None) -> None:
         self._check_model(model, world)
+        if model.arch == "llama" and (self.sp or self.cp > 1):
+            raise ValueError(f"Layout: sp={self.sp}, cp={self.cp} with arch='llama': the planner "
+                             "plans the Llama with dp, tp, pp and ZeRO")  # fmt: skip
         if model.experts:
             _moe_layout_only(self, f"a model with experts={model.experts}")
             if model.experts % self.ep:
