@@ -25,6 +25,8 @@ __all__ = [
     "comm",
     "memory",
     "plan",
+    "parallelize",
+    "ParallelDims",
 ]
 __version__ = "0.1.0"
 
@@ -32,6 +34,10 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """`minidist.plan` and `minidist.planner`, imported on first use (the planner imports
     every lesson's theory)."""
+    if name in ("parallelize", "ParallelDims"):  # lesson 17, imported on first use
+        from . import compose
+
+        return getattr(compose, name)
     if name in ("plan", "planner"):
         from . import planner
 

@@ -41,9 +41,9 @@ class LlamaConfig:
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · weight (Zhang & Sennrich 2019), in float32."""
 
-    def __init__(self, hidden: int, eps: float = 1e-5):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(hidden, device="cpu")), eps
+    def __init__(self, hidden: int, eps: float = 1e-5, device="cpu"):
+        super().__init__()  # built where the caller says (the CPU, or "meta" when large)
+        self.weight, self.eps = nn.Parameter(torch.ones(hidden, device=device)), eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()

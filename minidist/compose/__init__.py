@@ -1,5 +1,17 @@
-"""Lesson 17, every parallelism at once (notebook `notebooks/17_every_parallelism.ipynb`).
+"""Lesson 17, every parallelism at once: one rank grid, one model, 5D training equal to one
+process. `python -m minidist train ...` runs a layout (`cli.py`).
 
+- `dims.py`: `ParallelDims` (torchtitan's names) and the grid every group comes from
+- `parallelize.py`: `parallelize(model, dims)`, the steps in order, the gradient table
+- `stage.py`: a pipeline chunk of the GPT, its MoE form or a Hugging Face-layout Llama
+- `attention.py`: the rank's heads, rotary at global positions, ring attention over cp
+- `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
+- `fixture.py`: the models, data and runs the tests, the CLI and the notebook share
 - `torch_native.py`: torch's own composition of a layout (FSDP2, DTensor TP/SP, pipelining),
   the other side of `bench compose`
 """
+
+from .dims import Grid, ParallelDims, grid_groups
+from .parallelize import ComposedParallel, parallelize
+
+__all__ = ["ParallelDims", "Grid", "grid_groups", "ComposedParallel", "parallelize"]

@@ -66,21 +66,27 @@ class ExpertParallelMoE(nn.Module):
     """`moe`'s router on every rank, its experts spread over `ep_group`; `forward(x)` on
     this rank's tokens -> (output, this group's aux loss), as `moe(x, groups=1)` would give."""
 
-    def __init__(self, moe: MoE, ep_group=None, dp_group=None, pad_to_capacity: bool = False):
+    def __init__(
+        self, moe: MoE, ep_group=None, dp_group=None, pad_to_capacity: bool = False, world=None
+    ):
+        """`world`: the group of every rank holding this layer (default: the whole world;
+        under pipeline parallelism, the ranks of its stage)."""
         super().__init__()
         if not isinstance(pad_to_capacity, bool):
             raise ValueError(f"ExpertParallelMoE: pad_to_capacity={pad_to_capacity!r} must be "
                              "True or False")  # fmt: skip
         e, r = dist.get_world_size(ep_group), dist.get_rank(ep_group)
-        d, n = dist.get_world_size(dp_group) if dp_group is not None else 1, dist.get_world_size()
+        d = dist.get_world_size(dp_group) if dp_group is not None else 1
+        n = dist.get_world_size(world)
         if e * d != n:  # else some ranks' copies of an expert would never be reduced together
+            where = f"the world of {n} ranks" if world is None else f"the {n} ranks of `world`"
             raise ValueError(f"ExpertParallelMoE: ep_group ({e} ranks) × dp_group ({d}) must "
-                             f"cover the world of {n} ranks (pass the dp_group of the ranks "
-                             "holding the same experts)")  # fmt: skip
+                             f"cover {where} (pass the dp_group of the ranks holding the "
+                             "same experts)")  # fmt: skip
         if moe.num_experts % e:
             raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
                              f"divisible by the expert-parallel group's size {e}")  # fmt: skip
-        verify_same_model(moe, None, "ExpertParallelMoE")
+        verify_same_model(moe, world, "ExpertParallelMoE")
         self.per = moe.num_experts // e
         self.first = r * self.per
         self.router = copy.deepcopy(moe.router)

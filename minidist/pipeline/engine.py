@@ -102,7 +102,7 @@ class PipelineParallel(ParallelModule):
             raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
         xs, ys = x.chunk(self.m), y.chunk(self.m)
         self.mailbox: dict[tuple[int, int], list[torch.Tensor]] = {}  # same-rank hand-offs
-        shape = (x.shape[0] // self.m, x.shape[1], self.hidden)
+        shape = self.activation_shape(x)
         inputs, outputs, saved, sends = {}, {}, {}, []
         loss_sum = torch.zeros((), device=self.device)
         for op, i, *chunk in self.steps:
@@ -153,6 +153,11 @@ class PipelineParallel(ParallelModule):
         last = self._neighbour_of(self.p * self.v - 1)[0]  # the rank computing the loss
         comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
         return float(loss_sum)
+
+    def activation_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The shape of what passes between stages for a batch of ids `x` (one micro-batch
+        of [batch, sequence, hidden]; a composed layout may hold part of the sequence)."""
+        return (x.shape[0] // self.m, x.shape[1], self.hidden)
 
     @property
     def split_backward(self) -> bool:

@@ -40,12 +40,28 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
 
     @torch.no_grad()
     def step(self) -> None:
+        self.reduce_gradients()
+        self.update()
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """The gradients' mean over the group, this rank's chunk of it in `shard.grad`
+        (the first half of `step`; composed layouts reduce other groups first)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat_grad = self.layout.flatten([g.float() for g in grads]).div_(self.world)
         chunk = flat_grad.new_empty(self.layout.chunk)
         comm.reduce_scatter(chunk, flat_grad, group=self.group, tag="zero1-grads")
         self.shard.grad = chunk
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """The inner step on this rank's chunk, then every chunk gathered into the params."""
         self.inner.step()
+        self.gather()
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        """Every rank's chunk of the (float32) flat copy, written into the parameters."""
         full = self.shard.new_empty(self.layout.padded)
         comm.all_gather(full, self.shard.detach().clone(), group=self.group, tag="zero1-params")
         for p, view in zip(self.params, self.layout.views(full)):

@@ -1,0 +1,158 @@
+"""Lesson 17's models, data and runs: the same on every rank and in the one-process reference.
+
+`build(name)`: the course GPT ("gpt"), its MoE form ("moe": 4 experts, top-1, capacity
+factor 4 so no token is ever dropped) or the Llama-style model ("llama": RMSNorm, rotary,
+SwiGLU, 4 query and 2 KV heads, untied head), 4 layers, hidden 32, sequences of 16
+characters of the course corpus, the vocabulary padded to a multiple of 8 (so tp ≤ 8 splits
+it evenly; the padding ids never occur). `run_rank` trains one layout on a world and
+returns what the tests, the CLI and the notebook compare; `reference` the same in one
+process, Adam at the same learning rate.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..data import CharTokenizer, lm_batches, make_corpus
+from ..expert_parallel.gpt import moe_gpt
+from ..models import GPT, GPTConfig, lm_loss
+from ..models_llama import LlamaConfig, LlamaForCausalLM
+from ..runtime.device import rank_device
+from .dims import Grid, ParallelDims
+from .parallelize import parallelize
+
+MODELS = ("gpt", "moe", "llama")
+SIZES = dict(seq_len=16, layers=4, heads=4, hidden=32)
+LR = 1e-2
+
+
+def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **sizes):
+    """(model on this rank's device, global batches)."""
+    if name not in MODELS:
+        raise ValueError(f"build: model={name!r} must be one of {MODELS}")
+    torch.manual_seed(seed)
+    text = make_corpus(200, seed=seed)
+    tok = CharTokenizer(text)
+    vocab = -(-tok.vocab_size // 8) * 8
+    sizes = {**SIZES, **sizes}
+    if name == "llama":
+        model: nn.Module = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, kv_heads=2, ffn=64,
+                                                        **sizes))  # fmt: skip
+    elif name == "moe":
+        model = moe_gpt(GPTConfig(vocab_size=vocab, **sizes), experts=4, k=1,
+                        capacity_factor=4.0, seed=seed)  # fmt: skip
+    else:
+        model = GPT(GPTConfig(vocab_size=vocab, **sizes))
+    batches = lm_batches(tok.encode(text), steps, global_batch, sizes["seq_len"], seed=seed)
+    return model.to(rank_device()), batches
+
+
+def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0) -> dict:
+    """The one-process run: losses, final parameters, Adam's state under the pieces' names.
+
+    A parameter no token reached (an expert nobody chose) gets a zero gradient rather than
+    none, as in ZeRO's flat buffer (torch's Adam would skip it: no step, no decay of its
+    moments)."""
+    model, batches = build(name, steps, global_batch, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = lm_loss(model(x.to(rank_device())), y.to(rank_device()))
+        loss.backward()
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        losses.append(loss.item())
+    names = {p: n for n, p in model.named_parameters()}
+    optim = {}
+    for p, state in opt.state.items():
+        for key, value in state.items():
+            optim[f"optim.{names[p]}.{key}"] = value.detach().cpu().clone()
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "params": params, "optim": optim}
+
+
+def memory_by_kind(engine) -> dict[str, int]:
+    """Bytes this rank holds per kind: parameters, gradients, float32 master weights,
+    optimizer states, saved activations (peak, when measured)."""
+    params = list(engine.module.parameters())
+    shards = [opt.shard for _, opt in engine.optimizers]
+    return {
+        "params": sum(p.numel() * p.element_size() for p in params),
+        "grads": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "master": sum(s.numel() * 4 for s in shards),
+        "optimizer": sum(2 * s.numel() * 4 for s in shards),
+        "activations": engine.peak_saved_bytes,
+    }
+
+
+BYTE_KINDS = {"tp": "tp", "cp": "cp", "pp": "pp", "embedding": "pp", "ep": "ep",
+              "dp_shard_cp": "dp", "dp_replicate": "dp", "ep_shard": "dp", "dp_shard": "dp",
+              "dp_cp": "dp", "expert_dp": "dp"}  # fmt: skip
+
+
+TAGS = {"zero1": "dp", "hsdp": "dp", "pp": "pp", "cp": "cp", "tp": "tp", "sp": "tp", "ep": "ep"}
+
+
+def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
+    """Ring bytes this rank sent in one step, per group kind (dp, tp, pp, cp, ep): by the
+    collective's tag (two kinds may be the same ranks: dp_shard_cp is cp when dp_shard = 1),
+    else by its group."""
+    out = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
+    for r in ledger.records:
+        by_tag = next((k for t, k in TAGS.items() if r.tag.startswith(t)), None)
+        kind = by_tag or BYTE_KINDS.get(grid.kind_of(r.group_ranks) or "")
+        if kind is None:
+            raise ValueError(f"bytes_by_kind: {r.op} ({r.tag}) over {r.group_ranks}: no kind")
+        out[kind] += r.ring_bytes
+    return out
+
+
+def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
+             micro_batch: int = 1, precision: str = "fp32", recompute: bool = False,
+             seed: int = 0, measure: bool = False, progress=None) -> dict:  # fmt: skip
+    """On every rank of a world of `dims`' size: train, return the curve and the state."""
+    pdims = ParallelDims(**dims)
+    model, batches = build(name, steps, global_batch, seed)
+    grid = Grid(pdims)
+    d = pdims.dp_replicate * pdims.dp_shard
+    if global_batch % (d * micro_batch):
+        raise ValueError(f"global_batch={global_batch} must divide by dp_replicate·dp_shard"
+                         f"·micro_batch = {d}·{micro_batch}")  # fmt: skip
+    m = global_batch // (d * micro_batch)
+    engine = parallelize(model, pdims, grid=grid, microbatches=m, precision=precision,
+                         recompute=recompute, lr=LR)  # fmt: skip
+    engine.measure_activations = measure
+    data = grid.coord["dp_replicate"] * pdims.dp_shard + grid.coord["dp_shard"]
+    per, pos = global_batch // d, engine.ctx.positions
+    dp_cp, losses, times, ledgers = grid.group("dp_cp"), [], [], []
+    for x, y in batches:
+        x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
+        engine.zero_grad()
+        start = time.perf_counter()
+        with comm.record() as ledger:
+            loss = engine.train_step((x, y))
+            engine.finish_gradient_sync()
+            engine.step()
+        times.append(time.perf_counter() - start)
+        ledgers.append(ledger)
+        mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
+        comm.all_reduce(mean, group=dp_cp, tag="loss")
+        losses.append(float(mean) / grid.size("dp_cp"))
+        if progress is not None:
+            progress(losses[-1], times[-1])
+    return {
+        "losses": losses,
+        "params": engine.full_parameters(),
+        "optim": engine.full_optimizer_state(),
+        "bytes": bytes_by_kind(ledgers[-1], grid),
+        "memory": memory_by_kind(engine),
+        "step_s": sorted(times)[len(times) // 2],
+        "grid": grid.mine,
+    }

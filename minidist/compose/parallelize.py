@@ -1,0 +1,244 @@
+"""`parallelize(model, dims)`: every parallelism at once, as steps from the lessons.
+
+The whole model is built on every rank (the same seed, so the same weights), then each
+rank keeps and transforms its part, in this order (torchtitan's `parallelize_llama` order;
+each later step works on what the earlier ones left):
+
+1. pipeline split (lesson 09): the rank's chunks (`Chunk`: 1, `virtual` interleaved, or 2
+   in ZB-V's V), driven by lesson 09's engine with any of its schedules;
+2. tensor and sequence parallelism from a plan (lesson 07 and 14, `megatron.plan`);
+3. attention: the rank's heads, rotary at global positions, lesson 15's ring attention over
+   cp on the zig-zag split (`ComposedAttention`);
+4. experts over ep (lesson 16's `ExpertParallelMoE`, exact or padded exchange);
+5. recomputation of every layer (lesson 08's `recompute`);
+6. ZeRO-1 over dp_shard × cp (lesson 10's `ZeroRedundancyOptimizer`: the reduce-scatter of
+   the gradients, Adam on this rank's chunk of a float32 copy, the all-gather);
+7. replication over dp_replicate (HSDP: the gradients all-reduced across the replicas
+   before the reduce-scatter, Zhao et al. 2023 "PyTorch FSDP" section 3.2.2);
+8. mixed precision (lesson 12's rule): bf16 parameters and compute, float32 master weights,
+   optimizer states and gradient reduce-scatter.
+
+Which group reduces which gradient (each over exactly the ranks holding a copy; the loss
+of a rank is the mean over its tokens, every rank has as many, so the global batch's token
+mean is the mean over the dp_replicate · dp_shard · cp data ranks):
+
+| parameter                         | summed over                                  |
+|-----------------------------------|----------------------------------------------|
+| dense (attention, MLP, norms)     | dp_replicate × dp_shard × cp, / their number |
+| replicated under sp (norms, biases, pos_emb) | also tp (partial sums per sequence block) |
+| K/V replicated (tp ∤ kv_heads)    | also tp (each rank's query heads' share)     |
+| tied embedding (GPT)              | also the first and last stage                |
+| an expert (ep > 1)                | expert_dp (the ranks holding it), / d·s·c    |
+| the router                        | dense: dp_replicate × dp_shard × cp          |
+
+Not composed here (refused with the reason): experts with tp > 1; an MoE that drops
+tokens (its result would depend on the routing groups, so on the layout: lesson 16 shows
+each group equal); recomputation with the zero-bubble schedules (their split backward
+runs the recomputation twice).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..context_parallel.split import positions
+from ..expert_parallel.gpt import MoEMLP, is_expert
+from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
+from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
+from ..parallel import ParallelModule
+from ..pipeline.engine import PipelineParallel
+from ..pipeline.schedules import schedule, virtual_stage
+from ..recompute.checkpoint import recompute as recompute_module
+from ..zero.optimizer import ZeroRedundancyOptimizer
+from .attention import ComposedAttention, Positions
+from .dims import Grid, ParallelDims
+from .stage import Chunk, family
+from .state import StatePieces
+
+
+def model_sizes(model: nn.Module) -> dict:
+    """heads, kv_heads, layers, seq_len, hidden, rope_theta, experts: ours or HF's names."""
+    cfg = model.cfg if hasattr(model, "cfg") else model.config
+    get = lambda *names: next(getattr(cfg, n) for n in names if hasattr(cfg, n))  # noqa: E731
+    heads = get("heads", "num_attention_heads")
+    moes = [m.moe for m in model.modules() if isinstance(m, MoEMLP)]
+    return dict(
+        heads=heads,
+        kv_heads=get("kv_heads", "num_key_value_heads", "heads"),
+        layers=get("layers", "num_hidden_layers"),
+        seq_len=get("seq_len", "max_position_embeddings"),
+        hidden=get("hidden", "hidden_size"),
+        rope_theta=get("rope_theta") if family(model) == "llama" else None,
+        experts=moes[0].num_experts if moes else 0,
+        moes=moes,
+    )
+
+
+class ComposedParallel(StatePieces, PipelineParallel):
+    """This rank's chunks of `model` under `dims`, trained by lesson 09's engine; the
+    optimizer is built in (`step()` after `finish_gradient_sync()`)."""
+
+    measure_activations = False  # the CLI turns it on to print the activations' peak
+
+    def __init__(
+        self, model: nn.Module, dims: ParallelDims, grid: Grid | None = None,
+        microbatches: int = 1, precision: str = "fp32", recompute: bool = False,
+        lr: float = 1e-2, pad_to_capacity: bool = False, plan: dict | None = None,
+    ):  # fmt: skip
+        ParallelModule.__init__(self)
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
+        sizes = model_sizes(model)
+        dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
+        for moe in sizes["moes"]:
+            if dims.tp > 1:
+                raise ValueError(f"parallelize: an MoE model with tp={dims.tp}: experts "
+                                 "inside tensor parallelism are not composed here")  # fmt: skip
+            if moe.capacity_factor * moe.k < moe.num_experts:
+                raise ValueError(
+                    f"parallelize: capacity_factor={moe.capacity_factor} drops tokens (need "
+                    f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
+                    "routing groups, so on the layout"
+                )
+        if recompute and dims.schedule in ("zb-h1", "zb-v"):
+            raise ValueError(f"parallelize: recompute with schedule={dims.schedule!r} is not "
+                             "composed (the split backward would recompute twice)")  # fmt: skip
+        grid = grid or Grid(dims)
+        self.dims, self.grid, self.sizes, self.precision = dims, grid, sizes, precision
+        self.kind, self.m, self.p, self.v = dims.schedule, microbatches, dims.pp, dims.chunks
+        self.stage_index, self.ranks = grid.coord["pp"], grid.mine["pp"]
+        seq = sizes["seq_len"]
+        where = torch.device(next(model.parameters()).device)
+        mine = positions(seq, dims.cp, grid.coord["cp"], "zigzag", where)
+        self.ctx = Positions(mine, seq)
+        tp = grid.group("tp") if dims.tp > 1 else None
+        cp = grid.group("cp") if dims.cp > 1 else None
+        stages = self.p * self.v
+        per = sizes["layers"] // stages
+        plan = plan or (GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
+        self.chunks = []
+        for c in range(self.v):
+            vs = virtual_stage(self.kind, self.stage_index, c, self.p)
+            chunk = Chunk(
+                model, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1, self.ctx
+            )  # fmt: skip  (1. the pipeline split)
+            if tp is not None:  # 2. tensor and sequence parallelism
+                apply_plan(chunk, plan, tp, dims.sp, required=False)
+                if chunk.kind == "gpt" and chunk.first and chunk.last:
+                    chunk.lm_head = chunk.tok_emb  # re-tie to the vocab-parallel embedding
+                chunk.tp_group, chunk.sequence_parallel = tp, dims.sp
+                chunk.tp_size, chunk.tp_rank = dims.tp, grid.rank_in("tp")
+            for layer in chunk.layers():  # 3. attention; 4. experts; 5. recompute
+                self._attention(layer, sizes, tp, cp)
+                if isinstance(getattr(layer, "mlp", None), MoEMLP) and dims.ep > 1:
+                    layer.mlp = MoEMLP(ExpertParallelMoE(
+                        layer.mlp.moe, grid.group("ep"), grid.group("expert_dp"),
+                        pad_to_capacity, world=grid.group("stage")), None)  # fmt: skip
+                if recompute:
+                    recompute_module(layer)
+            self.chunks.append(chunk)
+        self.module = self.chunks[0] if self.v == 1 else nn.ModuleList(self.chunks)
+        self.steps = schedule(self.kind, self.p, microbatches, dims.virtual)[self.stage_index]
+        last = [ch for ch in self.chunks if ch.last]
+        self.loss_fn = last[0].loss if last else None
+        self.hidden = sizes["hidden"]
+        self.pp_group, self.dp_group = grid.group("pp"), None  # dp: `finish_gradient_sync`
+        self.embedding_group = grid.group("embedding")
+        self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
+        self.timings = None
+        self._optimizers(lr)  # 6. ZeRO-1 over dp_shard × cp (7. HSDP in finish_gradient_sync)
+        if precision == "bf16":  # 8. after the float32 master copies were taken
+            for chunk in self.chunks:
+                chunk.to(torch.bfloat16)
+                chunk.dtype = torch.bfloat16
+
+    def _attention(self, layer: nn.Module, sizes: dict, tp, cp) -> None:
+        attr = "attn" if hasattr(layer, "attn") else "self_attn"
+        heads, kv = sizes["heads"], sizes["kv_heads"]
+        setattr(layer, attr, ComposedAttention(
+            getattr(layer, attr), self.ctx, heads, kv, sizes["hidden"] // heads,
+            sizes["rope_theta"], tp, cp))  # fmt: skip
+
+    def _named(self) -> dict[str, torch.Tensor]:
+        """{one-process name: parameter} of every chunk (experts renumbered; the GPT's last
+        chunk's copy of the tied embedding under its own name, `lm_head.weight`)."""
+        out = {}
+        for chunk in self.chunks:
+            for n, p in chunk.named_parameters():
+                out[self._reference_name(chunk, n)] = p
+        return out
+
+    def _reference_name(self, chunk: Chunk, name: str) -> str:
+        if ".experts." in name and self.dims.ep > 1:
+            head, rest = name.split(".experts.", 1)
+            i, tail = rest.split(".", 1)
+            return f"{head}.experts.{chunk.get_submodule(head).first + int(i)}.{tail}"
+        return name
+
+    def _optimizers(self, lr: float) -> None:
+        named = self._named()
+        expert = {n for n in named if self.dims.ep > 1 and is_expert(n)}
+        self.dense_names = [n for n in named if n not in expert and named[n].requires_grad]
+        self.expert_names = [n for n in named if n in expert and named[n].requires_grad]
+        self.optimizers = []
+        for names, kind in ((self.dense_names, "dp_shard_cp"), (self.expert_names, "ep_shard")):
+            if names:
+                opt = ZeroRedundancyOptimizer([named[n] for n in names], torch.optim.Adam,
+                                              group=self.grid.group(kind), lr=lr)  # fmt: skip
+                state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
+                state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
+                state["exp_avg"] = torch.zeros_like(opt.shard)
+                state["exp_avg_sq"] = torch.zeros_like(opt.shard)
+                self.optimizers.append((names, opt))
+
+    @torch.no_grad()
+    def _sync_gradients(self) -> None:
+        """After the last micro-batch: the tied embedding's copies (GPT, > 1 chunk)."""
+        first = next((c for c in self.chunks if c.first), None)
+        last = next((c for c in self.chunks if c.last), None)
+        if not self.chunks[0].tied or self.p * self.v == 1:
+            return
+        if first is not None and last is not None:
+            a, b = first.tok_emb.weight, last.lm_head.weight
+            a.grad += b.grad
+            b.grad.copy_(a.grad)
+        elif first is not None or last is not None:
+            tied = first.tok_emb.weight if first is not None else last.lm_head.weight
+            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
+
+    def activation_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        s = x.shape[1] // (self.dims.tp if self.dims.sp else 1)
+        return (x.shape[0] // self.m, s, self.hidden)
+
+    def zero_grad(self) -> None:
+        for p in self.module.parameters():
+            p.grad = None
+
+    @torch.no_grad()
+    def finish_gradient_sync(self) -> None:
+        """HSDP's all-reduce over dp_replicate, then ZeRO's reduce-scatter (the mean over
+        dp_shard × cp; experts scaled by 1/ep first: their gradient already sums their
+        ep group's ranks' losses)."""
+        named = self._named()
+        for n in self.expert_names:
+            if named[n].grad is not None:
+                named[n].grad.div_(self.dims.ep)
+        if self.dims.dp_replicate > 1:
+            grads = [p.grad for p in named.values() if p.grad is not None]
+            all_reduce_flat(grads, self.grid.group("dp_replicate"), "hsdp-grads")
+            for g in grads:
+                g.div_(self.dims.dp_replicate)
+        for _, opt in self.optimizers:
+            opt.reduce_gradients()
+
+    def step(self) -> None:
+        for _, opt in self.optimizers:
+            opt.update()
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, **options) -> ComposedParallel:
+    """`model` (the course GPT, its MoE form, or a Hugging Face-layout Llama), built whole
+    and alike on every rank, as this rank's part of the layout `dims`."""
+    return ComposedParallel(model, dims, **options)
