@@ -1,0 +1,279 @@
+"""What a composed layout holds and sends, planned from the lessons' own rules (lesson 17).
+
+Every term is one lesson's, applied to what the rank holds after `parallelize`'s steps:
+- the rank's chunks (`pipeline.schedules.virtual_stage`: one, `virtual` interleaved, or two
+  in ZB-V's V) and in them the tensor-parallel share of each parameter, from the same plan
+  (`megatron.plan`) the engine applies: split styles keep 1/t (a row-parallel bias whole),
+  K and V of grouped-query attention 1/t when t divides their heads, else whole; experts
+  E/ep of them (lesson 16);
+- model states: the parameters and gradients in the compute type, and ZeRO-1 over
+  dp_shard × cp (lesson 02's flat, padded to a multiple of the group): a float32 master
+  chunk and Adam's two moments per element of it (`zero.theory.padded_numel`);
+- bytes per group kind, each collective's ring bytes (`comm.ring_bytes`): dp, ZeRO's
+  reduce-scatter and all-gather of the float32 flat, HSDP's all-reduce of the gradients
+  over dp_replicate; pp, one float32 activation per micro-batch and chunk edge that crosses
+  ranks, each way (lesson 09), the loss's broadcast, the tied embedding's all-reduce
+  (lesson 10); cp, ring attention's K/V blocks (`context_parallel.theory`); tp, each
+  module's collectives per micro-batch (`tp_calls`).
+`tests/test_compose_theory.py` checks every figure against the ledger and the tensors of a
+run, layouts sampled.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+import torch.nn as nn
+
+from ..context_parallel import theory as cp_theory
+from ..expert_parallel.gpt import is_expert
+from ..ledger import ring_bytes
+from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from ..pipeline.schedules import virtual_stage
+from ..zero import theory as zero_theory
+from .stage import family
+
+SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
+
+
+def chunks(dims, pp_rank: int, layers: int) -> list[tuple[int, range, bool, bool]]:
+    """(virtual stage, its layers, first, last) of each chunk of pipeline rank `pp_rank`."""
+    stages = dims.pp * dims.chunks
+    per = layers // stages
+    out = []
+    for c in range(dims.chunks):
+        vs = virtual_stage(dims.schedule, pp_rank, c, dims.pp)
+        out.append((vs, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1))
+    return out
+
+
+def _style(plan: dict, module: str) -> str | None:
+    return next((s for p, s in plan.items() if fnmatchcase(module, p)), None)
+
+
+def local_numel(model: nn.Module, name: str, numel: int, tp: int, plan: dict) -> int:
+    """Elements of parameter `name` on one tensor-parallel rank."""
+    module, _, kind = name.rpartition(".")
+    style = _style(plan, module)
+    if style == "colwise_kv":
+        sub = model.get_submodule(module)
+        head_dim = (
+            model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
+            // (_sizes(model)["heads"])
+        )
+        split = (sub.out_features // head_dim) % tp == 0
+        return numel // tp if split else numel
+    if style in SPLIT and not (style == "rowwise" and kind == "bias"):
+        return numel // tp
+    return numel
+
+
+def _sizes(model: nn.Module) -> dict:
+    from .parallelize import model_sizes
+
+    return model_sizes(model)
+
+
+def _owner(kind: str, name: str, first: bool, last: bool, layers: range) -> bool:
+    parts = name.split(".")
+    if kind == "gpt":
+        if parts[0] == "blocks":
+            return int(parts[1]) in layers
+        return first if parts[0] in ("tok_emb", "pos_emb") else last
+    if parts[:2] == ["model", "layers"]:
+        return int(parts[2]) in layers
+    return first if parts[1:2] == ["embed_tokens"] else last
+
+
+def rank_params(model: nn.Module, dims, pp_rank: int = 0, ep_rank: int = 0) -> dict:
+    """{"dense": elements, "dense_trainable", "expert", "expert_trainable"} this rank holds."""
+    kind, sizes = family(model), _sizes(model)
+    plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
+    out = dict.fromkeys(("dense", "dense_trainable", "expert", "expert_trainable"), 0)
+    experts = sizes["experts"]
+    per = experts // dims.ep if experts else 0
+    for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
+        named = list(model.named_parameters())
+        if kind == "gpt" and last and not first:  # the last chunk's copy of the embedding
+            named.append(("lm_head.weight", model.tok_emb.weight))
+        for name, p in named:
+            if not _owner(kind, name, first, last, layers):
+                continue
+            if kind == "gpt" and name == "lm_head.weight":
+                plan_name = "lm_head.weight"
+            else:
+                plan_name = name
+            n = local_numel(model, plan_name, p.numel(), dims.tp, plan)
+            if experts and is_expert(name):
+                e = int(name.split(".experts.")[1].split(".")[0])
+                if dims.ep > 1 and not ep_rank * per <= e < (ep_rank + 1) * per:
+                    continue
+                key = "expert" if dims.ep > 1 else "dense"
+            else:
+                key = "dense"
+            out[key] += n
+            out[key + "_trainable"] += n if p.requires_grad else 0
+    return out
+
+
+def model_state_bytes(model: nn.Module, dims, precision: str = "fp32") -> dict[str, int]:
+    """{params, grads, master, optimizer}: bytes rank 0 keeps between steps."""
+    e = 2 if precision == "bf16" else 4
+    held = rank_params(model, dims)
+    groups = ((held["dense_trainable"], dims.dp_shard * dims.cp),
+              (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep))  # fmt: skip
+    chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
+    params = held["dense"] + held["expert"]
+    return {
+        "params": e * params,
+        "grads": e * (held["dense_trainable"] + held["expert_trainable"]),
+        "master": 4 * chunk,
+        "optimizer": 8 * chunk,
+    }
+
+
+def dp_bytes(model: nn.Module, dims, precision: str = "fp32") -> float:
+    """ZeRO-1's reduce-scatter and all-gather of the float32 flats (dense over dp_shard × cp,
+    experts over their shard group) and HSDP's all-reduce of every gradient."""
+    e = 2 if precision == "bf16" else 4
+    held = rank_params(model, dims)
+    out = 0.0
+    for n, g in ((held["dense_trainable"], dims.dp_shard * dims.cp),
+                 (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep)):  # fmt: skip
+        if n:
+            padded = zero_theory.padded_numel([n], g)
+            out += ring_bytes("reduce_scatter", 4 * padded, g)
+            out += ring_bytes("all_gather", 4 * padded, g)
+    trainable = held["dense_trainable"] + held["expert_trainable"]
+    return out + ring_bytes("all_reduce", e * trainable, dims.dp_replicate)
+
+
+def pp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
+             precision: str = "fp32") -> float:  # fmt: skip
+    """Rank 0's float32 activations and their gradients to other ranks, every micro-batch;
+    the loss's broadcast; the GPT's tied embedding all-reduced between its two ranks."""
+    sizes = _sizes(model)
+    if dims.pp == 1:
+        return 0.0
+    s = sizes["seq_len"] // dims.cp // (dims.tp if dims.sp else 1)
+    act = 4 * micro_batch * s * sizes["hidden"]
+    stages = dims.pp * dims.chunks
+    where = {virtual_stage(dims.schedule, r, c, dims.pp): r
+             for r in range(dims.pp) for c in range(dims.chunks)}  # fmt: skip
+    sent = 0.0
+    for vs, _, first, last in chunks(dims, 0, sizes["layers"]):
+        if not last and where[vs + 1] != 0:
+            sent += microbatches * act
+        if not first and where[vs - 1] != 0:
+            sent += microbatches * act
+    sent += ring_bytes("broadcast", 4, dims.pp)
+    if family(model) == "gpt" and where[0] != where[stages - 1]:
+        e = 2 if precision == "bf16" else 4
+        vocab = model.tok_emb.weight.shape[0]
+        sent += ring_bytes("all_reduce", e * vocab // dims.tp * sizes["hidden"], 2)
+    return sent
+
+
+def cp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
+             precision: str = "fp32", recompute: bool = False) -> float:  # fmt: skip
+    """Ring attention's K and V blocks and their gradients (lesson 15), per layer of rank 0's
+    chunks and micro-batch; K and V carry this tp rank's query heads (h/t wide)."""
+    if dims.cp == 1:
+        return 0.0
+    sizes = _sizes(model)
+    e = 2 if precision == "bf16" else 4
+    ring = cp_theory.ring_bytes_per_layer(micro_batch, sizes["seq_len"],
+                                          sizes["hidden"] // dims.tp, dims.cp, e)  # fmt: skip
+    per_layer = sum(ring.values()) + (ring["forward"] if recompute else 0.0)
+    layers = sum(len(r) for _, r, _, _ in chunks(dims, 0, sizes["layers"]))
+    return microbatches * layers * per_layer
+
+
+def _kv_split(model: nn.Module, module: str, tp: int) -> bool:
+    """Whether tensor parallelism splits this K or V projection (t divides its heads)."""
+    head_dim = (
+        model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
+        // (_sizes(model)["heads"])
+    )
+    return (model.get_submodule(module).out_features // head_dim) % tp == 0
+
+
+def _split(model: nn.Module, plan: dict, name: str, tp: int) -> bool:
+    """Whether parameter `name` is cut t ways (else every tp rank holds it whole)."""
+    module, _, kind = name.rpartition(".")
+    style = _style(plan, module)
+    if style == "colwise_kv":
+        return _kv_split(model, module, tp)
+    return style in SPLIT and not (style == "rowwise" and kind == "bias")
+
+
+def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):
+    """([(op, phase, elements per token, in a layer)], partial) for one micro-batch of one
+    chunk on the tp group, from the plan's styles (lessons 07 and 14): a column-parallel
+    input is all-reduced in backward (f) or, under sequence parallelism, all-gathered in
+    forward and again in backward before its gradient is reduce-scattered; a row-parallel
+    output is all-reduced in forward (g) or reduce-scattered (all-gathered in backward); the
+    vocabulary-parallel embedding like a row output, the head like a column input; the loss's
+    three float32 all-reduces per token (max, sum of exponentials, target logit). `partial`:
+    elements of the gradients every tp rank holds a partial sum of, all-reduced after each
+    micro-batch (replicated K/V; under sp every parameter tensor parallelism does not cut)."""
+    kind, sizes = family(model), _sizes(model)
+    plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
+    h, sp = sizes["hidden"], dims.sp
+    enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
+    column = [("all_gather", "B")] + enter if sp else enter
+    row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
+    calls = []
+    for name, module in model.named_modules():
+        style = _style(plan, name)
+        if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
+            continue
+        in_layer = name.split(".")[0] == "blocks" or name.startswith("model.layers.")
+        if style == "colwise_kv" and not _kv_split(model, name, dims.tp):
+            ops, width = enter, h  # a replicated K/V: its input enters the region
+        elif style in ("colwise", "colwise_qkv", "colwise_kv"):
+            ops, width = column, module.in_features
+        elif style == "rowwise":
+            ops, width = row, module.out_features
+        elif style == "vocab" and name != "lm_head" and first:
+            ops, width = row, h
+        else:
+            continue
+        calls += [(op, phase, width, in_layer) for op, phase in ops]
+    if last:
+        if kind == "gpt":  # the tied head's input enters the region (`Chunk.forward`)
+            calls += [(op, phase, h, False) for op, phase in enter]
+        calls += [("all_reduce", "loss", 1, False)] * 3
+    partial = 0
+    for name, p in model.named_parameters():
+        if not (p.requires_grad and _owner(kind, name, first, last, chunk_layers)):
+            continue
+        module = name.rpartition(".")[0]
+        if not _split(model, plan, name, dims.tp) and (sp or _style(plan, module) == "colwise_kv"):
+            partial += p.numel()
+    return calls, partial
+
+
+def tp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
+             precision: str = "fp32", recompute: bool = False) -> float:  # fmt: skip
+    """Rank 0's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
+    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V) runs a
+    chunk's backward calls twice where it passes an input gradient back (B, then W runs the
+    graph again)."""
+    if dims.tp == 1:
+        return 0.0
+    sizes = _sizes(model)
+    e = 2 if precision == "bf16" else 4
+    tokens = micro_batch * sizes["seq_len"] // dims.cp
+    split = dims.schedule in ("zb-h1", "zb-v")
+    total = 0.0
+    for _, layers, first, last in chunks(dims, 0, sizes["layers"]):
+        calls, partial = tp_calls(model, dims, layers, first, last)
+        again = 2 if split and not first else 1
+        for op, phase, width, in_layer in calls:
+            size = 4 * tokens if phase == "loss" else e * tokens * width
+            times = again if phase == "B" else 1
+            times += 1 if recompute and phase == "F" and in_layer else 0
+            total += times * ring_bytes(op, size, dims.tp)
+        total += again * ring_bytes("all_reduce", e * partial, dims.tp)
+    return microbatches * total
