@@ -1,5 +1,5 @@
-"""`python -m minidist tour | bench NAME | plan ... | exercises [--check] | grade ... | site |
-gpucheck`."""
+"""`python -m minidist tour | bench NAME | plan ... | train ... | exercises [--check] |
+grade ... | site | gpucheck`."""
 
 from __future__ import annotations
 
@@ -44,7 +44,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
+    train = sub.add_parser("train", help="train one layout of every parallelism (lesson 17)")
+    from .compose.cli import add_arguments as add_train_arguments
+
+    add_train_arguments(train)
+
     args = parser.parse_args(argv)
+    if args.command == "train":
+        from .compose.cli import run_train
+
+        return run_train(args)
     if args.command == "gpucheck":
         from .gpucheck import main as gpucheck
 

@@ -14,8 +14,9 @@ What it runs:
   the fraction of a device-to-device copy's bandwidth, beside HierarchicalKV's published
   A100 figures;
 - `world1_*`: every wrapper in a world of 1 under NCCL (the model, its data and every
-  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1: lessons 01-09's
-  and the sequence-, context- and expert-parallel layers of lessons 14-16;
+  bookkeeping tensor on `cuda:0`), equal to the same run on a CPU world of 1: lessons 01-09's,
+  the sequence-, context- and expert-parallel layers of lessons 14-16 and lesson 17's
+  composed path on its three models;
 - with one GPU, `cpu_tour_*`: the tour's rows on the usual CPU world of 4 (gloo);
 - with two or more, `nccl_tour_*`: every tour row under NCCL on min(GPUs, 4) ranks (equal
   to its reference, memory and bytes against the theory, and rank 0's measured peak CUDA
@@ -47,6 +48,9 @@ WRAPPERS = (
     ("sequence_parallel", "minidist.sequence_parallel.fixture", "train_on_rank", (True,), 1e-4),
     ("context_parallel", "minidist.context_parallel.fixture", "train_on_rank", ("zigzag",), 1e-4),
     ("expert_parallel", "minidist.expert_parallel.fixture", "train_on_rank", (1, 2), 1e-4),
+    ("composed_gpt", "minidist.compose.fixture", "run_rank", ("gpt", {}), 1e-4),
+    ("composed_moe", "minidist.compose.fixture", "run_rank", ("moe", {}), 1e-4),
+    ("composed_llama", "minidist.compose.fixture", "run_rank", ("llama", {}), 1e-4),
 )
 BENCHES = ("ddp", "zero", "tp", "pp", "sp", "cp")
 

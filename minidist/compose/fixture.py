@@ -31,15 +31,18 @@ LR = 1e-2
 
 
 def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **sizes):
-    """(model on this rank's device, global batches)."""
-    if name not in MODELS:
+    """(model on this rank's device, global batches); `name` may also be a function of the
+    vocabulary size returning a model (a user's, in Hugging Face's Llama layout)."""
+    if not callable(name) and name not in MODELS:
         raise ValueError(f"build: model={name!r} must be one of {MODELS}")
     torch.manual_seed(seed)
     text = make_corpus(200, seed=seed)
     tok = CharTokenizer(text)
     vocab = -(-tok.vocab_size // 8) * 8
     sizes = {**SIZES, **sizes}
-    if name == "llama":
+    if callable(name):
+        model = name(vocab)
+    elif name == "llama":
         model: nn.Module = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, kv_heads=2, ffn=64,
                                                         **sizes))  # fmt: skip
     elif name == "moe":

@@ -145,7 +145,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self.loss_fn = last[0].loss if last else None
         self.hidden = sizes["hidden"]
         self.pp_group, self.dp_group = grid.group("pp"), None  # dp: `finish_gradient_sync`
-        self.embedding_group = grid.group("embedding")
+        self.embedding_group = grid.groups.get("embedding")  # first and last stage only
         self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
         self.timings = None
         self._optimizers(lr)  # 6. ZeRO-1 over dp_shard × cp (7. HSDP in finish_gradient_sync)
