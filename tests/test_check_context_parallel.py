@@ -306,3 +306,24 @@ def test_a_diagnosis_that_raises_falls_back_to_a_message(monkeypatch):
     monkeypatch.setattr(merge_check, "_merge_diagnosis", broken)
     with pytest.raises(CheckFailed, match="could not say more precisely"):
         check_merge(lambda *a: (merge(*a)[0] * 2, merge(*a)[1]))
+
+
+def _merge_by_max(o, lse, o_blk, lse_blk):
+    m = torch.maximum(lse, lse_blk)
+    m = m.masked_fill(m == NEG, 0.0)
+    w, w_blk = torch.exp(lse - m), torch.exp(lse_blk - m)
+    total = w + w_blk
+    safe = total.masked_fill(total == 0, 1.0)
+    out = (o * w.unsqueeze(-1) + o_blk * w_blk.unsqueeze(-1)) / safe.unsqueeze(-1)
+    return out, m + torch.log(total)
+
+
+def _block_by_softmax(q, k, v, qp, kp, sc):
+    s = ((q @ k.transpose(-2, -1)) * sc).masked_fill(kp[None, :] > qp[:, None], NEG)
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+
+
+def test_right_answers_written_otherwise_pass(capsys):
+    check_merge(_merge_by_max)
+    check_block_attention(_block_by_softmax)
+    assert capsys.readouterr().out.count("PASSED") == 2

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ...course.check import fail, passed
-from ...course.guard import tensor_form
+from ...course.guard import guarded, tensor_form
 from ..routing import route
 from ._shared import call
 from .dispatch import FACTORS
@@ -154,7 +154,10 @@ def check_priority(priority) -> None:
     for name, alt in ALTERNATIVES.items():
         if all(_same(g, alt(x, e, cf)) for g, (x, e, cf) in zip(got, cases)):
             fail(f"priority: {name}.")
-    problem = _capacity_problem(cases, got, want) or _slot_problem(cases, got, want)
+    problem = guarded(
+        lambda: _capacity_problem(cases, got, want) or _slot_problem(cases, got, want),
+        "slots or kept differ from GShard's priority",
+    )
     if problem:
         fail(f"priority: {problem}")
     i = min(bad, key=lambda n: cases[n][0].numel())  # the smallest wrong routing
