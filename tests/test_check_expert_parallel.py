@@ -362,6 +362,7 @@ AUX_MISTAKES = [
         "minlength=E",
     ),
     Mistake("numpy", (lambda p, i: load_balancing_loss(p, i).detach().numpy(),), "ndarray"),
+    Mistake("a pair", (lambda p, i: (load_balancing_loss(p, i), None),), "got tuple"),
 ]
 
 
