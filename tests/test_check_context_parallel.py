@@ -51,7 +51,7 @@ MERGE_MISTAKES = {
     ),
     "unstable lse (overflow)": (
         lambda o, ls, ob, lb: (merge(o, ls, ob, lb)[0], torch.log(torch.exp(ls) + torch.exp(lb))),
-        "differs at",
+        "overflows",
     ),
 }
 
@@ -239,3 +239,91 @@ def test_more_block_mistakes_found_by_a_fresh_learner_are_named(name):
     fn, words = MORE_BLOCK_MISTAKES[name]
     with pytest.raises(CheckFailed, match=words):
         check_block_attention(fn)
+
+
+def _zero_o_is_empty(o, lse, o_blk, lse_blk):
+    empty = (o == 0).all(-1)  # wrong: an attention can be 0 after keys; empty is lse = -inf
+    new_o, new_l = merge(o, lse, o_blk, lse_blk)
+    return (
+        torch.where(empty.unsqueeze(-1), o_blk, new_o),
+        torch.where(empty, lse_blk, new_l),
+    )
+
+
+WRONG_FORMS = {
+    "(lse, o) swapped": (lambda *a: merge(*a)[::-1], r"came back as \(lse, o\)"),
+    "a triple": (lambda *a: (*merge(*a), None), "a tuple of 3"),
+    "None": (lambda *a: None, "NoneType"),
+    "numpy o": (lambda *a: (merge(*a)[0].numpy(), merge(*a)[1]), "numpy.ndarray, not a torch"),
+    "o = 0 taken as empty": (_zero_o_is_empty, "all zeros was taken as"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_FORMS))
+def test_wrong_forms_of_the_merge_are_named_not_crashes(name):
+    fn, words = WRONG_FORMS[name]
+    with pytest.raises(CheckFailed, match=words):
+        check_merge(fn)
+
+
+def _no_max(q, k, v, qp, kp, sc):
+    s = ((q @ k.transpose(-2, -1)) * sc).masked_fill(kp[None, :] > qp[:, None], NEG)
+    e = torch.exp(s)  # no max subtracted: e^900 is inf in float64
+    total = e.sum(-1)
+    tiny = torch.finfo(total.dtype).tiny
+    return (e @ v) / total.clamp_min(tiny).unsqueeze(-1), torch.log(total)
+
+
+BLOCK_FORMS = {
+    "exp without the max": (_no_max, "overflows"),
+    "(lse, o) swapped": (lambda *a: block_attention(*a)[::-1], r"came back as \(lse, o\)"),
+    "a triple": (lambda *a: (*block_attention(*a), None), "a tuple of 3"),
+    "None": (lambda *a: None, "NoneType"),
+    "numpy lse": (
+        lambda *a: (block_attention(*a)[0], block_attention(*a)[1].numpy()),
+        "numpy.ndarray, not a torch",
+    ),
+    "float32 always": (
+        lambda q, k, v, qp, kp, sc: block_attention(q.float(), k.float(), v.float(), qp, kp, sc),
+        "keep the inputs' dtype",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BLOCK_FORMS))
+def test_wrong_forms_of_block_attention_are_named_not_crashes(name):
+    fn, words = BLOCK_FORMS[name]
+    with pytest.raises(CheckFailed, match=words):
+        check_block_attention(fn)
+
+
+def test_a_diagnosis_that_raises_falls_back_to_a_message(monkeypatch):
+    from minidist.context_parallel.check import merge as merge_check
+
+    def broken(*args):
+        raise RuntimeError("a case the diagnosis did not foresee")
+
+    monkeypatch.setattr(merge_check, "_merge_diagnosis", broken)
+    with pytest.raises(CheckFailed, match="could not say more precisely"):
+        check_merge(lambda *a: (merge(*a)[0] * 2, merge(*a)[1]))
+
+
+def _merge_by_max(o, lse, o_blk, lse_blk):
+    m = torch.maximum(lse, lse_blk)
+    m = m.masked_fill(m == NEG, 0.0)
+    w, w_blk = torch.exp(lse - m), torch.exp(lse_blk - m)
+    total = w + w_blk
+    safe = total.masked_fill(total == 0, 1.0)
+    out = (o * w.unsqueeze(-1) + o_blk * w_blk.unsqueeze(-1)) / safe.unsqueeze(-1)
+    return out, m + torch.log(total)
+
+
+def _block_by_softmax(q, k, v, qp, kp, sc):
+    s = ((q @ k.transpose(-2, -1)) * sc).masked_fill(kp[None, :] > qp[:, None], NEG)
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+
+
+def test_right_answers_written_otherwise_pass(capsys):
+    check_merge(_merge_by_max)
+    check_block_attention(_block_by_softmax)
+    assert capsys.readouterr().out.count("PASSED") == 2

@@ -160,6 +160,11 @@ DISPATCH_MISTAKES = [
     Mistake("float indices", (_map(lambda k, d: (k.float(), d.float())),), "dtype torch.float32"),
     Mistake("sorts the input in place", (_sorts_input,), "changed its input `expert` in place"),
     Mistake("index past the end", (_index_past_end,), "raised IndexError.*tokens are 0"),
+    Mistake(
+        "integer ceiling with a float cf",
+        (_with(lambda t, e, cf, i, m: int((cf * t + e - 1) // e)),),
+        r"integer ceiling is ⌈x/E⌉ only for a whole x",
+    ),
     Mistake("never ends", (_never_ends,), "still running"),
 ]
 
@@ -244,6 +249,14 @@ def _straight_through(p, i):
 def _swapped_shape(p, i):
     e, t = p.shape
     return e * (torch.bincount(i, minlength=t).to(p.dtype) / t * p.mean(0)).sum()
+
+
+def _loop_int_over_int(p, i):
+    t, e = p.shape
+    total = p.new_zeros(())
+    for x in range(e):  # (i == x).sum() / t is float32: wrong by ~1e-8 for float64 probs
+        total = total + (i == x).sum() / t * p[:, x].sum() / t
+    return (e * total).reshape(1)
 
 
 AUX_MISTAKES = [
@@ -332,20 +345,30 @@ AUX_MISTAKES = [
     Mistake("scales probs in place", (_scales_probs,), "in-place operation on an input"),
     Mistake("zeroes expert in place", (_zeroes_expert,), "changed its input `expert`"),
     Mistake("index past the end", (lambda p, i: p[i.numel() + 50],), "raised IndexError"),
+    Mistake("f in float32 (int / int)", (_loop_int_over_int,), "f_e was computed in float32"),
+    Mistake(
+        "P in float32",
+        (lambda p, i: _e(p) * (_f(p, i) * p.mean(0).float().to(p.dtype)).sum(),),
+        "P_e was computed in float32",
+    ),
+    Mistake(
+        "minlength given, P over the tokens",
+        (lambda p, i: _e(p) * (_f(p, i) * p.mean(1)).sum(),),
+        r"^(?![\s\S]*minlength)[\s\S]*probs is \[T, E\]",
+    ),
+    Mistake(
+        "bincount without minlength",
+        (lambda p, i: _e(p) * (torch.bincount(i).to(p.dtype) / i.numel() * p.mean(0)).sum(),),
+        "minlength=E",
+    ),
+    Mistake("numpy", (lambda p, i: load_balancing_loss(p, i).detach().numpy(),), "ndarray"),
+    Mistake("a pair", (lambda p, i: (load_balancing_loss(p, i), None),), "got tuple"),
 ]
 
 
 def _einsum(p, i):
     f = torch.nn.functional.one_hot(i, _e(p)).to(p.dtype).mean(0)
     return _e(p) * torch.einsum("e,e->", f, p.mean(0))
-
-
-def _loop_int_over_int(p, i):
-    t, e = p.shape
-    total = p.new_zeros(())
-    for x in range(e):  # (i == x).sum() / t is float32: right to ~1e-7
-        total = total + (i == x).sum() / t * p[:, x].sum() / t
-    return (e * total).reshape(1)
 
 
 def _bincount_truncated(p, i):
@@ -358,8 +381,16 @@ def _histc(p, i):
     return (_e(p) * f @ p.mean(0)).reshape(1, 1)
 
 
+def _loop_in_dtype(p, i):
+    t, e = p.shape
+    total = p.new_zeros(())
+    for x in range(e):
+        total = total + (i == x).sum().to(p.dtype) / t * p[:, x].sum() / t
+    return (e * total).reshape(1)
+
+
 @pytest.mark.parametrize(
-    "answer", [load_balancing_loss, _einsum, _loop_int_over_int, _bincount_truncated, _histc]
+    "answer", [load_balancing_loss, _einsum, _loop_in_dtype, _bincount_truncated, _histc]
 )
 def test_right_aux_loss_passes(answer, capsys):
     check_load_balancing_loss(answer)
@@ -425,6 +456,29 @@ def _sorts_experts(x, e, cf):
     return out
 
 
+def _clamped(x, e, cf):
+    slot, kept = _priority(x, e, cf)
+    return slot.clamp_max(math.ceil(cf * x.numel() / e)), kept
+
+
+def _two_choices(x, e, cf):
+    t = x.shape[0]
+    c = math.ceil(cf * t * 2 / e)
+    slot = _slots(torch.stack([x[:, 0], x[:, 1]]).reshape(-1), e).view(2, t).t()
+    return slot, slot < c
+
+
+def _argsort_slots(x, e, cf):
+    t, k = x.shape
+    order = x.t().reshape(-1)
+    idx = torch.argsort(order)  # not stable=True: equal experts come back in any order
+    starts = torch.searchsorted(order[idx], torch.arange(e))
+    slot = torch.empty_like(order)
+    slot[idx] = torch.arange(order.numel()) - starts[order[idx]]
+    slot = slot.view(k, t).t()
+    return slot, slot < math.ceil(cf * t * k / e)
+
+
 PRIORITY_MISTAKES = [
     Mistake("priority by token", (_p(order="token"),), "priority by token"),
     Mistake("tokens reversed", (_p(order="tokens reversed"),), "reverse order"),
@@ -456,7 +510,7 @@ PRIORITY_MISTAKES = [
     Mistake(
         "slot as float",
         (lambda x, e, cf: (_priority(x, e, cf)[0].float(), _priority(x, e, cf)[1]),),
-        "integers",
+        "int64",
     ),
     Mistake(
         "transposed [k, T]",
@@ -470,6 +524,36 @@ PRIORITY_MISTAKES = [
         "must be a tensor",
     ),
     Mistake("sorts experts in place", (_sorts_experts,), "changed its input `experts`"),
+    Mistake(
+        "capacity factor ignored (integer ceiling)",
+        (_p(cap=lambda t, k, e, cf: (t * k + e - 1) // e),),
+        "slot < C, but your C is wrong: .*capacity_factor",
+    ),
+    Mistake(
+        "integer ceiling with a float cf",
+        (_p(cap=lambda t, k, e, cf: int((cf * t * k + e - 1) // e)),),
+        "your C is wrong: .*integer ceiling is ⌈x/E⌉ only for a whole x",
+    ),
+    Mistake(
+        "C from the first case's rule, another C",
+        (_p(cap=lambda t, k, e, cf: math.ceil(cf * t * k / e) + (t % 2)),),
+        r"your C is .*and C = ⌈cf·T·k/E⌉",
+    ),
+    Mistake("slots clamped to C", (_clamped,), "clamped to C"),
+    Mistake(
+        "int32 slot",
+        (lambda x, e, cf: (_priority(x, e, cf)[0].int(), _priority(x, e, cf)[1]),),
+        r"torch.int32; the exercise asks for int64",
+    ),
+    Mistake("hard-coded k = 2", (_two_choices,), r"experts.shape\[1\]"),
+    Mistake("unstable argsort", (_argsort_slots,), "stable=True"),
+    Mistake("None", (lambda x, e, cf: None,), "NoneType"),
+    Mistake(
+        "numpy slot",
+        (lambda x, e, cf: (_priority(x, e, cf)[0].numpy(), _priority(x, e, cf)[1]),),
+        "slot is a numpy.ndarray",
+    ),
+    Mistake("a triple", (lambda x, e, cf: (*_priority(x, e, cf), None),), "a tuple of 3"),
 ]
 
 

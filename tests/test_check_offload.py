@@ -281,3 +281,31 @@ def test_state_file_checker_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     check_state_file(file_right)
     assert os.listdir(tmp_path) == []
+
+
+def file_raises_own_value_error(directory, name, like):
+    if like.dtype != torch.float32:  # a learner's own guard
+        raise ValueError(f"state_file: like must be float32, got {like.dtype}")
+    return file_right(directory, name, like)
+
+
+def file_raises_own_runtime_error(directory, name, like):
+    raise RuntimeError("my own check failed")
+
+
+def file_refuses_fresh_file(directory, name, like):
+    raise FileExistsError(os.path.join(directory, name))
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (file_raises_own_value_error, r"raised ValueError: state_file: like must be float32"),
+        (file_raises_own_runtime_error, r"raised RuntimeError: my own check failed"),
+        (file_refuses_fresh_file, r"raised FileExistsError"),
+    ],
+)
+def test_state_file_learners_own_exception_is_a_message(impl, hint):
+    with pytest.raises(CheckFailed, match=hint) as info:
+        check_state_file(impl)
+    assert "Traceback" not in str(info.value)

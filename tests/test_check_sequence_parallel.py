@@ -1,11 +1,14 @@
 """Lesson 14's checkers: the right answers pass; each catalogued mistake is named."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.course.check import CheckFailed
+from minidist.course.check import CheckFailed, Mistake, catalogue_messages, names_mistake
 from minidist.sequence_parallel.check import (
     ACT_MISTAKES,
     check_reduce_scatter_to_sequence,
@@ -151,20 +154,119 @@ SP_CATALOGUE = {
 }
 
 
+def _skip_zero_grad(g_, grp):
+    if not g_.any():  # "nothing to gather": the other ranks wait in their all-gather
+        n = dist.get_world_size(grp)
+        return torch.zeros(g_.shape[0], g_.shape[1] * n, g_.shape[2], dtype=g_.dtype)
+    return _gather(g_, grp)
+
+
+def _skip_zero_x(x, g):
+    if not x.any():  # "nothing to add": the other ranks wait in their reduce-scatter
+        n = dist.get_world_size(g)
+        b, s, h = x.shape
+        return torch.zeros(b, s // n, h, dtype=x.dtype, requires_grad=True)
+    return _reduce_scatter(x, g)
+
+
+def _world_gather(g_, grp):
+    n = dist.get_world_size()  # the world, not the tp group
+    g_ = g_.contiguous()
+    out = torch.empty(n * g_.numel(), dtype=g_.dtype)
+    comm.all_gather(out, g_.reshape(-1))
+    return torch.cat(out.view(n, *g_.shape).unbind(0), dim=1)
+
+
+def _no_group_gather(g_, grp):
+    n = dist.get_world_size(grp)
+    g_ = g_.contiguous()
+    out = torch.empty(n * g_.numel(), dtype=g_.dtype)
+    comm.all_gather(out, g_.reshape(-1))  # group= forgotten: the world
+    return torch.cat(out.view(n, *g_.shape).unbind(0), dim=1)
+
+
+def _backward_returns(fn):
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            return _reduce_scatter(x, group)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return fn(_gather(grad, ctx.group))
+
+    return Wrong
+
+
+SP_MISTAKES = [Mistake(name, (cls,), words) for name, (cls, words) in SP_CATALOGUE.items()] + [
+    Mistake(
+        "backward skips its all-gather for a zero block",
+        (_variant(backward=_skip_zero_grad),),
+        r"same collectives.*ALL ZEROS",
+        alone=True,
+    ),
+    Mistake(
+        "forward skips its reduce-scatter for a zero input",
+        (_variant(_skip_zero_x),),
+        r"still waiting.*ALL ZEROS",
+        alone=True,
+    ),
+    Mistake(
+        "backward gathers over the world",
+        (_variant(backward=_world_gather),),
+        r"one per rank of the WORLD\. Wrong group",
+        alone=True,
+    ),
+    Mistake(
+        "backward's all-gather without group=",
+        (_variant(backward=_no_group_gather),),
+        "ran over the whole world of 4 ranks. Wrong group",
+        alone=True,
+    ),
+    Mistake(
+        "backward returns (None, grad)",
+        (_backward_returns(lambda g_: (None, g_)),),
+        r"return \(grad_x, None\)",
+        alone=True,
+    ),
+    Mistake(
+        "backward returns numpy",
+        (_backward_returns(lambda g_: (g_.numpy(), None)),),
+        "a numpy.ndarray for x's gradient",
+        alone=True,
+    ),
+    Mistake(
+        "forward returns (y, None)",
+        (_variant(lambda x, g: (_reduce_scatter(x, g), None)),),
+        "forward returned a tuple",
+    ),
+    Mistake("forward returns None", (_variant(lambda x, g: None),), "forward returned a NoneType"),
+    Mistake(
+        "forward returns numpy",
+        (_variant(lambda x, g: _reduce_scatter(x, g).detach().numpy()),),
+        "forward returned a numpy.ndarray",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def sp_messages():
+    return catalogue_messages(check_reduce_scatter_to_sequence, SP_MISTAKES + FRESH_MISTAKES)
+
+
 def test_right_answer_passes(capsys):
     check_reduce_scatter_to_sequence(Right)
     assert "PASSED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", list(SP_CATALOGUE))
-def test_each_reduce_scatter_mistake_is_named(name):
-    cls, words = SP_CATALOGUE[name]
-    with pytest.raises(CheckFailed, match=words):
-        check_reduce_scatter_to_sequence(cls)
+@pytest.mark.parametrize("mistake", SP_MISTAKES, ids=lambda m: m.name)
+def test_each_reduce_scatter_mistake_is_named(mistake, sp_messages):
+    assert names_mistake(mistake, sp_messages[mistake.name]) is None
 
 
 def test_sp_catalogue_is_at_least_eight():
-    assert len(SP_CATALOGUE) >= 8 and len(ACT_MISTAKES) >= 8
+    assert len(SP_MISTAKES) >= 8 and len(ACT_MISTAKES) >= 8
 
 
 def test_activation_formula_right_answer_passes(capsys):
@@ -210,19 +312,35 @@ def _hang(x, g):
     return _reduce_scatter(x, g) if False else x[:, : x.shape[1] // dist.get_world_size(g)] * 0
 
 
-FRESH_LEARNER = {
-    "shaped output buffer": (_variant(_shaped_output), "buffers do not fit"),
-    "float32 buffer for float64": (_variant(_float32_buffer), "different dtypes"),
-    "collective on rank 0 only": (_variant(_hang), r"still waiting|same collectives"),
-}
+FRESH_MISTAKES = [
+    Mistake("shaped output buffer", (_variant(_shaped_output),), "buffers do not fit", alone=True),
+    Mistake(
+        "float32 buffer for float64",
+        (_variant(_float32_buffer),),
+        "different dtypes",
+        alone=True,
+    ),
+    Mistake(
+        "collective on rank 0 only",
+        (_variant(_hang),),
+        r"still waiting|same collectives",
+        alone=True,
+    ),
+]
 
 
-@pytest.mark.parametrize("name", list(FRESH_LEARNER))
-def test_what_a_fresh_learner_tried_is_named(name):
-    cls, words = FRESH_LEARNER[name]
-    with pytest.raises(CheckFailed, match=words) as info:
-        check_reduce_scatter_to_sequence(cls)
-    assert "rank None" not in str(info.value)
+@pytest.mark.parametrize("mistake", FRESH_MISTAKES, ids=lambda m: m.name)
+def test_what_a_fresh_learner_tried_is_named(mistake, sp_messages):
+    assert names_mistake(mistake, sp_messages[mistake.name]) is None
+    assert "rank None" not in sp_messages[mistake.name]
+
+
+def _floor_total(s, b, h, a, t):
+    return math.floor((34 * s * b * h + 5 * a * s * s * b) / t)
+
+
+def _int_total(s, b, h, a, t):
+    return int((34 * s * b * h + 5 * a * s * s * b) / t)
 
 
 @pytest.mark.parametrize(
@@ -232,8 +350,40 @@ def test_what_a_fresh_learner_tried_is_named(name):
         (lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * b) / t, "s × s per head"),
         (lambda s, b, h, a, t: (34 * s * b * h + 5 * h * s * s * b) / t, "heads"),
         (lambda s, b, h, a, t: None, "return the number of bytes"),
+        (_floor_total, r"rounded down to a whole number of bytes \(math.floor\)"),
+        (_int_total, r"^(?![\s\S]*//)[\s\S]*rounded down.*\(int\(\)\)"),
+        (
+            lambda s, b, h, a, t: s * b * h * (24 / t + 5 * a * s / (h * t)),
+            r"24·s·b·h/t where the paper has 34·s·b·h/t",
+        ),
+        (
+            lambda s, b, h, a, t: s * b * h * (34 / t + 3 * a * s / (h * t)),
+            r"3·a·s²·b/t where the paper has 5·a·s²·b/t \(0.6x\)",
+        ),
+        (
+            lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / h) * 2,
+            r"68·s·b·h/t where the paper has 34.*a term 10·a·s²·b",
+        ),
+        (lambda s, b, h, a, t: "12 GiB", "return the number of bytes"),
+        (
+            lambda s, b, h, a, t: torch.tensor(s * b * h * (34 / t + 5 * a * s / (h * t))),
+            "computed in float32",
+        ),
     ],
 )
 def test_formula_mistakes_a_fresh_learner_made_are_named(fn, words):
     with pytest.raises(CheckFailed, match=words):
         check_sp_activation_bytes(fn)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda s, b, h, a, t: np.float64(s * b * h * (34 / t + 5 * a * s / (h * t))),
+        lambda s, b, h, a, t: torch.tensor(34 * s * b * h + 5 * a * s * s * b + 0.0).double() / t,
+        lambda s, b, h, a, t: (34 * s * b * h + 5 * a * s * s * b) / t,
+    ],
+)
+def test_right_formulas_written_otherwise_pass(fn, capsys):
+    check_sp_activation_bytes(fn)
+    assert "PASSED" in capsys.readouterr().out

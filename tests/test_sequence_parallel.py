@@ -66,7 +66,7 @@ def test_saved_activations_per_rank_equal_the_theory_term_by_term(tp):
     b = 8
     for sp in (False, True):
         per_rank = minidist.launch(layer_terms_on_rank, tp, b, sp)
-        want = theory.activation_terms(b, cfg.seq_len, cfg.hidden, cfg.heads, tp, sp)
+        want = theory.activation_terms(cfg.seq_len, b, cfg.hidden, cfg.heads, tp, sp)
         for got in per_rank:
             assert {k: got[k] for k in want} == want
             assert got["total"] == sum(want.values())
@@ -171,7 +171,7 @@ def test_the_theory_refuses_a_tp_that_is_not_a_positive_int_by_name(bad):
     calls = (
         lambda: theory.bytes_sent_per_step(2, 1, 4, 8, bad),
         lambda: theory.korthikanti_terms(4, 1, 8, 2, bad, True),
-        lambda: theory.activation_terms(1, 4, 8, 2, bad, True),
+        lambda: theory.activation_terms(4, 1, 8, 2, bad, True),
     )
     for call in calls:
         with pytest.raises(ValueError, match=f"tp must be a positive int, got {bad!r}"):

@@ -122,7 +122,7 @@ def layer_bytes(model: ModelSpec, layout: Layout) -> float:
 
         return moe_layer_bytes(model, layout)
     if layout.sp:
-        per_layer = sp_theory.activation_bytes_per_layer(b, s, h, a, t, True, e)
+        per_layer = sp_theory.activation_bytes_per_layer(s, b, h, a, t, True, e)
     else:
         per_layer = tp_theory.activation_bytes_per_layer(b, s, h, a, t, e)
     return per_layer / layout.cp

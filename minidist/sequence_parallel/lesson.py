@@ -41,14 +41,14 @@ def sequence_parallel_row(world_size: int, out_dir: Path) -> TourRow:
     sent = sum(r.ring_bytes for r in runs[0].records) / STEPS
     b, s = batches[0][0].shape
     measured = launch(layer_terms_on_rank, tp, ACT_BATCH, True)[0]["total"]
-    fig = plot_activation_terms(ACT_BATCH, cfg.seq_len, cfg.hidden, cfg.heads, (1, 2, 4))
+    fig = plot_activation_terms(cfg.seq_len, ACT_BATCH, cfg.hidden, cfg.heads, (1, 2, 4))
     fig.savefig(out_dir / "sp_activations.png", dpi=100, bbox_inches="tight")
     return TourRow(
         f"sequence parallel (t={tp}; memory: activations/layer)",
         all(matches(d) for d in diffs), max(d["param"] for d in diffs),
         memory_per_rank=measured,
         memory_theory=int(theory.activation_bytes_per_layer(
-            ACT_BATCH, cfg.seq_len, cfg.hidden, cfg.heads, tp
+            cfg.seq_len, ACT_BATCH, cfg.hidden, cfg.heads, tp
         )),
         bytes_per_rank=sent,
         bytes_theory=theory.bytes_sent_per_step(

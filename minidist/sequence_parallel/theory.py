@@ -86,8 +86,8 @@ def korthikanti_terms(
 
 
 def activation_terms(
-    batch: int,
     seq: int,
+    batch: int,
     hidden: int,
     heads: int,
     tp: int,
@@ -120,8 +120,8 @@ def activation_terms(
 
 
 def activation_bytes_per_layer(
-    batch: int,
     seq: int,
+    batch: int,
     hidden: int,
     heads: int,
     tp: int,
@@ -129,5 +129,5 @@ def activation_bytes_per_layer(
     element_size: int = 4,
 ) -> float:
     """The sum of `activation_terms`."""
-    terms = activation_terms(batch, seq, hidden, heads, tp, sequence_parallel, element_size)
+    terms = activation_terms(seq, batch, hidden, heads, tp, sequence_parallel, element_size)
     return sum(terms.values())

@@ -6,14 +6,19 @@ import torch
 import torch.nn.functional as F
 
 from ...course.check import fail, passed
+from ...course.guard import guarded
 from ..ring import block_attention as _block_ref
 from ..ring import merge as _merge_ref
 from ..split import positions
-from ._shared import NEG, _pair, _same
+from ._shared import NEG, _pair, _same, form_problem
+
+# exp overflows above these: float32's e^88.7, float64's e^709.8
+OVERFLOW = {torch.float32: 88.0, torch.float64: 709.0}
 
 
 def _cases():
-    """(o, lse, o_blk, lse_blk) cases: random, one side empty (-inf), both empty, large."""
+    """(o, lse, o_blk, lse_blk) cases: random, one side empty (-inf), both empty, large
+    (beyond exp's range in each dtype), a side whose o is all zeros but whose lse is not."""
     g = torch.Generator().manual_seed(7)
     out = []
     for dtype in (torch.float64, torch.float32):
@@ -22,18 +27,20 @@ def _cases():
             lse_blk = torch.randn(2, rows, device="cpu", generator=g, dtype=torch.float64) * 3
             lse[0, 0], lse_blk[0, 1], lse[1, 2], lse_blk[1, 2] = NEG, NEG, NEG, NEG
             lse_blk[1, 0] = 100.0  # large scores: e^100 overflows float32 unless shifted
+            lse[0, 2] = 800.0 if dtype == torch.float64 else 95.0  # and e^800 float64
             o, o_blk = (
                 torch.randn(2, rows, dim, device="cpu", generator=g, dtype=torch.float64)
                 for _ in "ab"
             )
             o[lse == NEG], o_blk[lse_blk == NEG] = 0.0, 0.0
+            o[1, 1] = 0.0  # an all-zero partial attention that has seen keys: lse counts
             out.append(tuple(t.to(dtype) for t in (o, lse, o_blk, lse_blk)))
     return out
 
 
-def _call(fn, args, what: str):
+def _call(fn, args, what: str, copy: bool = True):
     try:
-        return fn(*[a.clone() for a in args])
+        return fn(*[a.clone() if copy else a for a in args])
     except NotImplementedError:
         raise
     except Exception as exc:  # a learner's crash becomes a message
@@ -49,20 +56,38 @@ def _call(fn, args, what: str):
 def _merge_diagnosis(case, o, lse) -> str | None:
     o1, l1, o2, l2 = case
     dtype = o1.dtype
-    if o.dtype != dtype or lse.dtype != dtype:
-        return f"merge returned {o.dtype}/{lse.dtype} for {dtype} inputs; keep the inputs' dtype."
     want_o, want_l = _merge_ref(o1, l1, o2, l2)
     if _same(o, want_o, dtype) and _same(lse, want_l, dtype):
         return None
     both_empty = (l1 == NEG) & (l2 == NEG)
+    large = torch.maximum(l1, l2) > OVERFLOW[dtype]
+    bad = torch.isnan(o).any(-1) | torch.isnan(lse) | torch.isinf(o).any(-1)
+    overflowed = bad & large
+    if overflowed.any() or (torch.isinf(lse) & ~torch.isinf(want_l) & large).any():
+        big = float(torch.maximum(l1, l2)[large].max())
+        return (
+            f"merge gave inf or NaN in rows whose lse is large (up to {big:g}): e^lse "
+            f"overflows {dtype} (e^{OVERFLOW[dtype]:g} is near its largest number), so "
+            "e^lse + e^lse_blk is inf. Never exponentiate lse itself: lse' = "
+            "torch.logaddexp(lse, lse_blk), and weight by e^(lse - lse'), at most 1."
+        )
     if torch.isnan(o).any() or torch.isnan(lse).any():
         where = "rows where neither side has seen a key (both lse = -inf)"
-        if not both_empty.any() or not torch.isnan(o[both_empty]).any():
+        if not both_empty.any() or not (bad <= both_empty).all():
             where = "some rows"
         return (
             f"merge gave NaN in {where}: e^(lse - lse') with lse = lse' = -inf is e^NaN. "
             "Where lse' is -inf, subtract 0 instead (those rows stay o = 0, lse = -inf)."
         )
+    empty = (o1 == 0).all(-1) & (l1 != NEG)
+    if empty.any():
+        as_empty = torch.where(empty, l2, want_l)
+        if _same(lse, as_empty, dtype) and not _same(lse, want_l, dtype):
+            return (
+                "a row whose o is all zeros was taken as one that has seen no key: an "
+                "attention can be 0 after keys (its lse is finite, and counts in the merge). "
+                "A row has seen no key exactly when its lse is -inf."
+            )
     if _same(o, o1 + o2, dtype):
         return (
             "o' = o + o_blk: the partial attentions were added without rescaling. Each is "
@@ -113,7 +138,7 @@ def _merge_diagnosis(case, o, lse) -> str | None:
         return "the weights are inverted: e^(lse - lse'), not e^(lse' - lse)."
     e1, e2 = torch.exp(l1).unsqueeze(-1), torch.exp(l2).unsqueeze(-1)
     unshifted = torch.nan_to_num((o1 * e1 + o2 * e2) / (e1 + e2))
-    if _same(o, unshifted, dtype) or not torch.isfinite(e1 + e2).all():
+    if _same(o, unshifted, dtype):
         return (
             "o' is computed with e^lse itself, which overflows for large scores (e^100 is "
             "inf in float32): weight by e^(lse - lse'), at most 1, instead."
@@ -142,7 +167,7 @@ def _ring_fold(merge, c: int, layout: str) -> float:
         for step in range(c):
             kp = positions(s, c, (r - step) % c, layout)
             blk, blk_lse = _block_ref(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, d**-0.5)
-            o, lse = _pair(merge(o, lse, blk, blk_lse), "merge")
+            o, lse = _pair(_call(merge, (o, lse, blk, blk_lse), "merge"), "merge")
         worst = max(worst, float((o - ref[:, :, qp]).abs().max()))
     return worst
 
@@ -151,12 +176,19 @@ def check_merge(merge) -> None:
     """The online-softmax merge on sampled cases, then folded over a ring of c = 2, 3, 4."""
     cases = _cases()
     for case in cases:
-        o, lse = _pair(_call(merge, case, "merge"), "merge")
-        problem = _merge_diagnosis(case, o, lse)
+        got = _call(merge, case, "merge")
+        want_o, want_l = _merge_ref(*case)
+        where = f"on {case[0].dtype} inputs o {tuple(case[0].shape)}, lse {tuple(case[1].shape)}"
+        problem = form_problem(got, want_o, want_l, f"merge {where}")
+        if problem:
+            fail(problem)
+        o, lse = got
+        wrong = f"merge {where}: (o', lse') differs from the merged attention"
+        problem = guarded(_merge_diagnosis, wrong, case, o, lse)
         if problem:
             fail(problem)
     mutated = [t.clone() for t in cases[0]]
-    merge(*mutated)
+    _call(merge, mutated, "merge", copy=False)
     if not all(torch.equal(a, b) for a, b in zip(mutated, cases[0])):
         fail("merge changed its inputs in place; return new tensors (the caller keeps o, lse).")
     worst = max(_ring_fold(merge, c, lay) for c in (2, 3, 4) for lay in ("zigzag", "contiguous"))
@@ -164,6 +196,6 @@ def check_merge(merge) -> None:
         fail(f"folded over a ring, the attention differs from torch's by {worst:.3g}.")
     passed(
         f"the online-softmax merge on {len(cases)} sampled cases (float32 and float64, empty "
-        "rows, scores near e^100), and folded over rings of 2, 3 and 4 ranks (zig-zag and "
-        "contiguous) equal to torch's causal attention"
+        "rows, all-zero partial attentions, scores beyond exp's range), and folded over rings "
+        "of 2, 3 and 4 ranks (zig-zag and contiguous) equal to torch's causal attention"
     )

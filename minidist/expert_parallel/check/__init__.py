@@ -14,8 +14,9 @@
 3. `check_priority(priority)`: `priority(experts, num_experts, capacity_factor)` takes each
    token's k choices [T, k] and returns (slot, kept) [T, k]: each assignment's position in its
    expert's buffer, every first choice before any second and tokens in order within a choice
-   (GShard, Algorithm 1), and whether it is within C = ⌈capacity_factor · T · k / E⌉. Checked
-   on sampled routings with k = 1 to 3 against `routing.route`.
+   (GShard, Algorithm 1), and whether it is within C = ⌈capacity_factor · T · k / E⌉ (slot
+   int64, kept bool). Checked on sampled routings with k = 1 to 3 against `routing.route`; a
+   wrong C is found from the learner's own kept.
 
 All call the learner's function with a time limit, on copies of the inputs that must come
 back unchanged. Every catalogued mistake (`tests/test_check_expert_parallel.py`) is named;

@@ -85,6 +85,10 @@ ALTERNATIVES = {
     "C = ⌈T/E⌉: the capacity_factor is missing": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(t / e)
     ),
+    "C = (cf·T + E − 1) // E: that integer ceiling is ⌈x/E⌉ only for a whole x, and cf·T is "
+    "not one (cf = 1.25, 0.75): use math.ceil(cf·T/E)": _with_capacity(
+        lambda t, e, cf, i, m: int((cf * t + e - 1) // e)
+    ),
     "C = ⌈int(cf)·T/E⌉: the capacity_factor was truncated to an integer (cf = 1.25 is not "
     "1); keep it a float": _with_capacity(lambda t, e, cf, i, m: math.ceil(int(cf) * t / e)),
     "C is computed over the experts that got a token, not all E = num_experts (an expert "

@@ -8,6 +8,7 @@ import math
 import torch
 
 from ...course.check import fail, passed
+from ...course.guard import guarded, tensor_form
 from ..routing import route
 from ._shared import call
 from .dispatch import FACTORS
@@ -96,22 +97,31 @@ ALTERNATIVES = {
 
 def _form(out, t: int, k: int):
     if not (isinstance(out, tuple | list) and len(out) == 2):
-        fail(f"priority must return a pair (slot, kept); it returned {type(out).__name__}.")
+        n = f" of {len(out)}" if isinstance(out, tuple | list) else ""
+        fail(f"priority must return a pair (slot, kept); it returned a {type(out).__name__}{n}.")
     slot, kept = out
     if isinstance(slot, torch.Tensor) and isinstance(kept, torch.Tensor):
         if slot.dtype == torch.bool and kept.dtype != torch.bool:
             fail("priority: (slot, kept) came back as (kept, slot): return slot first.")
     for name, x in (("slot", slot), ("kept", kept)):
-        if not isinstance(x, torch.Tensor):
-            fail(f"priority: {name} must be a tensor [T, k]; got {type(x).__name__}.")
+        problem = tensor_form(x, name)
+        if problem:
+            fail(f"priority: {name} must be a tensor [T, k]: {problem}")
         if tuple(x.shape) != (t, k):
+            fixed = (
+                f" (k is experts.shape[1], here {k}: not a fixed number of choices)"
+                if x.dim() == 2 and x.shape[0] == t
+                else ""
+            )
             fail(f"priority: {name} has shape {tuple(x.shape)}, want [T, k] = [{t}, {k}] "
-                 "(one entry per token and choice, like `experts`).")  # fmt: skip
+                 f"(one entry per token and choice, like `experts`){fixed}.")  # fmt: skip
     if kept.dtype != torch.bool:
         fail(f"priority: kept has dtype {kept.dtype}; it is a mask: torch.bool (slot < C).")
-    if slot.dtype not in (torch.int64, torch.int32):
-        fail(f"priority: slot has dtype {slot.dtype}; buffer positions are integers (int64).")
-    return slot.long(), kept
+    if slot.dtype != torch.int64:
+        fail(f"priority: slot has dtype {slot.dtype}; the exercise asks for int64 (torch.long, "
+             "what indexes a buffer and what torch's own index ops return): .long() or "
+             "dtype=torch.long.")  # fmt: skip
+    return slot, kept
 
 
 def _same(got, alt) -> bool:
@@ -128,7 +138,8 @@ def check_priority(priority) -> None:
     got = []
     for x, e, cf in cases:
         what = f"priority(experts [{x.shape[0]}, {x.shape[1]}], {e}, {cf})"
-        out, _ = call(priority, (x, e, cf), ("experts", "num_experts", "capacity_factor"), what)
+        names = ("experts", "num_experts", "capacity_factor")
+        out, _ = call(priority, (x, e, cf), names, what, choices=True)
         got.append(_form(out, *x.shape))
     want = [_reference(x, e, cf) for x, e, cf in cases]
     bad = [
@@ -143,11 +154,17 @@ def check_priority(priority) -> None:
     for name, alt in ALTERNATIVES.items():
         if all(_same(g, alt(x, e, cf)) for g, (x, e, cf) in zip(got, cases)):
             fail(f"priority: {name}.")
+    problem = guarded(
+        lambda: _capacity_problem(cases, got, want) or _slot_problem(cases, got, want),
+        "slots or kept differ from GShard's priority",
+    )
+    if problem:
+        fail(f"priority: {problem}")
     i = min(bad, key=lambda n: cases[n][0].numel())  # the smallest wrong routing
     (x, e, cf), (slot, kept), (ws, wk, cap) = cases[i], got[i], want[i]
     where = f"on experts {x.tolist()} (E = {e}, capacity_factor = {cf}, C = {cap})"
     if torch.equal(slot, ws):
-        fail(f"priority {where}: the slots are right but kept is not slot < C: "
+        fail(f"priority {where}: the slots are right but kept is not slot < C for any one C: "
              f"kept {kept.int().tolist()}, want {wk.int().tolist()}.")  # fmt: skip
     if torch.equal(slot[wk], ws[wk]) and (slot[~wk] < 0).all():
         fail(
@@ -158,4 +175,80 @@ def check_priority(priority) -> None:
     fail(
         f"priority {where}: token {t}'s choice {j} (expert {int(x[t, j])}) has slot "
         f"{int(slot[t, j])}, want {int(ws[t, j])} (slots {slot.tolist()}, want {ws.tolist()})."
+    )
+
+
+# Capacity rules a learner may use instead of ⌈cf·T·k/E⌉, each f(T, k, E, cf) -> C.
+WRONG_CAPACITY = {
+    "C = ⌈T·k/E⌉: the capacity_factor is missing": lambda t, k, e, cf: math.ceil(t * k / e),
+    "C = (cf·T·k + E − 1) // E: that integer ceiling is ⌈x/E⌉ only for a whole x, and cf·T·k "
+    "is not one (cf = 1.25, 0.75): use math.ceil(cf·T·k/E)": lambda t, k, e, cf: int(
+        (cf * t * k + e - 1) // e
+    ),
+    "C = (T·k + E − 1) // E: the integer ceiling without the capacity_factor": lambda t, k, e, cf: (
+        (t * k + e - 1) // e
+    ),
+    "C = round(cf·T·k/E): the capacity rounds UP": lambda t, k, e, cf: round(cf * t * k / e),
+    "C = ⌈int(cf)·T·k/E⌉: the capacity_factor was truncated to an integer": lambda t, k, e, cf: (
+        math.ceil(int(cf) * t * k / e)
+    ),
+    "C = ⌈cf·T·k⌉: divide by E, the assignments are shared by E experts": lambda t, k, e, cf: (
+        math.ceil(cf * t * k)
+    ),
+}
+
+
+def _capacity_problem(cases, got, want) -> str | None:
+    """With every slot right: kept is slot < C' for one C' per routing, and C' is not C."""
+    if not all(torch.equal(s, ws) for (s, _), (ws, _, _) in zip(got, want)):
+        return None
+    bounds = []  # per routing, the C' that fit: lo <= C' <= hi
+    for slot, kept in got:
+        lo = int(slot[kept].max()) + 1 if kept.any() else 0
+        hi = int(slot[~kept].min()) if (~kept).any() else 10**9
+        if lo > hi:
+            return None  # not a threshold at all: the generic message says so
+        bounds.append((lo, hi))
+    for name, rule in WRONG_CAPACITY.items():
+        if all(
+            lo <= rule(x.shape[0], x.shape[1], e, cf) <= hi
+            for (lo, hi), (x, e, cf) in zip(bounds, cases)
+        ):
+            return f"the slots are right and kept is slot < C, but your C is wrong: {name}."
+    n = next(
+        n for n, ((lo, hi), (_, _, cap)) in enumerate(zip(bounds, want)) if not lo <= cap <= hi
+    )
+    (x, e, cf), (lo, hi), cap = cases[n], bounds[n], want[n][2]
+    yours = f"{lo}" if lo == hi else f"between {lo} and {hi}"
+    return (
+        f"the slots are right and kept is slot < C, but your C is wrong: on {x.shape[0]} tokens "
+        f"with k = {x.shape[1]}, E = {e}, capacity_factor = {cf}, your C is {yours}, and C = "
+        f"⌈cf·T·k/E⌉ = ⌈{cf * x.shape[0] * x.shape[1] / e:g}⌉ = {cap}."
+    )
+
+
+def _slot_problem(cases, got, want) -> str | None:
+    """Slots clamped to C (or C − 1), or each expert's right slots in another order."""
+    for clamp, label in ((0, "C"), (1, "C − 1")):
+        if all(
+            torch.equal(s, ws.clamp_max(cap - clamp)) and torch.equal(k, wk)
+            for (s, k), (ws, wk, cap) in zip(got, want)
+        ):
+            return (
+                f"a dropped assignment's slot is clamped to {label}: keep counting (the "
+                "dropped ones' slots are C, C + 1, …, their places in the priority order; "
+                "kept = slot < C says which are dropped)."
+            )
+    if all(torch.equal(s, ws) for (s, _), (ws, _, _) in zip(got, want)):
+        return None
+    for (s, _), (ws, _, _), (x, e, _) in zip(got, want, cases):
+        for n in range(e):
+            mine = x == n
+            if sorted(s[mine].tolist()) != sorted(ws[mine].tolist()):
+                return None
+    return (
+        "each expert's slots are the right numbers 0, 1, 2, … but given to its assignments in "
+        "another order than GShard's priority (every first choice before any second, tokens "
+        "in order within a choice): a sort that is not stable? torch.argsort and torch.sort "
+        "reorder equal keys unless stable=True."
     )

@@ -9,42 +9,64 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ...course.check import fail, passed
+from ...course.check import LearnerFailed, call_learner, fail, passed
 
 FILE_SHAPES = [(3, 5), (7,), (2, 3, 4)]
 # the parameter the state belongs to may be a 16-bit compute copy: the state stays float32
 FILE_LIKE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def _call(fn: Callable, directory: str, name: str, like: torch.Tensor):
-    """`fn(directory, name, like)`, with the errors torch.from_file raises for the usual
-    mistakes named."""
+_REFUSED = object()  # state_file raised FileExistsError where that is the right answer
+
+
+def _call(fn: Callable, directory: str, name: str, like: torch.Tensor, refuse: bool = False):
+    """`fn(directory, name, like)` with a time limit. The errors torch.from_file raises for
+    the usual mistakes are named; any other exception of the learner's (their own
+    ValueError, say) becomes a message saying what was raised and where, never a raw
+    traceback. With `refuse`, FileExistsError is the expected answer: `_REFUSED`."""
     path = os.path.join(directory, name)
     n = like.numel()
+    seen: list[RuntimeError] = []
+
+    def run():
+        try:
+            return fn(directory, name, like)
+        except FileExistsError:
+            if refuse:
+                return _REFUSED
+            raise
+        except RuntimeError as exc:
+            seen.append(exc)
+            raise
+
+    what = f"state_file(directory, {name!r}, like {tuple(like.shape)})"
     try:
-        return fn(directory, name, like)
-    except RuntimeError as exc:
-        text = str(exc)
-        if "read-only mode" in text or "smaller than the required mapping" in text:
+        return call_learner(run, what=what)
+    except LearnerFailed as exc:
+        failed = exc
+        if not seen:
+            raise
+        text = str(seen[0])
+    if "read-only mode" in text or "smaller than the required mapping" in text:
+        fail(
+            f"torch.from_file could not map {name}: with shared=False it opens the file "
+            "read-only and maps a private copy of what is already there, so it needs an "
+            "existing file of the full size and never writes to it. shared=True creates "
+            "the file, grows it to size × 4 bytes (zeros) and sends every write to it."
+        )
+    if "is invalid for input of size" in text and os.path.exists(path):
+        got = os.path.getsize(path)
+        if got == 16 * n:
             fail(
-                f"torch.from_file could not map {name}: with shared=False it opens the file "
-                "read-only and maps a private copy of what is already there, so it needs an "
-                "existing file of the full size and never writes to it. shared=True creates "
-                "the file, grows it to size × 4 bytes (zeros) and sends every write to it."
+                f"{name} has {got} bytes for a {tuple(like.shape)} state of {n} "
+                "elements: torch.from_file's `size` counts elements of `dtype`, not "
+                f"bytes: size={n} gives a file of 4 × {n} = {4 * n} bytes."
             )
-        if "is invalid for input of size" in text and os.path.exists(path):
-            got = os.path.getsize(path)
-            if got == 16 * n:
-                fail(
-                    f"{name} has {got} bytes for a {tuple(like.shape)} state of {n} "
-                    "elements: torch.from_file's `size` counts elements of `dtype`, not "
-                    f"bytes: size={n} gives a file of 4 × {n} = {4 * n} bytes."
-                )
-            fail(
-                f"{name} has {got} bytes; a float32 state shaped like {tuple(like.shape)} "
-                f"has {n} elements, 4 × {n} = {4 * n} bytes: size=like.numel()."
-            )
-        raise
+        fail(
+            f"{name} has {got} bytes; a float32 state shaped like {tuple(like.shape)} "
+            f"has {n} elements, 4 × {n} = {4 * n} bytes: size=like.numel()."
+        )
+    raise failed
 
 
 def _diagnose_fresh(fn: Callable, directory: str, shape: tuple[int, ...], i: int) -> None:
@@ -110,10 +132,8 @@ def _diagnose_existing(fn: Callable, directory: str) -> None:
     path = os.path.join(directory, name)
     other = np.full(2 * like.numel(), 0.25, dtype=np.float32)  # another model's state
     other.tofile(path)
-    try:
-        t = _call(fn, directory, name, like)
-    except FileExistsError:
-        t = None
+    t = _call(fn, directory, name, like, refuse=True)
+    t = None if t is _REFUSED else t
     on_disk = np.fromfile(path, dtype=np.float32) if os.path.exists(path) else None
     untouched = on_disk is not None and np.array_equal(on_disk, other)
     if t is None:
