@@ -64,6 +64,18 @@ def _rank(args: argparse.Namespace, dims: dict) -> dict:
                     progress=_progress(args.steps, tokens))  # fmt: skip
 
 
+def _planned(args: argparse.Namespace, dims: dict) -> dict:
+    """`compose.theory.planned` for this run: the most any rank holds and sends, by kind
+    (the experts' all-to-all depends on the routing and the activations on the schedule's
+    walk: measured only)."""
+    from .fixture import build
+    from .theory import planned
+
+    model, _ = build(args.model)
+    return planned(model, ParallelDims(**dims), args.global_batch, args.micro_batch,
+                   args.precision, args.recompute)  # fmt: skip
+
+
 def run_train(args: argparse.Namespace) -> int:
     import minidist
 
@@ -77,10 +89,12 @@ def run_train(args: argparse.Namespace) -> int:
     first, tokens = results[0], args.global_batch * SIZES["seq_len"]
     lines = {"world_size": world, "loss": first["losses"][-1], "step_s": first["step_s"],
              "tokens_per_s": tokens / first["step_s"]}  # fmt: skip
-    for kind in first["bytes"]:
-        lines[f"bytes_{kind}"] = max(r["bytes"][kind] for r in results)
-    for kind in first["memory"]:
-        lines[f"memory_{kind}"] = max(r["memory"][kind] for r in results)
+    plan = _planned(args, dims)
+    for what in ("bytes", "memory"):  # each measured figure, its plan beside it
+        for kind in first[what]:
+            lines[f"{what}_{kind}"] = max(r[what][kind] for r in results)
+            if kind in plan[what]:
+                lines[f"planned_{what}_{kind}"] = plan[what][kind]
     if args.compare:
         from ..training import max_abs_diff
         from .fixture import reference

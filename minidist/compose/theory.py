@@ -14,7 +14,7 @@ Every term is one lesson's, applied to what the rank holds after `parallelize`'s
   over dp_replicate; pp, one float32 activation per micro-batch and chunk edge that crosses
   ranks, each way (lesson 09), the loss's broadcast, the tied embedding's all-reduce
   (lesson 10); cp, ring attention's K/V blocks (`context_parallel.theory`); tp, each
-  module's collectives per micro-batch (`tp_calls`).
+  module's collectives per micro-batch (`tensor_bytes`).
 `tests/test_compose_theory.py` checks every figure against the ledger and the tensors of a
 run, layouts sampled.
 """
@@ -74,6 +74,24 @@ def _sizes(model: nn.Module) -> dict:
     return model_sizes(model)
 
 
+def _kv_split(model: nn.Module, module: str, tp: int) -> bool:
+    """Whether tensor parallelism splits this K or V projection (t divides its heads)."""
+    head_dim = (
+        model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
+        // (_sizes(model)["heads"])
+    )
+    return (model.get_submodule(module).out_features // head_dim) % tp == 0
+
+
+def _split(model: nn.Module, plan: dict, name: str, tp: int) -> bool:
+    """Whether parameter `name` is cut t ways (else every tp rank holds it whole)."""
+    module, _, kind = name.rpartition(".")
+    style = _style(plan, module)
+    if style == "colwise_kv":
+        return _kv_split(model, module, tp)
+    return style in SPLIT and not (style == "rowwise" and kind == "bias")
+
+
 def _owner(kind: str, name: str, first: bool, last: bool, layers: range) -> bool:
     parts = name.split(".")
     if kind == "gpt":
@@ -116,10 +134,13 @@ def rank_params(model: nn.Module, dims, pp_rank: int = 0, ep_rank: int = 0) -> d
     return out
 
 
-def model_state_bytes(model: nn.Module, dims, precision: str = "fp32") -> dict[str, int]:
-    """{params, grads, master, optimizer}: bytes rank 0 keeps between steps."""
+def model_state_bytes(
+    model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0
+) -> dict[str, int]:
+    """{params, grads, master, optimizer}: bytes a rank of pipeline rank `pp_rank` keeps
+    between steps."""
     e = 2 if precision == "bf16" else 4
-    held = rank_params(model, dims)
+    held = rank_params(model, dims, pp_rank)
     groups = ((held["dense_trainable"], dims.dp_shard * dims.cp),
               (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep))  # fmt: skip
     chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
@@ -132,11 +153,11 @@ def model_state_bytes(model: nn.Module, dims, precision: str = "fp32") -> dict[s
     }
 
 
-def dp_bytes(model: nn.Module, dims, precision: str = "fp32") -> float:
+def dp_bytes(model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0) -> float:
     """ZeRO-1's reduce-scatter and all-gather of the float32 flats (dense over dp_shard × cp,
     experts over their shard group) and HSDP's all-reduce of every gradient."""
     e = 2 if precision == "bf16" else 4
-    held = rank_params(model, dims)
+    held = rank_params(model, dims, pp_rank)
     out = 0.0
     for n, g in ((held["dense_trainable"], dims.dp_shard * dims.cp),
                  (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep)):  # fmt: skip
@@ -149,8 +170,8 @@ def dp_bytes(model: nn.Module, dims, precision: str = "fp32") -> float:
 
 
 def pp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
-             precision: str = "fp32") -> float:  # fmt: skip
-    """Rank 0's float32 activations and their gradients to other ranks, every micro-batch;
+             precision: str = "fp32", pp_rank: int = 0) -> float:  # fmt: skip
+    """A rank's float32 activations and their gradients to other ranks, every micro-batch;
     the loss's broadcast; the GPT's tied embedding all-reduced between its two ranks."""
     sizes = _sizes(model)
     if dims.pp == 1:
@@ -161,21 +182,30 @@ def pp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
     where = {virtual_stage(dims.schedule, r, c, dims.pp): r
              for r in range(dims.pp) for c in range(dims.chunks)}  # fmt: skip
     sent = 0.0
-    for vs, _, first, last in chunks(dims, 0, sizes["layers"]):
-        if not last and where[vs + 1] != 0:
+    mine = chunks(dims, pp_rank, sizes["layers"])
+    for vs, _, first, last in mine:
+        if not last and where[vs + 1] != pp_rank:
             sent += microbatches * act
-        if not first and where[vs - 1] != 0:
+        if not first and where[vs - 1] != pp_rank:
             sent += microbatches * act
     sent += ring_bytes("broadcast", 4, dims.pp)
-    if family(model) == "gpt" and where[0] != where[stages - 1]:
+    ends = {where[0], where[stages - 1]}
+    if family(model) == "gpt" and len(ends) == 2 and pp_rank in ends:
         e = 2 if precision == "bf16" else 4
         vocab = model.tok_emb.weight.shape[0]
         sent += ring_bytes("all_reduce", e * vocab // dims.tp * sizes["hidden"], 2)
     return sent
 
 
-def cp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
-             precision: str = "fp32", recompute: bool = False) -> float:  # fmt: skip
+def cp_bytes(
+    model: nn.Module,
+    dims,
+    micro_batch: int,
+    microbatches: int,
+    precision: str = "fp32",
+    recompute: bool = False,
+    pp_rank: int = 0,
+) -> float:
     """Ring attention's K and V blocks and their gradients (lesson 15), per layer of rank 0's
     chunks and micro-batch; K and V carry this tp rank's query heads (h/t wide)."""
     if dims.cp == 1:
@@ -184,96 +214,37 @@ def cp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
     e = 2 if precision == "bf16" else 4
     ring = cp_theory.ring_bytes_per_layer(micro_batch, sizes["seq_len"],
                                           sizes["hidden"] // dims.tp, dims.cp, e)  # fmt: skip
-    per_layer = sum(ring.values()) + (ring["forward"] if recompute else 0.0)
-    layers = sum(len(r) for _, r, _, _ in chunks(dims, 0, sizes["layers"]))
-    return microbatches * layers * per_layer
-
-
-def _kv_split(model: nn.Module, module: str, tp: int) -> bool:
-    """Whether tensor parallelism splits this K or V projection (t divides its heads)."""
-    head_dim = (
-        model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
-        // (_sizes(model)["heads"])
-    )
-    return (model.get_submodule(module).out_features // head_dim) % tp == 0
-
-
-def _split(model: nn.Module, plan: dict, name: str, tp: int) -> bool:
-    """Whether parameter `name` is cut t ways (else every tp rank holds it whole)."""
-    module, _, kind = name.rpartition(".")
-    style = _style(plan, module)
-    if style == "colwise_kv":
-        return _kv_split(model, module, tp)
-    return style in SPLIT and not (style == "rowwise" and kind == "bias")
-
-
-def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):
-    """([(op, phase, elements per token, in a layer)], partial) for one micro-batch of one
-    chunk on the tp group, from the plan's styles (lessons 07 and 14): a column-parallel
-    input is all-reduced in backward (f) or, under sequence parallelism, all-gathered in
-    forward and again in backward before its gradient is reduce-scattered; a row-parallel
-    output is all-reduced in forward (g) or reduce-scattered (all-gathered in backward); the
-    vocabulary-parallel embedding like a row output, the head like a column input; the loss's
-    three float32 all-reduces per token (max, sum of exponentials, target logit). `partial`:
-    elements of the gradients every tp rank holds a partial sum of, all-reduced after each
-    micro-batch (replicated K/V; under sp every parameter tensor parallelism does not cut)."""
-    kind, sizes = family(model), _sizes(model)
-    plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
-    h, sp = sizes["hidden"], dims.sp
-    enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
-    column = [("all_gather", "B")] + enter if sp else enter
-    row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
-    calls = []
-    for name, module in model.named_modules():
-        style = _style(plan, name)
-        if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
-            continue
-        in_layer = name.split(".")[0] == "blocks" or name.startswith("model.layers.")
-        if style == "colwise_kv" and not _kv_split(model, name, dims.tp):
-            ops, width = enter, h  # a replicated K/V: its input enters the region
-        elif style in ("colwise", "colwise_qkv", "colwise_kv"):
-            ops, width = column, module.in_features
-        elif style == "rowwise":
-            ops, width = row, module.out_features
-        elif style == "vocab" and name != "lm_head" and first:
-            ops, width = row, h
-        else:
-            continue
-        calls += [(op, phase, width, in_layer) for op, phase in ops]
-    if last:
-        if kind == "gpt":  # the tied head's input enters the region (`Chunk.forward`)
-            calls += [(op, phase, h, False) for op, phase in enter]
-        calls += [("all_reduce", "loss", 1, False)] * 3
-    partial = 0
-    for name, p in model.named_parameters():
-        if not (p.requires_grad and _owner(kind, name, first, last, chunk_layers)):
-            continue
-        module = name.rpartition(".")[0]
-        if not _split(model, plan, name, dims.tp) and (sp or _style(plan, module) == "colwise_kv"):
-            partial += p.numel()
-    return calls, partial
-
-
-def tp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
-             precision: str = "fp32", recompute: bool = False) -> float:  # fmt: skip
-    """Rank 0's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
-    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V) runs a
-    chunk's backward calls twice where it passes an input gradient back (B, then W runs the
-    graph again)."""
-    if dims.tp == 1:
-        return 0.0
-    sizes = _sizes(model)
-    e = 2 if precision == "bf16" else 4
-    tokens = micro_batch * sizes["seq_len"] // dims.cp
     split = dims.schedule in ("zb-h1", "zb-v")
     total = 0.0
-    for _, layers, first, last in chunks(dims, 0, sizes["layers"]):
-        calls, partial = tp_calls(model, dims, layers, first, last)
-        again = 2 if split and not first else 1
-        for op, phase, width, in_layer in calls:
-            size = 4 * tokens if phase == "loss" else e * tokens * width
-            times = again if phase == "B" else 1
-            times += 1 if recompute and phase == "F" and in_layer else 0
-            total += times * ring_bytes(op, size, dims.tp)
-        total += again * ring_bytes("all_reduce", e * partial, dims.tp)
+    for _, layers, first, _ in chunks(dims, pp_rank, sizes["layers"]):
+        again = 2 if split and not first else 1  # W runs the ring's backward again
+        backward = ring["backward K, V"] + ring["backward dK, dV"]
+        forward = ring["forward"] * (2 if recompute else 1)
+        total += len(layers) * (forward + again * backward)
     return microbatches * total
+
+
+def tp_bytes(*args, **kwargs) -> float:
+    """`tensor_bytes.tp_bytes` (the tp group's module by module count)."""
+    from .tensor_bytes import tp_bytes as count
+
+    return count(*args, **kwargs)
+
+
+def planned(model: nn.Module, dims, global_batch: int, micro_batch: int,
+            precision: str = "fp32", recompute: bool = False) -> dict:  # fmt: skip
+    """{"memory": {kind: bytes}, "bytes": {kind: bytes}}, the most over the pipeline ranks
+    (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
+    train` prints them beside the measured ones."""
+    m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
+    memory, sent = {}, {}
+    for r in range(dims.pp):
+        states = model_state_bytes(model, dims, precision, r)
+        args = (model, dims, micro_batch, m, precision)
+        kinds = {"dp": dp_bytes(model, dims, precision, r), "pp": pp_bytes(*args, r)}
+        kinds.update(cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r))
+        for k, v in states.items():
+            memory[k] = max(memory.get(k, 0), v)
+        for k, v in kinds.items():
+            sent[k] = max(sent.get(k, 0.0), v)
+    return {"memory": memory, "bytes": sent}

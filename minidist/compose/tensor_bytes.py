@@ -1,0 +1,92 @@
+"""Lesson 17's plan of the tensor-parallel group's bytes: each module's collectives, from the
+plan's styles (lessons 07 and 14), per micro-batch of each chunk (`compose.theory` holds the
+other group kinds and the model states)."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..ledger import ring_bytes
+from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from .stage import family
+from .theory import _kv_split, _owner, _sizes, _split, _style, chunks
+
+
+def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):
+    """([(op, phase, elements per token, in a layer)], partial) for one micro-batch of one
+    chunk on the tp group, from the plan's styles (lessons 07 and 14): a column-parallel
+    input is all-reduced in backward (f) or, under sequence parallelism, all-gathered in
+    forward and again in backward before its gradient is reduce-scattered; a row-parallel
+    output is all-reduced in forward (g) or reduce-scattered (all-gathered in backward); the
+    vocabulary-parallel embedding like a row output, the head like a column input; the loss's
+    three float32 all-reduces per token (max, sum of exponentials, target logit). `partial`:
+    elements of the gradients every tp rank holds a partial sum of, all-reduced after each
+    micro-batch (replicated K/V; under sp every parameter tensor parallelism does not cut)."""
+    kind, sizes = family(model), _sizes(model)
+    plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
+    h, sp = sizes["hidden"], dims.sp
+    enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
+    column = [("all_gather", "B")] + enter if sp else enter
+    row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
+    calls = []
+    for name, module in model.named_modules():
+        style = _style(plan, name)
+        if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
+            continue
+        in_layer = name.split(".")[0] == "blocks" or name.startswith("model.layers.")
+        if style == "colwise_kv" and not _kv_split(model, name, dims.tp):
+            ops, width = enter, h  # a replicated K/V: its input enters the region
+        elif style in ("colwise", "colwise_qkv", "colwise_kv"):
+            ops, width = column, module.in_features
+        elif style == "rowwise":
+            ops, width = row, module.out_features
+        elif style == "vocab" and name != "lm_head" and first:
+            ops, width = row, h
+        else:
+            continue
+        calls += [(op, phase, width, in_layer) for op, phase in ops]
+    if last:
+        if kind == "gpt":  # the tied head's input enters the region (`Chunk.forward`)
+            calls += [(op, phase, h, False) for op, phase in enter]
+        calls += [("all_reduce", "loss", 1, False)] * 3
+    partial = 0
+    for name, p in model.named_parameters():
+        if not (p.requires_grad and _owner(kind, name, first, last, chunk_layers)):
+            continue
+        module = name.rpartition(".")[0]
+        if not _split(model, plan, name, dims.tp) and (sp or _style(plan, module) == "colwise_kv"):
+            partial += p.numel()
+    return calls, partial
+
+
+def tp_bytes(
+    model: nn.Module,
+    dims,
+    micro_batch: int,
+    microbatches: int,
+    precision: str = "fp32",
+    recompute: bool = False,
+    pp_rank: int = 0,
+) -> float:
+    """A rank's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
+    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V) runs a
+    chunk's backward calls twice where it passes an input gradient back (B, then W runs the
+    graph again), its partial sums' all-reduces once (their hooks fire when W makes the
+    parameters' gradients)."""
+    if dims.tp == 1:
+        return 0.0
+    sizes = _sizes(model)
+    e = 2 if precision == "bf16" else 4
+    tokens = micro_batch * sizes["seq_len"] // dims.cp
+    split = dims.schedule in ("zb-h1", "zb-v")
+    total = 0.0
+    for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
+        calls, partial = tp_calls(model, dims, layers, first, last)
+        again = 2 if split and not first else 1
+        for op, phase, width, in_layer in calls:
+            size = 4 * tokens if phase == "loss" else e * tokens * width
+            times = again if phase == "B" else 1
+            times += 1 if recompute and phase == "F" and in_layer else 0
+            total += times * ring_bytes(op, size, dims.tp)
+        total += ring_bytes("all_reduce", e * partial, dims.tp)  # hooks fire in W only
+    return microbatches * total
