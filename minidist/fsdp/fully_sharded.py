@@ -22,7 +22,8 @@ keeps 1/F (F = ranks in a shard group, all of them by default).
 
 Per step each rank sends (N-1)/N of every unit's parameters in forward, again in backward
 for units resharded after forward, and its gradients: 3(N-1)/N·Ψ (2 without resharding).
-Not here: mixed precision, CPU offload (later lessons), parameters unused in forward.
+A parameter tied across units belongs to the smallest unit around all its uses
+(`_make_units`). Not here: CPU offload (a later lesson), parameters unused in forward.
 Native equivalent: `torch.distributed.fsdp.fully_shard` (FSDP2).
 """
 
@@ -256,29 +257,36 @@ def _make_units(
     wrapped: list[nn.Module], root: nn.Module, group, param_dtype=None
 ) -> list[FlatParamUnit]:
     """One unit per wrapped module and the root. A parameter belongs to the innermost unit
-    that holds it; one used by two units, neither inside the other (a tied parameter across
-    units), is refused: it must live in one unit."""
+    that holds every place it is registered: a parameter tied across two units (GPT-2's
+    `lm_head.weight is transformer.wte.weight` with the embedding wrapped) belongs to the
+    smallest unit around both, which is gathered whenever either use runs, so it has one
+    owner and one gradient (FSDP1 gives a shared parameter to the common parent the same
+    way; FSDP2 refuses it)."""
     order = [*reversed(wrapped), root]  # wrapped come in pre-order: reversed, children first
     names = {id(p): n for n, p in root.named_parameters()}
-    owner: dict[int, int] = {}
+    unit_of = {}  # id(submodule) -> index of the innermost unit around it
     for i, m in enumerate(order):
-        for p in m.parameters():
-            if p.requires_grad:
-                owner.setdefault(id(p), i)
-    for i, m in enumerate(order):
-        nested = {id(q) for sub in order[:i] if _contains(m, sub) for q in sub.parameters()}
-        for p in m.parameters():
-            if p.requires_grad and id(p) not in nested and owner[id(p)] != i:
-                raise ValueError(
-                    f"{names[id(p)]} is used by two FSDP units: tied parameters must live in "
-                    "one unit (wrap a module that holds every use of it)"
-                )
+        for sub in m.modules():
+            unit_of.setdefault(id(sub), i)
+    users: dict[int, set[int]] = {}  # id(param) -> units where it is registered
+    for sub in root.modules():
+        for p in sub._parameters.values():
+            if p is not None and p.requires_grad:
+                users.setdefault(id(p), set()).add(unit_of[id(sub)])
+    owner = {pid: _common_unit(order, sorted(us)) for pid, us in users.items()}
     units = []
     for i, m in enumerate(order):
         params = {names[id(p)]: p for p in m.parameters() if owner.get(id(p)) == i}
         if params:
             units.append(FlatParamUnit(len(units), m, params, group, param_dtype))
     return units
+
+
+def _common_unit(order: list[nn.Module], holders: list[int]) -> int:
+    """Index of the innermost unit of `order` (children first) containing every holder."""
+    if len(holders) == 1:
+        return holders[0]
+    return next(i for i, m in enumerate(order) if all(_contains(m, order[h]) for h in holders))
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
