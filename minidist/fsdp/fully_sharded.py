@@ -42,6 +42,7 @@ from ..policy import (
     cast_floating,
     cast_module_state,
     divide_factors,
+    tree_tensors,
 )
 from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
@@ -58,9 +59,10 @@ class FullyShardedDataParallel(ParallelModule):
         hybrid_shard_size: F; shard within groups of F consecutive ranks, replicate across
             the N/F groups (HYBRID_SHARD). Default: shard over all N ranks.
         mixed_precision: compute and all-gather in `param_dtype` (inputs cast to it, the
-            output cast back to fp32), reduce gradients in `reduce_dtype`; the shards and
-            the optimizer stay fp32 (`minidist.mixed_precision`). Frozen parameters and
-            buffers, which no unit holds, are kept in `param_dtype`.
+            output cast back to fp32, any structure kept), reduce gradients in `reduce_dtype`;
+            the shards and the optimizer stay fp32 (`minidist.mixed_precision`). Frozen
+            parameters, which no unit holds, are kept in `param_dtype`; buffers keep their
+            dtype unless `buffer_dtype` says otherwise.
     """
 
     supports_no_sync = True  # `no_sync()`: gradients accumulate unsharded, reduced later
@@ -100,7 +102,7 @@ class FullyShardedDataParallel(ParallelModule):
         param_dtype = mixed_precision.param_dtype if mixed_precision else None
         self.units = _make_units(units, module, self.shard_group, param_dtype)
         if param_dtype is not None:  # what stays outside the units is cast once, for good
-            cast_module_state(module, param_dtype)
+            cast_module_state(module, param_dtype, mixed_precision.buffer_dtype)
         self.shards = nn.ParameterList(u.shard for u in self.units)
         self.root = self.units[-1] if self.units and self.units[-1].module is module else None
         for unit in self.units:
@@ -144,7 +146,7 @@ class FullyShardedDataParallel(ParallelModule):
         if unit is not self.root and self.reshard_after_forward:
             unit.reshard()
         if torch.is_grad_enabled():
-            for t in _tensors(out):
+            for t in tree_tensors(out):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=unit: self._pre_backward(u))
         return out
@@ -208,6 +210,14 @@ class FullyShardedDataParallel(ParallelModule):
         return clip_sharded_grad_norm_(
             [(u.layout, u.shard.grad) for u in self.units], max_norm, self.shard_group
         )
+
+    def memory_tensors(self) -> dict:
+        """Chunks, frozen parameters, each unit's flat parameter (its storage is empty unless
+        gathered) and gradients (`minidist.memory.state_bytes`)."""
+        held = super().memory_tensors()
+        held["params"] += [u.full for u in self.units]
+        held["grads"] += [u.full.grad for u in self.units if u.full.grad is not None]
+        return held
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         out = {
@@ -291,13 +301,3 @@ def _common_unit(order: list[nn.Module], holders: list[int]) -> int:
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
