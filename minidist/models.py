@@ -125,6 +125,19 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def require_course_gpt(model: nn.Module, who: str, made_by: str = "minidist.models.GPT") -> None:
+    """Refuse, before anything happens, a model that is not the course GPT in a wrapper that
+    re-walks that model's forward (`tok_emb`, `blocks`, `ln_f`, `lm_head`, `cfg`)."""
+    if not isinstance(model, GPT):
+        raise TypeError(
+            f"{who} takes the course GPT ({made_by}), whose forward it re-walks (cfg, "
+            f"tok_emb, pos_emb, blocks, ln_f, lm_head); got a {type(model).__name__}. For a "
+            "model of your own (a Hugging Face Llama or GPT-2, any forward), use the composable "
+            "API minidist.parallelize (lesson 17), which swaps modules by name and leaves "
+            "your forward alone."
+        )
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy over every position of the batch."""
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

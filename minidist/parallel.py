@@ -53,6 +53,19 @@ class ParallelModule(nn.Module):
     def finish_gradient_sync(self) -> None:
         """Called after `backward()`, before `optimizer.step()`; a no-op where hooks did it."""
 
+    def memory_tensors(self) -> dict:
+        """What this rank holds, for `minidist.memory.state_bytes`: {"params", "grads",
+        "buffers": tensors, "optimizer": the wrapper's own optimizer or None}. Wrappers that
+        keep state beyond their registered parameters (flat buckets, gathered flat
+        parameters, gradient chunks) add it."""
+        params = list(self.parameters())
+        return {
+            "params": params,
+            "grads": [p.grad for p in params if p.grad is not None],
+            "buffers": list(self.buffers()),
+            "optimizer": None,
+        }
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole, under the single-process model's name (a copy)."""
         return named_parameters(self.module)

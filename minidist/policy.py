@@ -11,7 +11,14 @@ matters. `MixedPrecision` mirrors `torch.distributed.fsdp.MixedPrecision`'s name
 - `reduce_dtype`: the dtype of the gradient reduction. In fp16 a sum over N ranks can
   overflow and the mean of small gradients underflow, so the division by N is split into a
   pre-divide before the reduction and a post-divide after it (`divide_factors`: about √N
-  each, as in PyTorch FSDP, which rounds the other way when N is not a power of 4).
+  each, as in PyTorch FSDP, which rounds the other way when N is not a power of 4);
+- `buffer_dtype`: None (the default) leaves buffers in their own dtype, as FSDP2 does (a
+  rotary `inv_freq` in bf16 is off by radians at long positions); a dtype casts them, as
+  FSDP1's `buffer_dtype` does.
+
+A wrapper casts its forward's inputs to `param_dtype` and its output to fp32 through any
+structure (`map_tensors`: tuples, lists, namedtuples, dicts and their subclasses,
+dataclasses such as Hugging Face's `ModelOutput`), rebuilding the same type, as FSDP2 does.
 
 Device: tensors follow their module. `module_device(module)` is where a wrapper allocates
 its buffers, shards and flags for that module (`cuda:i` on a GPU rank, else the CPU).
@@ -19,7 +26,10 @@ its buffers, shards and flags for that module (`cuda:i` on a GPU rank, else the 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +45,12 @@ class MixedPrecision:
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
     loss_scaler: object | None = None
+    buffer_dtype: torch.dtype | None = None  # None: buffers keep their dtype (FSDP2)
 
     def __post_init__(self):
-        for name in ("param_dtype", "reduce_dtype"):
+        for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+            if name == "buffer_dtype" and self.buffer_dtype is None:
+                continue
             if getattr(self, name) not in DTYPES:
                 raise ValueError(
                     f"MixedPrecision: {name}={getattr(self, name)} is not supported; choose "
@@ -67,36 +80,64 @@ def divide_factors(world_size: int) -> tuple[float, float]:
     return float(pre), world_size / pre
 
 
-def cast_floating(tree, dtype: torch.dtype):
-    """Floating-point tensors in a (nested) tuple/list/dict cast to `dtype`; the rest as is.
-    What a wrapper does to its forward's inputs (to the compute dtype) and output (to fp32)."""
+def map_tensors(fn: Callable[[torch.Tensor], object], tree):
+    """`tree` with every tensor replaced by `fn(tensor)`, rebuilt as the same type: tuples,
+    lists, namedtuples, dicts (and subclasses: OrderedDict, Hugging Face's `ModelOutput`)
+    and dataclasses, nested; anything else is returned as is."""
     if isinstance(tree, torch.Tensor):
-        return tree.to(dtype) if tree.is_floating_point() else tree
+        return fn(tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        fields = dataclasses.fields(tree)
+        out = dataclasses.replace(
+            tree, **{f.name: map_tensors(fn, getattr(tree, f.name)) for f in fields if f.init}
+        )
+        for f in fields:
+            if not f.init and hasattr(tree, f.name):
+                object.__setattr__(out, f.name, map_tensors(fn, getattr(tree, f.name)))
+        return out
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+        return type(tree)(*(map_tensors(fn, t) for t in tree))
     if isinstance(tree, (tuple, list)):
-        return type(tree)(cast_floating(t, dtype) for t in tree)
-    if isinstance(tree, dict):
-        return {k: cast_floating(v, dtype) for k, v in tree.items()}
+        return type(tree)(map_tensors(fn, t) for t in tree)
+    if isinstance(tree, Mapping):
+        if type(tree) is dict:
+            return {k: map_tensors(fn, v) for k, v in tree.items()}
+        out = copy.copy(tree)  # keeps the subclass and its attributes (OrderedDict, ...)
+        for k, v in tree.items():
+            out[k] = map_tensors(fn, v)
+        return out
     return tree
 
 
-def cast_module_state(module, dtype: torch.dtype) -> None:
-    """Cast a module's floating parameters and buffers to `dtype`, in place. For what a
-    wrapper leaves outside its fp32 master state (frozen parameters, buffers)."""
-    for t in [*module.parameters(), *module.buffers()]:
+def tree_tensors(tree) -> list[torch.Tensor]:
+    """Every tensor in `tree` (the structures `map_tensors` walks), in order."""
+    found: list[torch.Tensor] = []
+    map_tensors(found.append, tree)
+    return found
+
+
+def cast_floating(tree, dtype: torch.dtype):
+    """Floating-point tensors in `tree` cast to `dtype`, the structure kept (`map_tensors`).
+    What a wrapper does to its forward's inputs (to the compute dtype) and output (to fp32)."""
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, tree)
+
+
+def cast_module_state(module, dtype: torch.dtype, buffer_dtype: torch.dtype | None = None):
+    """Cast a module's floating parameters to `dtype` in place, and its floating buffers to
+    `buffer_dtype` (None: buffers keep their dtype). For what a wrapper leaves outside its
+    fp32 master state (frozen parameters, buffers)."""
+    casts = [(p, dtype) for p in module.parameters()]
+    if buffer_dtype is not None:
+        casts += [(b, buffer_dtype) for b in module.buffers()]
+    for t, to in casts:
         if t.is_floating_point():
-            t.data = t.data.to(dtype)
+            t.data = t.data.to(to)
 
 
 def to_device(tree, device):
-    """Tensors in a (nested) tuple/list/dict moved to `device`; the rest as is. What a loop
+    """Tensors in `tree` moved to `device`, the structure kept (`map_tensors`). What a loop
     does to a batch built on the CPU before it meets a module on a GPU."""
-    if isinstance(tree, torch.Tensor):
-        return tree.to(device)
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(to_device(t, device) for t in tree)
-    if isinstance(tree, dict):
-        return {k: to_device(v, device) for k, v in tree.items()}
-    return tree
+    return map_tensors(lambda t: t.to(device), tree)
 
 
 def module_device(module) -> torch.device:

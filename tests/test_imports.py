@@ -124,3 +124,24 @@ def test_the_checks_see_a_cycle_and_a_lesson_importing_a_later_one(monkeypatch):
     assert lesson_violations() == [
         f"{bucketed} (lesson 1) imports minidist.mixed_precision.policy (lesson 4)"
     ]
+
+
+# Backticked words of the README's package table that are not importable names by design: a
+# method of an exported class (`no_sync`, `HashTable.grow`) and bench names (`bench sp`, `cp`).
+NOT_NAMES = {"no_sync", "grow", "sp", "cp"}
+
+
+def test_every_name_the_readme_lists_imports_from_its_package():
+    """`from minidist.<package> import <Name>` works for each name the README's table gives
+    the package (issue 26: `ExpertParallelGPT` was listed and raised ImportError)."""
+    import importlib
+
+    readme = (ROOT.parent / "README.md").read_text()
+    missing = []
+    for row in re.findall(r"^\| `(minidist\.[a-z_.]+)` \|(.*)$", readme, flags=re.M):
+        package, text = importlib.import_module(row[0]), row[1]
+        names = re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", text)
+        missing += [
+            f"{row[0]}.{n}" for n in names if n not in NOT_NAMES and not hasattr(package, n)
+        ]
+    assert missing == []

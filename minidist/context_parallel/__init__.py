@@ -15,6 +15,6 @@ split of Brandon et al. 2023 ("Striped Attention") as Megatron-LM's context para
 """
 
 from .model import ContextParallelGPT
-from .ring import ring_attention
+from .ring import block_attention, merge, ring_attention
 
-__all__ = ["ContextParallelGPT", "ring_attention"]
+__all__ = ["ContextParallelGPT", "block_attention", "merge", "ring_attention"]

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..models import GPT
+from ..models import GPT, require_course_gpt
 from ..parallel import ParallelModule, verify_same_model
 from .ring import ring_attention
 from .split import check_split, positions
@@ -49,6 +49,7 @@ class ContextParallelGPT(ParallelModule):
 
     def __init__(self, dense: GPT, group=None, layout: str = "zigzag"):
         super().__init__()
+        require_course_gpt(dense, "ContextParallelGPT")
         cfg = dense.cfg
         c = dist.get_world_size(group)
         check_split(cfg.seq_len, c, layout)

@@ -39,6 +39,7 @@ from ..policy import (
     cast_floating,
     cast_module_state,
     divide_factors,
+    tree_tensors,
 )
 from .buckets import GradBucket, MiB, plan_buckets
 
@@ -81,7 +82,7 @@ class BucketedDataParallel(ParallelModule):
         self.masters = nn.ParameterList()
         if mixed_precision is not None:
             self.masters.extend(nn.Parameter(p.detach().float().clone()) for p in self.params)
-            cast_module_state(module, mixed_precision.param_dtype)
+            cast_module_state(module, mixed_precision.param_dtype, mixed_precision.buffer_dtype)
         self.pre_divide, self.post_divide = (
             divide_factors(self.world_size) if mixed_precision else (float(self.world_size), 1.0)
         )
@@ -125,18 +126,7 @@ class BucketedDataParallel(ParallelModule):
 
     def _unused_params(self, out) -> list[torch.Tensor]:
         """Parameters the autograd graph of `out` does not reach."""
-        outputs = out if isinstance(out, (tuple, list)) else [out]
-        stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn]
-        seen, reached = set(), set()
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
-            if hasattr(fn, "variable"):
-                reached.add(id(fn.variable))
-            stack.extend(next_fn for next_fn, _ in fn.next_functions)
-        return [p for p in self.params if id(p) not in reached]
+        return unreached_parameters(out, self.params)
 
     # -- backward -----------------------------------------------------------------------
     @torch.no_grad()
@@ -198,6 +188,13 @@ class BucketedDataParallel(ParallelModule):
                     (slot if slot.dtype == target.dtype else slot.float()) if flag else None
                 )
 
+    def memory_tensors(self) -> dict:
+        """Parameters (and fp32 masters), gradients and the flat gradient buckets they live
+        in (`minidist.memory.state_bytes`)."""
+        held = super().memory_tensors()
+        held["grads"] += [b.buffer for b in self.buckets]
+        return held
+
     # -- the comparison contract: with mixed precision, the fp32 masters ------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:
         if self.mixed_precision is None:
@@ -218,3 +215,19 @@ class BucketedDataParallel(ParallelModule):
             for p, m in zip(self.params, self.masters)
             if m.grad is not None
         }
+
+
+def unreached_parameters(out, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters of `params` that the autograd graph of `out` (any structure: tuples,
+    dicts, dataclasses such as a `CausalLMOutput`) does not reach: unused in forward."""
+    stack = [t.grad_fn for t in tree_tensors(out) if t.grad_fn is not None]
+    seen, reached = set(), set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):
+            reached.add(id(fn.variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return [p for p in params if id(p) not in reached]

@@ -14,7 +14,8 @@ with Conditional Computation and Automatic Sharding" (arXiv:2006.16668), section
   checkers and the tour row
 """
 
+from .gpt import ExpertParallelGPT, moe_gpt
 from .moe import MoE
 from .parallel import ExpertParallelMoE
 
-__all__ = ["ExpertParallelMoE", "MoE"]
+__all__ = ["ExpertParallelGPT", "ExpertParallelMoE", "MoE", "moe_gpt"]

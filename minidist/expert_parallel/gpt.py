@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..models import GPT, GPTConfig
+from ..models import GPT, GPTConfig, require_course_gpt
 from .moe import MoE
 from .parallel import ExpertParallelMoE, all_reduce_flat
 
@@ -76,12 +76,14 @@ class ExpertParallelGPT(nn.Module):
 
     def __init__(self, model: GPT, ep_group=None, dp_group=None, pad_to_capacity: bool = True):
         super().__init__()
+        require_course_gpt(model, "ExpertParallelGPT", "minidist.expert_parallel.moe_gpt")
         self.module = copy.deepcopy(model)
         for block in self.module.blocks:
             if not isinstance(block.mlp, MoEMLP):
                 got = type(block.mlp).__name__
                 raise ValueError("ExpertParallelGPT: model must come from moe_gpt (every "
-                                 f"block's mlp an MoEMLP), got {got}")  # fmt: skip
+                                 f"block's mlp an MoEMLP), got {got}; for a model of your "
+                                 "own, use minidist.parallelize (lesson 17)")  # fmt: skip
             moe = ExpertParallelMoE(block.mlp.moe, ep_group, dp_group, pad_to_capacity)
             block.mlp = MoEMLP(moe, None)
         self.ep_group, self.dp_group = ep_group, dp_group

@@ -15,7 +15,7 @@ import torch.nn as nn
 from .. import comm
 from ..data import shard_batch
 from ..data_parallel.fixture import build
-from ..memory import ModelStateBytes, model_state_bytes
+from ..memory import ModelStateBytes, state_bytes
 from ..models import Block
 from ..training import TrainTrace, train
 from ..zero.fixture import ADAM, build_args
@@ -44,7 +44,5 @@ def train_on_rank(
 
 def fsdp_state_bytes(fsdp: FullyShardedDataParallel, opt) -> ModelStateBytes:
     """Parameters (chunks, anything still gathered, frozen ones), gradients and optimizer
-    state this rank holds, each storage once."""
-    grads = [s.grad for s in fsdp.shards if s.grad is not None]
-    fulls = [u.full for u in fsdp.units]
-    return model_state_bytes(fsdp, opt, extra_params=fulls, extra_grads=grads)
+    state this rank holds, each storage once (`minidist.memory.state_bytes`)."""
+    return state_bytes(fsdp, opt).model_state()

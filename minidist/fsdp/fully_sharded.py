@@ -22,7 +22,8 @@ keeps 1/F (F = ranks in a shard group, all of them by default).
 
 Per step each rank sends (N-1)/N of every unit's parameters in forward, again in backward
 for units resharded after forward, and its gradients: 3(N-1)/N·Ψ (2 without resharding).
-Not here: mixed precision, CPU offload (later lessons), parameters unused in forward.
+A parameter tied across units belongs to the smallest unit around all its uses
+(`_make_units`). Not here: CPU offload (a later lesson), parameters unused in forward.
 Native equivalent: `torch.distributed.fsdp.fully_shard` (FSDP2).
 """
 
@@ -41,6 +42,7 @@ from ..policy import (
     cast_floating,
     cast_module_state,
     divide_factors,
+    tree_tensors,
 )
 from ..zero.sharded import clip_sharded_grad_norm_
 from .unit import FlatParamUnit
@@ -57,9 +59,10 @@ class FullyShardedDataParallel(ParallelModule):
         hybrid_shard_size: F; shard within groups of F consecutive ranks, replicate across
             the N/F groups (HYBRID_SHARD). Default: shard over all N ranks.
         mixed_precision: compute and all-gather in `param_dtype` (inputs cast to it, the
-            output cast back to fp32), reduce gradients in `reduce_dtype`; the shards and
-            the optimizer stay fp32 (`minidist.mixed_precision`). Frozen parameters and
-            buffers, which no unit holds, are kept in `param_dtype`.
+            output cast back to fp32, any structure kept), reduce gradients in `reduce_dtype`;
+            the shards and the optimizer stay fp32 (`minidist.mixed_precision`). Frozen
+            parameters, which no unit holds, are kept in `param_dtype`; buffers keep their
+            dtype unless `buffer_dtype` says otherwise.
     """
 
     supports_no_sync = True  # `no_sync()`: gradients accumulate unsharded, reduced later
@@ -99,7 +102,7 @@ class FullyShardedDataParallel(ParallelModule):
         param_dtype = mixed_precision.param_dtype if mixed_precision else None
         self.units = _make_units(units, module, self.shard_group, param_dtype)
         if param_dtype is not None:  # what stays outside the units is cast once, for good
-            cast_module_state(module, param_dtype)
+            cast_module_state(module, param_dtype, mixed_precision.buffer_dtype)
         self.shards = nn.ParameterList(u.shard for u in self.units)
         self.root = self.units[-1] if self.units and self.units[-1].module is module else None
         for unit in self.units:
@@ -143,7 +146,7 @@ class FullyShardedDataParallel(ParallelModule):
         if unit is not self.root and self.reshard_after_forward:
             unit.reshard()
         if torch.is_grad_enabled():
-            for t in _tensors(out):
+            for t in tree_tensors(out):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=unit: self._pre_backward(u))
         return out
@@ -208,6 +211,14 @@ class FullyShardedDataParallel(ParallelModule):
             [(u.layout, u.shard.grad) for u in self.units], max_norm, self.shard_group
         )
 
+    def memory_tensors(self) -> dict:
+        """Chunks, frozen parameters, each unit's flat parameter (its storage is empty unless
+        gathered) and gradients (`minidist.memory.state_bytes`)."""
+        held = super().memory_tensors()
+        held["params"] += [u.full for u in self.units]
+        held["grads"] += [u.full.grad for u in self.units if u.full.grad is not None]
+        return held
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         out = {
             n: p.detach().to(torch.float32, copy=True) for n, p in self.module.named_parameters()
@@ -256,23 +267,23 @@ def _make_units(
     wrapped: list[nn.Module], root: nn.Module, group, param_dtype=None
 ) -> list[FlatParamUnit]:
     """One unit per wrapped module and the root. A parameter belongs to the innermost unit
-    that holds it; one used by two units, neither inside the other (a tied parameter across
-    units), is refused: it must live in one unit."""
+    that holds every place it is registered: a parameter tied across two units (GPT-2's
+    `lm_head.weight is transformer.wte.weight` with the embedding wrapped) belongs to the
+    smallest unit around both, which is gathered whenever either use runs, so it has one
+    owner and one gradient (FSDP1 gives a shared parameter to the common parent the same
+    way; FSDP2 refuses it)."""
     order = [*reversed(wrapped), root]  # wrapped come in pre-order: reversed, children first
     names = {id(p): n for n, p in root.named_parameters()}
-    owner: dict[int, int] = {}
+    unit_of = {}  # id(submodule) -> index of the innermost unit around it
     for i, m in enumerate(order):
-        for p in m.parameters():
-            if p.requires_grad:
-                owner.setdefault(id(p), i)
-    for i, m in enumerate(order):
-        nested = {id(q) for sub in order[:i] if _contains(m, sub) for q in sub.parameters()}
-        for p in m.parameters():
-            if p.requires_grad and id(p) not in nested and owner[id(p)] != i:
-                raise ValueError(
-                    f"{names[id(p)]} is used by two FSDP units: tied parameters must live in "
-                    "one unit (wrap a module that holds every use of it)"
-                )
+        for sub in m.modules():
+            unit_of.setdefault(id(sub), i)
+    users: dict[int, set[int]] = {}  # id(param) -> units where it is registered
+    for sub in root.modules():
+        for p in sub._parameters.values():
+            if p is not None and p.requires_grad:
+                users.setdefault(id(p), set()).add(unit_of[id(sub)])
+    owner = {pid: _common_unit(order, sorted(us)) for pid, us in users.items()}
     units = []
     for i, m in enumerate(order):
         params = {names[id(p)]: p for p in m.parameters() if owner.get(id(p)) == i}
@@ -281,15 +292,12 @@ def _make_units(
     return units
 
 
+def _common_unit(order: list[nn.Module], holders: list[int]) -> int:
+    """Index of the innermost unit of `order` (children first) containing every holder."""
+    if len(holders) == 1:
+        return holders[0]
+    return next(i for i, m in enumerate(order) if all(_contains(m, order[h]) for h in holders))
+
+
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []

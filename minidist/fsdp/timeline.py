@@ -34,9 +34,10 @@ from .. import comm
 from ..data import shard_batch
 from ..data_parallel.fixture import build
 from ..memory import tensor_bytes
+from ..policy import tree_tensors
 from ..zero.fixture import ADAM
 from .fixture import UNITS
-from .fully_sharded import FullyShardedDataParallel, _contains, _tensors
+from .fully_sharded import FullyShardedDataParallel, _contains
 
 Interval = tuple[float, float]
 
@@ -112,7 +113,7 @@ def record_step(
 
     def on_output(unit, out, key: str) -> None:
         if torch.is_grad_enabled():
-            for t in _tensors(out):
+            for t in tree_tensors(out):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=unit: mark(u, key))
 

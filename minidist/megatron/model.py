@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models import GPT
+from ..models import GPT, require_course_gpt
 from ..parallel import ParallelModule, verify_same_model
 from .layers import (
     ParallelAttention,
@@ -61,6 +61,7 @@ class TensorParallelGPT(ParallelModule):
 
     def __init__(self, dense: GPT, group=None, sequence_parallel: bool = False):
         super().__init__()
+        require_course_gpt(dense, "TensorParallelGPT")
         if not isinstance(sequence_parallel, bool):
             raise TypeError(
                 f"TensorParallelGPT: sequence_parallel must be True or False, "

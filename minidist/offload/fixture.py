@@ -27,7 +27,7 @@ from ..data import shard_batch
 from ..data_parallel.fixture import build
 from ..fsdp.fixture import UNITS
 from ..fsdp.fully_sharded import FullyShardedDataParallel
-from ..memory import model_state_bytes
+from ..memory import state_bytes
 from ..training import TrainTrace, train
 from ..zero.fixture import ADAM
 from .optimizer import OffloadOptimizer
@@ -56,9 +56,7 @@ def device_state_bytes(fsdp: FullyShardedDataParallel, opt) -> dict[str, int]:
     frozen parameters and any gathered flat parameter, the chunks' gradients, and, where Adam
     runs on the device, its state. An `OffloadOptimizer`'s buffers are not on the device."""
     on_device = opt if isinstance(opt, torch.optim.Optimizer) else None
-    grads = [s.grad for s in fsdp.shards if s.grad is not None]
-    fulls = [u.full for u in fsdp.units]
-    return vars(model_state_bytes(fsdp, on_device, extra_params=fulls, extra_grads=grads))
+    return vars(state_bytes(fsdp, on_device).model_state())
 
 
 def train_on_rank(tier: str | None, path: str | None = None) -> tuple[TrainTrace, dict]:

@@ -10,10 +10,21 @@ one more forward per step.
 RNG: the recomputed forward must draw the same dropout masks, so the CPU (and, where used,
 CUDA) random state at the segment's start is saved and restored for the recomputation.
 
-This is the "reentrant" form torch calls `torch.utils.checkpoint(..., use_reentrant=True)`:
-the recomputation runs a backward of its own inside the outer one. Gradients of parameters
-inside the segment reach their `.grad` (or an FSDP unit's flat parameter) from that inner
-backward; the segment's output must require grad for backward to reach it at all.
+Two forms, with torch's names (`torch.utils.checkpoint.checkpoint(..., use_reentrant=)`):
+
+- reentrant (`use_reentrant=True`, the lesson's default: the inputs are what autograd saves,
+  so `SavedActivations` counts them): an autograd `Function` whose backward runs the
+  recomputation and a backward of its own inside the outer one. Gradients of parameters in
+  the segment reach their `.grad` (or an FSDP unit's flat parameter) from that inner
+  backward; the output must be a tensor or a tuple and require grad.
+- non-reentrant (`use_reentrant=False`, torch's default): the forward runs under
+  `saved_tensors_hooks` that keep an index instead of each saved tensor; the first unpack in
+  backward recomputes the segment and hands back the recomputed tensors, and the outer
+  backward goes on through the forward's own graph. Any output structure works, and state a
+  block changes as it runs (a cache) never feeds a second, inner backward.
+
+Both take keyword arguments (`block(h, attention_mask=m)`), tensors nested in any structure
+included (`position_embeddings=(cos, sin)`).
 """
 
 from __future__ import annotations
@@ -23,33 +34,59 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from ..policy import map_tensors, tree_tensors
+
+
+def _capture_rng():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _rerun(fn: Callable, rng, *args, **kwargs):
+    """`fn` again with the random state of the first run (same dropout masks), recording."""
+    cpu, cuda = rng
+    with torch.random.fork_rng(devices=list(range(len(cuda))) if cuda is not None else []):
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        with torch.enable_grad():
+            return fn(*args, **kwargs)
+
+
+def _detached(tree):
+    return map_tensors(lambda t: t.detach().requires_grad_(t.requires_grad), tree)
+
 
 class _RecomputeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, *args):
         ctx.fn = fn
-        ctx.cpu_rng = torch.get_rng_state()
-        ctx.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        ctx.rng = _capture_rng()
         ctx.tensor_index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         ctx.others = [None if isinstance(a, torch.Tensor) else a for a in args]
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_index))
         with torch.no_grad():
-            return fn(*args)
+            out = fn(*args)
+        if not isinstance(out, (torch.Tensor, tuple)):
+            raise TypeError(
+                f"checkpoint(use_reentrant=True): the segment returned a {type(out).__name__}; "
+                "the reentrant form passes gradients through a tensor or a tuple of tensors "
+                "only: use use_reentrant=False for any other output"
+            )
+        return out
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         args = list(ctx.others)
         for i, t in zip(ctx.tensor_index, ctx.saved_tensors):
             args[i] = t.detach().requires_grad_(t.requires_grad)
-        devices = list(range(len(ctx.cuda_rng))) if ctx.cuda_rng is not None else []
-        with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(ctx.cpu_rng)
-            if ctx.cuda_rng is not None:
-                torch.cuda.set_rng_state_all(ctx.cuda_rng)
-            with torch.enable_grad():
-                outputs = ctx.fn(*args)
+        outputs = _rerun(ctx.fn, ctx.rng, *args)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+        pairs = [
+            (o, g)
+            for o, g in zip(outputs, grad_outputs)
+            if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+        ]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = [
             args[i].grad if isinstance(args[i], torch.Tensor) else None for i in range(len(args))
@@ -57,35 +94,101 @@ class _RecomputeFunction(torch.autograd.Function):
         return (None, *grads)
 
 
-def checkpoint(fn: Callable, *args):
-    """`fn(*args)`, saving only `args` for backward and recomputing `fn` there."""
-    return _RecomputeFunction.apply(fn, *args)
+def _checkpoint_reentrant(fn: Callable, args: tuple, kwargs: dict):
+    """Every tensor of args and kwargs, nested ones too, becomes an input of the Function
+    (so each gets its gradient); the structure is rebuilt around them for `fn`."""
+    tensors = tree_tensors((args, kwargs))
+
+    def run(*given):
+        it = iter(given)
+        a, k = map_tensors(lambda _: next(it), (args, kwargs))
+        return fn(*a, **k)
+
+    return _RecomputeFunction.apply(run, *tensors)
 
 
-def recompute(module: nn.Module) -> nn.Module:
+def _checkpoint_non_reentrant(fn: Callable, args: tuple, kwargs: dict):
+    """`fn` whose saved tensors are dropped in forward and recomputed at the first unpack."""
+    rng, packed, recomputed = _capture_rng(), [0], {}
+
+    def recompute() -> None:
+        order: list[torch.Tensor] = []
+
+        def keep(t):
+            order.append(t)
+            return len(order) - 1
+
+        a, k = _detached((args, kwargs))
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda i: order[i]):
+            _rerun(fn, rng, *a, **k)
+        if len(order) != packed[0]:
+            raise RuntimeError(
+                f"checkpoint(use_reentrant=False): the recomputed forward saved {len(order)} "
+                f"tensors where the forward saved {packed[0]}: the segment must run the same "
+                "ops both times (no branch on state that the first run changed)"
+            )
+        recomputed.update(enumerate(order))
+
+    def pack(t: torch.Tensor) -> int:
+        packed[0] += 1
+        return packed[0] - 1
+
+    def unpack(i: int) -> torch.Tensor:
+        if i not in recomputed:  # first unpack of this backward (again under retain_graph)
+            recompute()
+        return recomputed.pop(i)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return fn(*args, **kwargs)
+
+
+def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):
+    """`fn(*args, **kwargs)`, saving only the inputs for backward and recomputing `fn` there
+    (`use_reentrant`: which form, see the module docstring; torch's default is False)."""
+    if use_reentrant:
+        return _checkpoint_reentrant(fn, args, kwargs)
+    return _checkpoint_non_reentrant(fn, args, kwargs)
+
+
+def recompute(module: nn.Module, use_reentrant: bool = True) -> nn.Module:
     """Make `module`'s forward recomputed in backward, in place; names and hooks unchanged.
 
     The module's class is swapped for a subclass whose `forward` runs the original one
-    through `checkpoint` (the way `torch.distributed.fsdp.fully_shard` extends a module's
-    class). Its hooks run once, around the first forward. Composes with an FSDP unit on the
-    same module: its pre-backward hook re-gathers the parameters before the recomputation,
-    into the storage the forward's views still point at.
+    (any positional and keyword arguments) through `checkpoint(..., use_reentrant=)`, the
+    way `torch.distributed.fsdp.fully_shard` extends a module's class. Its hooks run once,
+    around the first forward. Composes with an FSDP unit on the same module: its
+    pre-backward hook re-gathers the parameters before the recomputation, into the storage
+    the forward's views still point at.
     """
     cls = type(module)
     if getattr(cls, "_minidist_recompute", False):
         raise ValueError(f"{cls.__name__} is already recomputed")
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         plain = super(recomputed, self).forward
-        return checkpoint(plain, *args) if torch.is_grad_enabled() else plain(*args)
+        if not torch.is_grad_enabled():
+            return plain(*args, **kwargs)
+        reentrant = self._minidist_reentrant
+        if reentrant and not any(t.requires_grad for t in tree_tensors((args, kwargs))):
+            if any(p.requires_grad for p in self.parameters()):
+                raise ValueError(
+                    f"recompute({cls.__name__}, use_reentrant=True): no input requires grad, "
+                    "so backward never reaches the reentrant segment and its parameters get "
+                    "no gradient (torch's reentrant checkpoint has the same rule): use "
+                    "use_reentrant=False"
+                )
+        return checkpoint(plain, *args, use_reentrant=reentrant, **kwargs)
 
     recomputed = type(f"Recomputed{cls.__name__}", (cls,), {"forward": forward})
     recomputed._minidist_recompute = True
     module.__class__ = recomputed
+    module._minidist_reentrant = use_reentrant
     return module
 
 
-def checkpoint_sequential(modules, segment: int, x: torch.Tensor) -> torch.Tensor:
+def checkpoint_sequential(
+    modules, segment: int, x: torch.Tensor, use_reentrant: bool = True
+) -> torch.Tensor:
     """Run `modules` in order on `x`, each run of `segment` consecutive ones recomputed."""
     if segment < 1:
         raise ValueError(f"segment must be >= 1, got {segment}")
@@ -100,5 +203,5 @@ def checkpoint_sequential(modules, segment: int, x: torch.Tensor) -> torch.Tenso
         return segment_forward
 
     for start in range(0, len(mods), segment):
-        x = checkpoint(run(start), x)
+        x = checkpoint(run(start), x, use_reentrant=use_reentrant)
     return x

@@ -17,7 +17,7 @@ from .. import comm
 from ..data import shard_batch
 from ..data_parallel import BucketedDataParallel
 from ..data_parallel.fixture import build
-from ..memory import ModelStateBytes, model_state_bytes
+from ..memory import ModelStateBytes, state_bytes
 from ..training import TrainTrace, train
 from .sharded import ZeroDataParallel
 
@@ -55,12 +55,9 @@ def train_on_rank(
 
 
 def zero_state_bytes(zero: ZeroDataParallel) -> ModelStateBytes:
-    """Parameters, gradients and optimizer state this rank holds (each storage once)."""
-    grads = [b.flat_grad for b in zero.buckets if b.flat_grad is not None]
-    grads += [b.grad_chunk for b in zero.buckets if b.grad_chunk is not None]
-    return model_state_bytes(
-        zero.module, zero.optimizer, extra_params=zero.shards, extra_grads=grads
-    )
+    """Parameters, gradients and optimizer state this rank holds (each storage once):
+    `minidist.memory.state_bytes`'s three terms of ZeRO's formulas."""
+    return state_bytes(zero).model_state()
 
 
 def ddp_state_bytes_on_rank(name: str) -> tuple[ModelStateBytes, int]:
@@ -73,5 +70,4 @@ def ddp_state_bytes_on_rank(name: str) -> tuple[ModelStateBytes, int]:
     x, y = shard_batch(batches[0], rank, world)
     loss_fn(ddp(x), y).backward()
     opt.step()
-    buckets = [b.buffer for b in ddp.buckets]
-    return model_state_bytes(model, opt, extra_grads=buckets), len(opt.state)
+    return state_bytes(ddp, opt).model_state(), len(opt.state)

@@ -24,7 +24,8 @@ clipping or LAMB) sums partial results over the shards with one all-reduce, the 
 masked out (`clip_grad_norm_`). The optimizer wrapper and the clipping live in
 `sharded_optimizer.py`.
 
-Not here: `no_sync`, parameters unused in forward, stage 3 (parameters sharded too: FSDP,
+Parameters unused in forward need `find_unused_parameters=True` (as in DDP). Not here:
+`no_sync`, stage 3 (parameters sharded too: FSDP,
 notebook 03). Native equivalents: `torch.distributed.optim.ZeroRedundancyOptimizer` (stage
 1), DeepSpeed ZeRO stages 1-2.
 """
@@ -36,6 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..data_parallel.bucketed import unreached_parameters
 from ..data_parallel.buckets import MiB, plan_buckets
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import (
@@ -45,7 +47,13 @@ from ..policy import (
     divide_factors,
 )
 from .flat import FlatShard
-from .sharded_optimizer import ShardedOptimizer, _group_index, clip_sharded_grad_norm_
+from .sharded_optimizer import (
+    ShardedOptimizer,
+    _group_index,
+    check_optimizer_used,
+    clip_sharded_grad_norm_,
+    parameter_versions,
+)
 
 GATHER_WHEN = ("after_step", "before_forward")
 
@@ -85,10 +93,15 @@ class ZeroDataParallel(ParallelModule):
             together list every trainable parameter once; default one group of them all.
         bucket_cap_mb: gradient bucket size, as in DDP.
         gather_weights: "after_step" or "before_forward" (when updated chunks are gathered).
-        mixed_precision: the module computes in `param_dtype` (its parameters, frozen ones and
-            buffers become copies in that dtype; inputs cast to it, the output to fp32),
+        mixed_precision: the module computes in `param_dtype` (its parameters and frozen ones
+            become copies in that dtype, buffers only with `buffer_dtype`; inputs cast to it,
+            the output to fp32, any structure kept),
             gradients are reduced in `reduce_dtype` and kept in `param_dtype`; the optimizer
             steps fp32 master chunks (`minidist.mixed_precision`).
+        find_unused_parameters: as DDP's: after each forward, the parameters its graph does
+            not reach count as ready with a zero gradient. (A flat chunk steps whole, so the
+            optimizer sees a zero where DDP would leave `.grad` None: equal for Adam's first
+            steps, not with momentum or weight decay already on that parameter.)
         **defaults: the optimizer's hyperparameters (lr, betas, weight_decay, ...).
     """
 
@@ -102,6 +115,7 @@ class ZeroDataParallel(ParallelModule):
         bucket_cap_mb: float = 25.0,
         gather_weights: str = "after_step",
         mixed_precision: MixedPrecision | None = None,
+        find_unused_parameters: bool = False,
         **defaults,
     ):
         super().__init__()
@@ -117,6 +131,7 @@ class ZeroDataParallel(ParallelModule):
         self.module, self.group, self.stage = module, group, stage
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.gather_weights, self.mixed_precision = gather_weights, mixed_precision
+        self.find_unused_parameters = find_unused_parameters
         broadcast_parameters(module, group)
         dtype = mixed_precision.param_dtype if mixed_precision else None
 
@@ -130,7 +145,7 @@ class ZeroDataParallel(ParallelModule):
             for idx in plan
         ]
         if dtype is not None:
-            cast_module_state(module, dtype)
+            cast_module_state(module, dtype, mixed_precision.buffer_dtype)
         self.slot_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -141,13 +156,16 @@ class ZeroDataParallel(ParallelModule):
             if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
         ]
         self.optimizer = ShardedOptimizer(
-            optimizer_class(inner_groups, **defaults), module, self.buckets, self._after_step
-        )
+            optimizer_class(inner_groups, **defaults), module, self.buckets, self._after_step,
+            self._gradients_cleared,
+        )  # fmt: skip
         self.pre_divide, self.post_divide = (
             divide_factors(self.world) if mixed_precision else (float(self.world), 1.0)
         )
         self._gather_pending = False
+        self._grads_used = True  # the last backward's gradients were stepped or cleared
         self._reset()
+        self._record_versions()
 
     @property
     def shards(self) -> list[nn.Parameter]:
@@ -156,36 +174,40 @@ class ZeroDataParallel(ParallelModule):
 
     # -- forward and backward -----------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        self._check_optimizer_used()
         if self._gather_pending:
             self.gather_parameters()
         if torch.is_grad_enabled():
             self._reset()
         policy = self.mixed_precision
-        if policy is None:
-            return self.module(*args, **kwargs)
-        args, kwargs = cast_floating((args, kwargs), policy.param_dtype)
-        return cast_floating(self.module(*args, **kwargs), torch.float32)
+        if policy is not None:
+            args, kwargs = cast_floating((args, kwargs), policy.param_dtype)
+        out = self.module(*args, **kwargs)
+        if self.find_unused_parameters and torch.is_grad_enabled():
+            self.unused = unreached_parameters(out, [p for b in self.buckets for p in b.params])
+        return out if policy is None else cast_floating(out, torch.float32)
 
     def _reset(self) -> None:
         for b in self.buckets:
-            b.pending, b.work = len(b.params), None
+            b.pending, b.work, b.arrived = len(b.params), None, set()
         self.next_bucket = 0
         self.backward_started = False
+        self.unused: list[nn.Parameter] = []
+
+    def _record_versions(self) -> None:
+        self._versions = parameter_versions(self.buckets)
+
+    def _check_optimizer_used(self) -> None:
+        check_optimizer_used(self.buckets, self._versions, self._grads_used)
 
     @torch.no_grad()
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self.backward_started:
             self.backward_started = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        b, i = self.slot_of[id(param)]
-        if b.flat_grad is None:  # stage 2 allocates it per backward, stage 1 once
-            b.flat_grad = torch.zeros_like(b.flat_param)
-            b.grad_views = b.layout.views(b.flat_grad)  # once per buffer, not per parameter
-        view = b.grad_views[i]
-        if param.grad.data_ptr() != view.data_ptr():
-            view.copy_(param.grad)
-        param.grad = view if self.stage == 1 else None  # stage 2 keeps no full gradient
-        b.pending -= 1
+            for p in self.unused:  # find_unused_parameters: ready now, with a zero gradient
+                self._arrive(p, None)
+        self._arrive(param, param.grad)
         # Launch in bucket order only, so every rank issues the same collectives in order.
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             ready = self.buckets[self.next_bucket]
@@ -200,13 +222,31 @@ class ZeroDataParallel(ParallelModule):
             )  # fmt: skip
             self.next_bucket += 1
 
+    def _arrive(self, param: nn.Parameter, grad: torch.Tensor | None) -> None:
+        """`param`'s gradient (None: unused, zero) into its slot of the flat gradient."""
+        b, i = self.slot_of[id(param)]
+        if b.flat_grad is None:  # stage 2 allocates it per backward, stage 1 once
+            b.flat_grad = torch.zeros_like(b.flat_param)
+            b.grad_views = b.layout.views(b.flat_grad)  # once per buffer, not per parameter
+        view = b.grad_views[i]
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+        if grad is not None:
+            param.grad = view if self.stage == 1 else None  # stage 2 keeps no full gradient
+        b.arrived.add(i)
+        b.pending -= 1
+
     @torch.no_grad()
     def _finish_backward(self) -> None:
         if self.next_bucket < len(self.buckets):
-            missing = [n for b in self.buckets[self.next_bucket :] for n in b.names if b.pending]
+            missing = [n for b in self.buckets for i, n in enumerate(b.names) if i not in b.arrived]
             raise RuntimeError(
-                f"ZeroDataParallel: buckets holding {missing} never got all their gradients: "
-                "every trainable parameter must be used in forward (no unused parameters)."
+                f"ZeroDataParallel: parameters {missing} received no gradient in this backward "
+                "on this rank, so their buckets were never reduced. Pass "
+                "find_unused_parameters=True if some parameters are unused in forward (as "
+                "to torch's DistributedDataParallel)."
             )
         for b in self.buckets:
             b.work.wait()
@@ -220,11 +260,16 @@ class ZeroDataParallel(ParallelModule):
             if b.grad_chunk.dtype == b.shard.dtype:
                 b.shard.grad = b.grad_chunk  # else cast for the step only (`ShardedOptimizer`)
             b.reduced = None
+        self._grads_used = False
 
     # -- the step -------------------------------------------------------------------------------
+    def _gradients_cleared(self) -> None:
+        self._grads_used = True
+
     @torch.no_grad()
     def _after_step(self) -> None:
         """The updated chunks are gathered now, or before the next forward."""
+        self._grads_used = True
         if self.gather_weights == "after_step":
             self.gather_parameters()
         else:
@@ -245,6 +290,7 @@ class ZeroDataParallel(ParallelModule):
         for w in works:
             w.wait()
         self._gather_pending = False
+        self._record_versions()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale the sharded gradients so their global L2 norm is at most `max_norm`; returns
@@ -252,6 +298,16 @@ class ZeroDataParallel(ParallelModule):
         return clip_sharded_grad_norm_(
             [(b.layout, b.grad_chunk) for b in self.buckets], max_norm, self.group
         )
+
+    def memory_tensors(self) -> dict:
+        """The module's parameters, this rank's chunks, the flat gradients and reduced chunks,
+        and the wrapper's optimizer (`minidist.memory.state_bytes`)."""
+        held = super().memory_tensors()
+        held["params"] += self.shards
+        held["grads"] += [b.flat_grad for b in self.buckets if b.flat_grad is not None]
+        held["grads"] += [b.grad_chunk for b in self.buckets if b.grad_chunk is not None]
+        held["optimizer"] = self.optimizer
+        return held
 
     # -- the comparison contract --------------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:

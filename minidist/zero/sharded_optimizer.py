@@ -12,7 +12,8 @@ all-reduce.
   forward);
 - `clip_sharded_grad_norm_`: clipping by the global L2 norm of gradients held as chunks of
   flat buffers, padding masked out (also FSDP's);
-- `_group_index`: which torch-style param group each trainable parameter is in, checked.
+- `_group_index`: which torch-style param group each trainable parameter is in, checked;
+- `check_optimizer_used`: refuses a loop that stepped an optimizer of its own instead.
 
 Not here: the buckets, hooks and collectives of the gradients (`sharded.py`).
 """
@@ -70,8 +71,10 @@ class ShardedOptimizer(OptimizerWrapper):
         module: nn.Module,
         buckets: list,
         after_step: Callable[[], None],
+        on_zero_grad: Callable[[], None] = lambda: None,
     ):
         self.inner, self.module, self.buckets, self.after_step = inner, module, buckets, after_step
+        self.on_zero_grad = on_zero_grad  # the wrapper notes that the gradients were cleared
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -79,6 +82,7 @@ class ShardedOptimizer(OptimizerWrapper):
             p.grad = None
         for b in self.buckets:
             b.grad_chunk = None
+        self.on_zero_grad()
 
     def gradients(self) -> list[torch.Tensor]:
         """This rank's reduced gradient chunks, the ones the step will use (in the compute
@@ -117,3 +121,34 @@ def _group_index(named: list[tuple[str, nn.Parameter]], param_groups) -> dict[in
     if missing:
         raise ValueError(f"param_groups must list every trainable parameter; missing {missing}")
     return index
+
+
+def parameter_versions(buckets: list) -> list[int]:
+    """In-place version of every trainable parameter as the wrapper left it: an optimizer
+    stepping them (instead of the wrapper's stepping the chunks) bumps it."""
+    return [p._version for b in buckets for p in b.params]
+
+
+def check_optimizer_used(buckets: list, versions: list[int], grads_used: bool) -> None:
+    """Refuse a step that bypassed `ZeroDataParallel.optimizer` (a `torch.optim.Adam(model.
+    parameters())` of one's own beside the wrapper) before it makes the ranks drift apart
+    (stage 1) or trains nothing (stage 2, where no parameter has a `.grad`)."""
+    params = [(n, p) for b in buckets for n, p in zip(b.names, b.params)]
+    changed = [n for (n, p), v in zip(params, versions) if p._version != v]
+    rule = (
+        "ZeroDataParallel steps its own optimizer on this rank's shards: build it with "
+        "ZeroDataParallel(model, stage, optimizer_class=torch.optim.Adam, lr=...) (as "
+        "torch's ZeroRedundancyOptimizer), then call zero.optimizer.zero_grad() and "
+        "zero.optimizer.step(); an optimizer of your own on model.parameters() bypasses it"
+    )
+    if changed:
+        raise RuntimeError(
+            f"ZeroDataParallel: parameter {changed[0]!r} was changed in place since the "
+            f"wrapper's last step ({len(changed)} parameters in all). {rule}."
+        )
+    if not grads_used and torch.is_grad_enabled():
+        raise RuntimeError(
+            "ZeroDataParallel: a new forward began while the gradients of the last backward "
+            "were neither stepped by zero.optimizer.step() nor cleared by "
+            f"zero.optimizer.zero_grad(). {rule}."
+        )
