@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import comm
 from ..checkpoint_files import (
     CHECKSUMS,
     CheckpointError,
@@ -118,10 +117,12 @@ def save(layer, optimizer, directory: str | Path) -> Path:
     try:
         raise_everywhere(group, error)
         unfinished = unfinished_path(directory)
-        record = _write(embedding_state_dict(layer, optimizer), rank_path(unfinished, rank))
-        write_json(unfinished / f".rank{rank}.json", record)
-        if group is not False:
-            comm.barrier(group, tag="checkpoint")  # every rank's file is complete
+        try:
+            record = _write(embedding_state_dict(layer, optimizer), rank_path(unfinished, rank))
+            write_json(unfinished / f".rank{rank}.json", record)
+        except Exception as e:  # every rank learns it: none waits for a file never written
+            error = f"save: rank {rank} could not write its file ({type(e).__name__}: {e})"
+        raise_everywhere(group, error)  # every rank's file is complete
         if staging is not None:
             try:
                 _seal(staging, layer, where)
