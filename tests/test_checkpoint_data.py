@@ -7,6 +7,7 @@ checkpoint with entries the model lacks is refused, naming them."""
 import importlib
 import io
 import json
+import os
 import pickle
 import re
 import shutil
@@ -181,8 +182,11 @@ def _craft(path, how):
     elif how == "short stored":  # a replicated tensor claiming more elements than stored
         key = next(k for k, md in meta.state_dict_metadata.items() if "step" in k)
         md = meta.state_dict_metadata[key]
-        md.size = torch.Size([1000])
-        md.chunks[0] = dcp_metadata.ChunkStorageMetadata(torch.Size([0]), torch.Size([1000]))
+        index = next(i for i in meta.storage_data if i.fqn == key)
+        claim = meta.storage_data[index].length // 2  # more bytes than stored, not elements
+        md.size = torch.Size([claim])
+        md.chunks[0] = dcp_metadata.ChunkStorageMetadata(torch.Size([0]), torch.Size([claim]))
+        meta.storage_data[dcp_metadata.MetadataIndex(key, [0])] = meta.storage_data.pop(index)
     elif how == "elsewhere":
         index = next(i for i in meta.storage_data if i.fqn == key)
         meta.storage_data[index].relative_path = "../../../etc/passwd"
@@ -334,3 +338,50 @@ def test_an_embedding_file_with_a_tensor_its_record_lacks_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"tensors \['optimizer.extra'\] are not in"):
         embedding_checkpoint.load(fresh, SparseAdagrad([fresh.weight]), directory)
     assert fresh.table.size == 0
+
+
+class _Payload:
+    """Unpickled, it would create `marker` (what a crafted rank file could do)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_an_embedding_rank_file_with_a_payload_runs_nothing(tmp_path):
+    """Sealed again by whoever crafted it (sizes and hash match): still read as tensors only."""
+    marker, directory = tmp_path / "ran", tmp_path / "emb"
+    embedding_checkpoint.save(HashEmbeddingBag(8, 3), None, directory)
+    path = embedding_checkpoint.rank_path(directory, 0)
+    state = torch.load(path, weights_only=True)
+    state["mode"] = _Payload(marker)
+    torch.save(state, path)
+    manifest = read_json(directory / CHECKSUMS)
+    manifest["files"][path.name].update(file_record(path))
+    write_json(directory / CHECKSUMS, manifest)
+    with pytest.raises(CheckpointError, match="cannot be read as an embedding state"):
+        embedding_checkpoint.load(HashEmbeddingBag(8, 3), None, directory)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("how", ["longer", "fifo", "a path as a name"])
+def test_files_that_are_not_what_the_checksums_list_are_refused(saved, tmp_path, how):
+    crafted = _copy(saved, tmp_path)
+    shard = sorted(crafted.glob("*.distcp"))[0]
+    if how == "longer":  # every chunk intact, bytes appended
+        shard.write_bytes(shard.read_bytes() + b"\0" * 8)
+        want = f"{shard.name} is longer"
+    elif how == "fifo":  # a symlink to a FIFO: refused, never waited on
+        os.mkfifo(tmp_path / "fifo")
+        shard.unlink()
+        shard.symlink_to(tmp_path / "fifo")
+        want = f"{shard.name} is not a regular file"
+    else:
+        record = read_json(crafted / CHECKSUMS)
+        record["files"]["../elsewhere"] = {"bytes": 0}
+        write_json(crafted / CHECKSUMS, record)
+        want = "lists '../elsewhere', which is no file name"
+    with pytest.raises(CheckpointError, match=re.escape(want)):
+        checkpoint.load_full(crafted)

@@ -169,10 +169,16 @@ def test_a_load_waits_for_a_live_save_between_its_renames(tmp_path):
 
 
 # -- two worlds, one path; a failed seal ------------------------------------------------------
+def _fail_on_rank0(patch):
+    """Rank 0's `patch` raises: a full disk, or (the checksums) a file it cannot read."""
+    if patch is not None and dist.get_rank() == 0:
+        error = OSError if "put_in_place" in patch or "_write" in patch else CheckpointError
+        mock.patch(patch, side_effect=error("disk full (injected)")).start()
+
+
 def save_or_error(path, patch=None):
     fsdp = tiny_fsdp()
-    if patch is not None and dist.get_rank() == 0:
-        mock.patch(patch, side_effect=OSError("disk full (injected)")).start()
+    _fail_on_rank0(patch)
     try:
         checkpoint.save(path, fsdp)
     except CheckpointError as e:
@@ -182,8 +188,7 @@ def save_or_error(path, patch=None):
 
 def embedding_save_or_error(path, patch=None):
     layer = embedding_layer()
-    if patch is not None and dist.get_rank() == 0:
-        mock.patch(patch, side_effect=OSError("disk full (injected)")).start()
+    _fail_on_rank0(patch)
     try:
         embedding_checkpoint.save(layer, None, path)
     except CheckpointError as e:
