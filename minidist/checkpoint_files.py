@@ -14,10 +14,15 @@ renames (the old checkpoint to `.<name>.replaced`, the new one to `<name>`), the
 write-ahead atomic replacement (POSIX `rename(2)` is atomic within a file system). A process
 killed between the two renames leaves `<name>` missing, a complete `.unfinished` (its
 checksums file present) and the old one in `.replaced`: `recover` finishes the swap, so the
-next load or save finds the new checkpoint where it belongs. A checksum guards against
-corruption, not against an attacker who can rewrite the checksums too: what keeps a crafted
-file from running code is that loads never unpickle anything but plain data (see each
-format's module).
+next load or save finds the new checkpoint where it belongs. The saving rank 0 holds its
+staging folder locked (`Staging`: an `flock`, which the kernel drops when the holder dies)
+from its creation until the swap is done, so that `recover` never finishes the swap of a
+save that is alive (a reader doing so made that save fail), and a second save to the same
+path (another world) is refused while the first runs instead of sharing its folder. Loads
+read through `minidist.checkpoint_pin`, which holds one version's files open. A checksum
+guards against corruption, not against an attacker who can rewrite the checksums too: what
+keeps a crafted file from running code is that loads never unpickle anything but plain data
+(see each format's module).
 """
 
 from __future__ import annotations
@@ -65,21 +70,6 @@ def sha256_tensor(t: torch.Tensor) -> str:
 
 def file_record(path: Path) -> dict:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def check_file(directory: Path, name: str, record: dict) -> None:
-    """Raise `CheckpointError` unless `directory/name` has the recorded size (and SHA-256)."""
-    path = directory / name
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing (the checkpoint lists it)")
-    size = path.stat().st_size
-    if size != record["bytes"]:
-        what = "empty" if size == 0 else "truncated" if size < record["bytes"] else "longer"
-        raise CheckpointError(
-            f"{path} is {what}: {size} bytes, the checkpoint recorded {record['bytes']}"
-        )
-    if "sha256" in record and sha256_file(path) != record["sha256"]:
-        raise CheckpointError(f"{path}: its bytes differ from the checksum recorded at save")
 
 
 # -- small files written atomically ---------------------------------------------------------------
