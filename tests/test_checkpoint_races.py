@@ -226,3 +226,34 @@ def test_a_seal_that_fails_raises_the_same_error_on_every_rank(tmp_path, save, p
     assert errors[0] == errors[1]
     assert "rank 0 could not" in errors[0] and "disk full (injected)" in errors[0]
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # the old one, whole
+
+
+def stale_first_read(path, other, module, name):
+    """Rank 1's first pin reads `other` (as if a save replaced `path` between the ranks'
+    pins), later ones `path`; returns what the load left in the model."""
+    if dist.get_rank() == 1:
+        real, calls = getattr(module, name), []
+
+        def stale(where, *args):
+            calls.append(where)
+            return real(other if len(calls) == 1 else where, *args)
+
+        mock.patch.object(module, name, stale).start()
+    if module is checkpoint:
+        fsdp = tiny_fsdp()
+        checkpoint.load(path, fsdp)
+        return {float(x) for t in fsdp.full_parameters().values() for x in t.reshape(-1)}
+    layer = embedding_layer()
+    embedding_checkpoint.load(layer, None, path)
+    return {float(x) for x in layer.local.weight[: layer.local.table.size].reshape(-1)}
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "embedding"])
+def test_ranks_that_pinned_different_versions_pin_again(tmp_path, kind):
+    """Deterministic: rank 1 first pins version 1, rank 0 version 2; they agree on 2."""
+    saves = {"fsdp": fsdp_saves, "embedding": embedding_saves}[kind]
+    minidist.launch(saves, 2, tmp_path / "v1", 2)
+    minidist.launch(saves, 2, tmp_path / "v2", 3)
+    module, name = (checkpoint, "_read") if kind == "fsdp" else (embedding_checkpoint, "_pin")
+    loaded = minidist.launch(stale_first_read, 2, tmp_path / "v2", tmp_path / "v1", module, name)
+    assert loaded == [{2.0}, {2.0}]
