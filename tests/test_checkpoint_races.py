@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import minidist
+from minidist import checkpoint_pin
 from minidist.checkpoint_files import CHECKSUMS, CheckpointError, Staging
 from minidist.embedding import checkpoint as embedding_checkpoint
 from minidist.embedding.distributed import DistributedSlotSparseEmbeddingHash, key_owner
@@ -257,3 +258,23 @@ def test_ranks_that_pinned_different_versions_pin_again(tmp_path, kind):
     module, name = (checkpoint, "_read") if kind == "fsdp" else (embedding_checkpoint, "_pin")
     loaded = minidist.launch(stale_first_read, 2, tmp_path / "v2", tmp_path / "v1", module, name)
     assert loaded == [{2.0}, {2.0}]
+
+
+def test_a_version_removed_while_it_is_pinned_is_pinned_again(tmp_path):
+    """Deterministic: right after the checksums file is opened, a save replaces `ckpt` and
+    deletes the old files; the pin starts again and holds the new version whole."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(_a_version(tmp_path, 1), path)
+    newer, real, swapped = _a_version(tmp_path, 2), checkpoint_pin._open_in, []
+
+    def open_during_a_save(dfd, where, name):
+        if name != CHECKSUMS and not swapped:  # the save's renames and its removal
+            swapped.append(name)
+            path.rename(tmp_path / ".ckpt.replaced")
+            shutil.copytree(newer, path)
+            shutil.rmtree(tmp_path / ".ckpt.replaced")
+        return real(dfd, where, name)
+
+    with mock.patch.object(checkpoint_pin, "_open_in", open_during_a_save):
+        assert fsdp_values(path) == {2.0}
+    assert swapped
