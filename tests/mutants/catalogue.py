@@ -1136,6 +1136,13 @@ MUTANTS = [
         'if not set(state["optimizer"]) <= set(table_states) | set(state["optimizer"]):',
         "optimizer states the optimizer lacks accepted",
     ),
+    (
+        "embedding_checkpoint",
+        "embedding/state_dict.py",
+        "not torch.equal(torch.as_tensor(other[k]), torch.as_tensor(others[0][k])) for k in other",
+        "False for k in other",
+        "ranks' optimizer counters compared by name only",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them).
