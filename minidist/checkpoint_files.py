@@ -14,14 +14,20 @@ renames (the old checkpoint to `.<name>.replaced`, the new one to `<name>`), the
 write-ahead atomic replacement (POSIX `rename(2)` is atomic within a file system). A process
 killed between the two renames leaves `<name>` missing, a complete `.unfinished` (its
 checksums file present) and the old one in `.replaced`: `recover` finishes the swap, so the
-next load or save finds the new checkpoint where it belongs. A checksum guards against
-corruption, not against an attacker who can rewrite the checksums too: what keeps a crafted
-file from running code is that loads never unpickle anything but plain data (see each
-format's module).
+next load or save finds the new checkpoint where it belongs. The saving rank 0 holds its
+staging folder locked (`Staging`: an `flock`, which the kernel drops when the holder dies)
+from its creation until the swap is done, so that `recover` never finishes the swap of a
+save that is alive (a reader doing so made that save fail), and a second save to the same
+path (another world) is refused while the first runs instead of sharing its folder. Loads
+read through `minidist.checkpoint_pin`, which holds one version's files open. A checksum
+guards against corruption, not against an attacker who can rewrite the checksums too: what
+keeps a crafted file from running code is that loads never unpickle anything but plain data
+(see each format's module).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -64,21 +70,6 @@ def sha256_tensor(t: torch.Tensor) -> str:
 
 def file_record(path: Path) -> dict:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def check_file(directory: Path, name: str, record: dict) -> None:
-    """Raise `CheckpointError` unless `directory/name` has the recorded size (and SHA-256)."""
-    path = directory / name
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing (the checkpoint lists it)")
-    size = path.stat().st_size
-    if size != record["bytes"]:
-        what = "empty" if size == 0 else "truncated" if size < record["bytes"] else "longer"
-        raise CheckpointError(
-            f"{path} is {what}: {size} bytes, the checkpoint recorded {record['bytes']}"
-        )
-    if "sha256" in record and sha256_file(path) != record["sha256"]:
-        raise CheckpointError(f"{path}: its bytes differ from the checksum recorded at save")
 
 
 # -- small files written atomically ---------------------------------------------------------------
@@ -126,6 +117,78 @@ def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
+def _lock(fd: int) -> bool:
+    """Take the exclusive `flock` of `fd` without waiting; False when a live process holds it
+    (the kernel drops a lock when its holder dies, so a killed save never holds one)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+class _DirLock:
+    """`with _DirLock(directory):` the exclusive `flock` of a directory, waiting for it."""
+
+    def __init__(self, directory: Path):
+        self.fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
+
+
+def _held(directory: Path) -> bool:
+    """True when a live save holds `directory` (its staging folder) locked."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        return not _lock(fd)
+    finally:
+        os.close(fd)
+
+
+class Staging:
+    """The staging folder `.<name>.unfinished` of one save, held locked (an `flock` on the
+    folder) from its creation until the save is in place or has failed: another save to the
+    same path is refused while it is held, and a reader never finishes a swap a live save is
+    making (`recover`)."""
+
+    def __init__(self, path: Path, who: str = "save"):
+        self.path, self.folder = path, unfinished_path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _DirLock(path.parent):  # one claim at a time in this folder
+            if self.folder.exists() and _held(self.folder):
+                raise CheckpointError(
+                    f"{who}: another save to {path} is running ({self.folder.name} is held by a "
+                    "live process): two worlds must not save to one path at once"
+                )
+            _recover(path)  # a complete save stopped between its renames is not thrown away
+            shutil.rmtree(self.folder, ignore_errors=True)  # what an interrupted save left
+            self.folder.mkdir()
+            self.fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+            _lock(self.fd)  # nobody else can hold a folder made under the parent's lock
+
+    def put_in_place(self) -> None:
+        """Replace `path` by the complete staging folder (an earlier checkpoint goes only now)."""
+        put_in_place(self.folder, self.path)
+
+    def release(self) -> None:
+        """Unlock; a staging folder still empty (the save failed before writing) goes."""
+        if self.fd is not None:
+            try:
+                self.folder.rmdir()  # only when empty: partial files stay for inspection
+            except OSError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+
 def put_in_place(unfinished: Path, path: Path) -> None:
     """Replace `path` by the complete `unfinished` (an earlier checkpoint goes only now)."""
     replaced = replaced_path(path)
@@ -133,20 +196,14 @@ def put_in_place(unfinished: Path, path: Path) -> None:
     if path.exists():
         _rename(path, replaced)
     _rename(unfinished, path)
-    shutil.rmtree(replaced, ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)  # a reader holding its files still reads them
     fsync_dir(path.parent)
 
 
-def recover(path: Path) -> bool:
-    """Finish a swap that was interrupted between its two renames; True when it did.
-
-    Only when `path` is missing and `.<name>.unfinished` is complete (its checksums file is
-    written after every rank's files). Safe when several processes call it at once: the
-    rename happens once, the others find `path` in place.
-    """
+def _recover(path: Path) -> bool:
     unfinished = unfinished_path(path)
-    if path.exists() or not is_complete(unfinished):
-        return False
+    if path.exists() or not is_complete(unfinished) or _held(unfinished):
+        return False  # in place, never completed, or a live save is between its renames
     try:
         _rename(unfinished, path)
     except OSError:
@@ -159,6 +216,26 @@ def recover(path: Path) -> bool:
         f"{path} was missing: a save completed but was stopped between its two renames; "
         f"its complete copy {unfinished.name} is now {path.name}",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return True
+
+
+def recover(path: Path) -> bool:
+    """Finish a swap that was interrupted between its two renames; True when it did.
+
+    Only when `path` is missing, `.<name>.unfinished` is complete (its checksums file is
+    written after every rank's files) and no live save holds it (a save between its two
+    renames is left to finish). Safe when several processes call it at once: the rename
+    happens once, the others find `path` in place.
+    """
+    if path.exists() or not path.parent.is_dir():
+        return False
+    with _DirLock(path.parent):
+        return _recover(path)
+
+
+def swapping(path: Path) -> bool:
+    """True while a live save is between its two renames (`path` missing for a moment)."""
+    unfinished = unfinished_path(path)
+    return not path.exists() and is_complete(unfinished) and _held(unfinished)

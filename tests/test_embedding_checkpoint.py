@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import minidist
-from minidist.checkpoint_files import CHECKSUMS, CheckpointError, read_json
+from minidist.checkpoint_files import CHECKSUMS, CheckpointError, file_record, read_json, write_json
 from minidist.embedding import checkpoint
 from minidist.embedding.distributed import (
     DistributedSlotSparseEmbeddingHash,
@@ -275,3 +275,25 @@ def test_save_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
     assert (tmp_path / "precious" / "notes.txt").read_text() == "mine"
     assert read_json(_saved_one(tmp_path) / CHECKSUMS)["world"] == 1
     shutil.rmtree(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("how", ["a key twice", "counters differ"])
+def test_rank_files_that_contradict_each_other_are_refused(tmp_path, how):
+    """Sealed again by whoever changed them (sizes, hashes and tensors match the files)."""
+    directory = tmp_path / "on2"
+    minidist.launch(save_rank, 2, directory)
+    first, second = (checkpoint.rank_path(directory, r) for r in (0, 1))
+    manifest = read_json(directory / CHECKSUMS)
+    if how == "a key twice":  # rank 1's file a copy of rank 0's: every key in both
+        shutil.copyfile(first, second)
+        manifest["files"][second.name] = manifest["files"][first.name]
+        want = "is in more than one rank's file"
+    else:
+        state = torch.load(second, weights_only=True)
+        state["optimizer_other"]["step"] = state["optimizer_other"]["step"] + 1
+        torch.save(state, second)
+        manifest["files"][second.name].update(file_record(second))
+        want = "the ranks saved different optimizer counters"
+    write_json(directory / CHECKSUMS, manifest)
+    with pytest.raises(CheckpointError, match=want):
+        load_whole(directory)

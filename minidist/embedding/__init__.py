@@ -16,7 +16,8 @@ to rows of a value table, pooled per slot, split over ranks by key or by slot.
 - `backward.py`: the sort/dedup backward (occurrence bags, runs of equal rows, per-row sums)
 - `distributed.py`: the distributed and localized slot placements over `minidist.comm`
 - `checkpoint.py`: key-sorted save/load of a table and its optimizer state (a shard per rank,
-  saved atomically, checksummed, resharded onto any world on load)
+  saved atomically, checksummed, resharded onto any world on load); `state_dict.py` the
+  key-sorted state dicts it writes
 - `theory.py`: the bytes each placement sends, as functions
 """
 

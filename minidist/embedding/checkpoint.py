@@ -1,37 +1,30 @@
 """Key-sorted save and load of hash embeddings and their sparse optimizers' state.
 
-A hash embedding's rows are numbered in the order keys were first claimed, which depends on
-the back end, the batch order and the placement; the portable form of the table is the map
-key -> (vector, optimizer state). HugeCTR saves a sparse model that way (NVIDIA Merlin
-HugeCTR docs, "Embedding Training Cache" and `Model::save_params_to_files`: a `key` file
-and an `emb_vector` file per table, and the optimizer's per-key states beside them), and so
-does this module:
-
-- `embedding_state_dict(layer, optimizer)`: the keys sorted ascending, their vectors, and
-  for every optimizer state shaped like the table (momentum, accumulator, moments) its rows
-  in the same key order, plus the optimizer's other state (Adam's step count) as is;
-- `load_embedding_state_dict(layer, optimizer, state)`: into a *fresh* layer (an empty
-  table): the keys are inserted in key order, vectors and states written to their new rows.
-  Training then continues exactly as it would have: every computation is per row and per
-  occurrence in input order, so the row numbers do not enter the results (bitwise equal,
-  tests/test_embedding_checkpoint.py).
+The state dicts (`embedding_state_dict`, `load_embedding_state_dict`: the keys sorted, their
+vectors and optimizer rows, after HugeCTR's `key`/`emb_vector` files, NVIDIA Merlin HugeCTR
+docs, "Embedding Training Cache") are `state_dict.py`'s, importable from here too.
 
 `save(layer, optimizer, directory)` / `load(layer, optimizer, directory)` on files (every
 rank of a distributed layer calls them):
 
 - each rank writes its shard, `embedding_rank{r}.pt`, into `.<name>.unfinished` beside
-  `directory` (write beside, fsync, rename); after a barrier rank 0 records the world, the
-  placement and every file's and tensor's SHA-256 (`minidist.checksums.json`, written last)
-  and swaps the directory into place (`minidist.checkpoint_files`): a save killed on any rank
-  leaves the previous checkpoint whole and loadable;
+  `directory` (write beside, fsync, rename), a staging folder rank 0 holds locked for the
+  save (another save to the same path is refused while it runs); after a barrier rank 0
+  records the world, the placement and every file's and tensor's SHA-256
+  (`minidist.checksums.json`, written last) and swaps the directory into place
+  (`minidist.checkpoint_files`): a save killed on any rank leaves the previous checkpoint
+  whole and loadable; a save that fails on rank 0 raises the same `CheckpointError` on every
+  rank;
 - a load reshards: every rank reads the files that can hold its keys and keeps the keys it
   owns in *this* world (`key_owner` for distributed slots, everything for one
   `HashEmbeddingBag`), with their optimizer rows, so a checkpoint of N ranks loads on any M.
   Localized slots (`LocalizedSlotSparseEmbeddingHash`) place by slot, which a key does not
   record: they reload on M ranks when M divides the saving world (or M = 1);
 - a load reads tensors only (`torch.load(weights_only=True)`: no code from the file runs)
-  and verifies each file's size and each tensor's checksum first, naming the file or tensor
-  (`CheckpointError`), before anything changes.
+  and verifies each file's size, each tensor's checksum (no tensor the record lacks) and the
+  whole file's first, naming the file or tensor (`CheckpointError`), before anything
+  changes; it reads one version held open (`minidist.checkpoint_pin`), the same on every
+  rank, so a save replacing the checkpoint meanwhile never mixes two versions.
 
 Not done here: incremental dumps of the rows touched since the last save (HugeCTR's ETC),
 torch.distributed.checkpoint.
@@ -39,95 +32,40 @@ torch.distributed.checkpoint.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
-import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .. import comm
 from ..checkpoint_files import (
     CHECKSUMS,
     CheckpointError,
-    check_file,
+    Staging,
     file_record,
-    put_in_place,
     read_json,
-    recover,
     sha256_tensor,
     unfinished_path,
     write_json,
 )
+from ..checkpoint_pin import ATTEMPTS, Pinned, pin, raise_everywhere, same_everywhere
 from .distributed import (
     DistributedSlotSparseEmbeddingHash,
     LocalizedSlotSparseEmbeddingHash,
     key_owner,
 )
-from .layers import HashEmbeddingBag
+from .layers import HashEmbeddingBag  # noqa: F401 (the layer type a load accepts)
+from .state_dict import (  # noqa: F401 (re-exported: the state dicts' home)
+    _local,
+    _merge,
+    _tensors,
+    embedding_state_dict,
+    load_embedding_state_dict,
+)
 
 FORMAT = "minidist-embedding-checkpoint/2"
-
-
-def _local(layer) -> HashEmbeddingBag:
-    """The HashEmbeddingBag that holds this rank's keys (the layer itself, or its shard)."""
-    local = getattr(layer, "local", layer)
-    if not isinstance(local, HashEmbeddingBag):
-        raise TypeError(
-            f"layer must be a HashEmbeddingBag or a slot embedding, got {type(layer).__name__}"
-        )
-    return local
-
-
-def _table_states(optimizer, weight) -> tuple[dict, dict]:
-    """(states shaped like the table, other states) of `weight` in `optimizer`."""
-    if optimizer is None:
-        return {}, {}
-    state = optimizer.state.get(weight, {})
-    rows = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == weight.shape}
-    other = {k: v for k, v in state.items() if k not in rows}
-    return rows, other
-
-
-def embedding_state_dict(layer, optimizer=None) -> dict:
-    """{keys, vectors, optimizer: {name: rows in key order}, optimizer_other, dim, mode}."""
-    local = _local(layer)
-    keys, rows = local.table.items()
-    table_states, other = _table_states(optimizer, local.weight)
-    return dict(
-        keys=keys.clone(), vectors=local.weight.detach()[rows].clone(),
-        optimizer={name: t.detach()[rows].clone() for name, t in table_states.items()},
-        optimizer_other={k: (v.clone() if torch.is_tensor(v) else v) for k, v in other.items()},
-        dim=local.dim, mode=layer.mode,
-    )  # fmt: skip
-
-
-def load_embedding_state_dict(layer, optimizer, state: dict) -> None:
-    """Load `state` (from `embedding_state_dict`) into a fresh layer and its optimizer."""
-    who = "load_embedding_state_dict"
-    local = _local(layer)
-    if local.table.size:
-        raise ValueError(
-            f"{who}: layer already holds {local.table.size} keys; load into a fresh layer"
-        )
-    if state["dim"] != local.dim or state["mode"] != layer.mode:
-        raise ValueError(
-            f"{who}: state has dim={state['dim']}, mode={state['mode']!r}; the layer has "
-            f"dim={local.dim}, mode={layer.mode!r}"
-        )
-    table_states, _ = _table_states(optimizer, local.weight)
-    if set(state["optimizer"]) != set(table_states):
-        raise ValueError(
-            f"{who}: state holds optimizer states {sorted(state['optimizer'])}, the optimizer "
-            f"has {sorted(table_states)}"
-        )
-    rows = local.table.insert(state["keys"])  # raises HashTableFullError before any change
-    with torch.no_grad():
-        local.weight[rows] = state["vectors"].to(local.weight.device)
-        for name, saved in state["optimizer"].items():
-            table_states[name][rows] = saved.to(local.weight.device)
-    if optimizer is not None:
-        optimizer.state[local.weight].update(state["optimizer_other"])
 
 
 def rank_path(directory: str | Path, rank: int) -> Path:
@@ -142,12 +80,6 @@ def _placement(layer) -> dict:
         return dict(kind=kind, rank=rank, world=world, placement=getattr(layer, "placement", None))
     _local(layer)
     return dict(kind="single", rank=0, world=1, placement=None)
-
-
-def _tensors(state: dict) -> dict[str, torch.Tensor]:
-    named = {"keys": state["keys"], "vectors": state["vectors"]}
-    named.update({f"optimizer.{k}": v for k, v in state["optimizer"].items()})
-    return named
 
 
 def _write(state: dict, path: Path) -> dict:
@@ -175,48 +107,69 @@ def save(layer, optimizer, directory: str | Path) -> Path:
             f"save: {directory} exists and is not an embedding checkpoint (no {CHECKSUMS}): "
             "refusing to replace it"
         )
-    group = getattr(layer, "group", None) if where["kind"] != "single" else None
-    unfinished, rank = unfinished_path(directory), where["rank"]
-    if rank == 0:
-        recover(directory)
-        shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
-        unfinished.mkdir(parents=True)
-    if where["kind"] != "single":
-        comm.barrier(group, tag="checkpoint")
-    record = _write(embedding_state_dict(layer, optimizer), rank_path(unfinished, rank))
-    write_json(unfinished / f".rank{rank}.json", record)
-    if where["kind"] != "single":
-        comm.barrier(group, tag="checkpoint")  # every rank's file is complete
-    if rank == 0:
-        files = {}
-        for r in range(where["world"]):
-            files[rank_path(unfinished, r).name] = read_json(unfinished / f".rank{r}.json")
-            (unfinished / f".rank{r}.json").unlink()
-        local = _local(layer)
-        manifest = dict(format=FORMAT, dim=local.dim, mode=layer.mode, files=files, **where)
-        manifest.pop("rank")
-        write_json(unfinished / CHECKSUMS, manifest)  # written last: the save is complete
-        put_in_place(unfinished, directory)
-    if where["kind"] != "single":  # nobody returns before the checkpoint is in place
-        comm.barrier(group, tag="checkpoint")
+    group = getattr(layer, "group", None) if where["kind"] != "single" else False
+    staging, error, rank = None, None, where["rank"]
+    if rank == 0:  # claims the staging folder: refused while another save holds it
+        try:
+            staging = Staging(directory, "save")
+        except (CheckpointError, OSError) as e:
+            error = str(e)
+    try:
+        raise_everywhere(group, error)
+        unfinished = unfinished_path(directory)
+        try:
+            record = _write(embedding_state_dict(layer, optimizer), rank_path(unfinished, rank))
+            write_json(unfinished / f".rank{rank}.json", record)
+        except Exception as e:  # every rank learns it: none waits for a file never written
+            error = f"save: rank {rank} could not write its file ({type(e).__name__}: {e})"
+        raise_everywhere(group, error)  # every rank's file is complete
+        if staging is not None:
+            try:
+                _seal(staging, layer, where)
+            except Exception as e:  # every rank gets the same error, none dies in gloo
+                error = f"save: rank 0 could not complete {directory} ({type(e).__name__}: {e})"
+        raise_everywhere(group, error)  # nobody returns before the checkpoint is in place
+    finally:
+        if staging is not None:
+            staging.release()
     return rank_path(directory, rank)
 
 
-def _read_rank(directory: Path, name: str, record: dict) -> dict:
-    """One rank's file, verified: size, then each tensor's checksum, then the whole file's."""
-    check_file(directory, name, {"bytes": record["bytes"]})
-    path = directory / name
+def _seal(staging: Staging, layer, where: dict) -> None:
+    """Rank 0: the manifest of every rank's file (written last), then the swap."""
+    files = {}
+    for r in range(where["world"]):
+        files[rank_path(staging.folder, r).name] = read_json(staging.folder / f".rank{r}.json")
+        (staging.folder / f".rank{r}.json").unlink()
+    local = _local(layer)
+    manifest = dict(format=FORMAT, dim=local.dim, mode=layer.mode, files=files, **where)
+    manifest.pop("rank")
+    write_json(staging.folder / CHECKSUMS, manifest)  # written last: the save is complete
+    staging.put_in_place()
+
+
+def _read_rank(pinned: Pinned, name: str) -> dict:
+    """One rank's file of a pinned version, verified on the bytes held: its size, each
+    tensor's checksum (naming the one that differs), no tensor unrecorded, the whole file's
+    checksum. Parsing first is safe: tensors only (`weights_only=True`)."""
+    record, path = pinned.record["files"][name], pinned.path / name
+    pinned.check(name, {"bytes": record["bytes"]})
+    data = pinned.read(name)
     try:
-        state = torch.load(path, weights_only=True)
+        state = torch.load(io.BytesIO(data), weights_only=True)
         tensors = _tensors(state)
     except Exception as e:  # a damaged file: pickle and zip raise many kinds
         raise CheckpointError(f"{path} cannot be read as an embedding state ({e!r})") from e
+    extra = sorted(set(tensors) - set(record["tensors"]))
+    if extra:
+        raise CheckpointError(f"{path}: tensors {extra} are not in the checkpoint's record")
     for tensor_name, sha in record["tensors"].items():
         if tensor_name not in tensors or sha256_tensor(tensors[tensor_name]) != sha:
             raise CheckpointError(
                 f"{path}: tensor {tensor_name} differs from the checksum recorded at save"
             )
-    check_file(directory, name, record)
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise CheckpointError(f"{path}: its bytes differ from the checksum recorded at save")
     return state
 
 
@@ -233,53 +186,30 @@ def _sources(manifest: dict, where: dict, who: str) -> list[int]:
     )
 
 
-def _merge(states: list[dict], mine, who: str) -> dict:
-    """The saved shards' keys that this rank owns, in key order, with their rows."""
-    parts = []
-    for state in states:
-        keep = mine(state["keys"])
-        parts.append({name: t[keep] for name, t in _tensors(state).items()})
-    merged = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
-    order = torch.argsort(merged["keys"])
-    merged = {name: t[order] for name, t in merged.items()}
-    keys = merged["keys"]
-    if keys.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
-        dup = int(keys[1:][keys[1:] == keys[:-1]][0])
-        raise CheckpointError(f"{who}: key {dup} is in more than one rank's file")
-    others = [s["optimizer_other"] for s in states]
-    for other in others[1:]:
-        if other.keys() != others[0].keys() or any(
-            not torch.equal(torch.as_tensor(other[k]), torch.as_tensor(others[0][k])) for k in other
-        ):
-            raise CheckpointError(
-                f"{who}: the ranks saved different optimizer counters ({others[0]} vs {other})"
-            )
-    return dict(
-        keys=merged["keys"], vectors=merged["vectors"],
-        optimizer={k[len("optimizer.") :]: v for k, v in merged.items() if k.startswith("opt")},
-        optimizer_other=others[0], dim=states[0]["dim"], mode=states[0]["mode"],
-    )  # fmt: skip
-
-
 def load(layer, optimizer, directory: str | Path) -> None:
-    """Load a checkpoint written by `save` on any world into a fresh layer on this world."""
+    """Load a checkpoint written by `save` on any world into a fresh layer on this world.
+
+    Every rank of a distributed layer calls it: all read the same version of the checkpoint
+    even while a save replaces it (`minidist.checkpoint_pin`)."""
     who, directory, where = "load", Path(directory), _placement(layer)
-    recover(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{who}: no embedding checkpoint at {directory}")
-    if not (directory / CHECKSUMS).is_file():
-        raise CheckpointError(
-            f"{who}: {directory} is not a complete embedding checkpoint (no {CHECKSUMS})"
-        )
-    manifest = read_json(directory / CHECKSUMS)
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{who}: {directory}: unknown format {manifest.get('format')!r}")
-    states = [
-        _read_rank(
-            directory, rank_path(directory, r).name, manifest["files"][rank_path(directory, r).name]
-        )
-        for r in _sources(manifest, where, who)
-    ]
+    group = getattr(layer, "group", None) if where["kind"] != "single" else False
+    for _ in range(ATTEMPTS):
+        try:
+            pinned = _pin(directory, who)
+        except Exception as e:
+            if group is False:
+                raise
+            same_everywhere(group, None, e)
+        if group is False or same_everywhere(group, pinned.digest):
+            break
+        pinned.close()
+    else:
+        raise CheckpointError(f"{who}: the ranks kept reading different versions of {directory}")
+    with pinned:
+        manifest = pinned.record
+        states = [
+            _read_rank(pinned, rank_path(directory, r).name) for r in _sources(manifest, where, who)
+        ]
     if where["kind"] == "distributed":
         world, rank, placement = where["world"], where["rank"], where["placement"]
 
@@ -291,3 +221,21 @@ def load(layer, optimizer, directory: str | Path) -> None:
             return torch.ones_like(keys, dtype=torch.bool)
 
     load_embedding_state_dict(layer, optimizer, _merge(states, mine, who))
+
+
+def _pin(directory: Path, who: str) -> Pinned:
+    """A pinned version of an embedding checkpoint of this format."""
+    try:
+        pinned = pin(directory, who)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{who}: no embedding checkpoint at {directory}") from None
+    except CheckpointError as e:
+        if CHECKSUMS in str(e) and "not a complete" in str(e):
+            raise CheckpointError(
+                f"{who}: {directory} is not a complete embedding checkpoint (no {CHECKSUMS})"
+            ) from None
+        raise
+    if pinned.record.get("format") != FORMAT:
+        pinned.close()
+        raise CheckpointError(f"{who}: {directory}: unknown format {pinned.record.get('format')!r}")
+    return pinned

@@ -35,15 +35,21 @@ names, the format of `torch.distributed.checkpoint.state_dict.get_optimizer_stat
 - A checkpoint of another model is refused before anything changes: the layout and DCP's
   metadata are read first (`checkpoint_check.py`) and the error names the first parameter,
   unit, buffer or optimizer entry whose name or shape differs (`CheckpointMismatchError`).
-- A save is written into `.<name>.unfinished` next to `path`; after every rank finished
-  (DCP's final collective, then a barrier) group rank 0 records the checksums of every
-  chunk (`minidist.checksums.json`, written last) and renames it to `path`, replacing an
-  earlier checkpoint only then (`minidist.checkpoint_files`). An interrupted save leaves
-  `path` absent or as it was, and `load` refuses the unfinished directory; one stopped
-  between rank 0's two renames is finished by the next load or save. A leftover unfinished
-  one is removed by the next save. A write that fails on any rank raises `RuntimeError` on
-  every rank (DCP's `CheckpointException` is a `BaseException`, which `except Exception`
-  would miss).
+- A save is written into `.<name>.unfinished` next to `path`, a staging folder group rank
+  0 holds locked while the save runs (a second save to the same path, from another world,
+  is refused with a `CheckpointError` on its every rank); after every rank finished (DCP's
+  final collective, then a barrier) rank 0 records the checksums of every chunk
+  (`minidist.checksums.json`, written last) and renames it to `path`, replacing an earlier
+  checkpoint only then (`minidist.checkpoint_files`). An interrupted save leaves `path`
+  absent or as it was, and `load` refuses the unfinished directory; one stopped between
+  rank 0's two renames is finished by the next load or save (never while the save is alive
+  and about to finish it). A leftover unfinished one is removed by the next save. A write
+  that fails on any rank raises `RuntimeError` on every rank (DCP's `CheckpointException`
+  is a `BaseException`, which `except Exception` would miss); a seal that fails on rank 0
+  raises the same `CheckpointError` on every rank.
+- A load reads one version whole while saves replace it (`minidist.checkpoint_pin`: the
+  files held open through the directory they were in, the checks and the read on the same
+  bytes), every rank of a group the same version.
 - A checkpoint is data: a load never runs code from it (`checkpoint_safe.py`: `.metadata`
   through a restricted unpickler, other entries with `torch.load(weights_only=True)`), and
   verifies every chunk's checksum first; a missing, empty, truncated or altered file is a
@@ -63,7 +69,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -71,14 +76,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import comm
-from ..checkpoint_files import CHECKSUMS, CheckpointError, put_in_place, recover, unfinished_path
-from ..parallel import first_rank
+from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, unfinished_path
+from ..checkpoint_pin import ATTEMPTS, Pinned, raise_everywhere, same_everywhere
 from .checkpoint_check import CheckpointMismatchError, _check, _read
 from .checkpoint_full import _placeholder, load_full
 from .checkpoint_layout import (
     FORMAT,
     LAYOUT_KEY,
-    _device,
     _dtensor,
     _layout,
     _Sharded,
@@ -123,11 +127,30 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
             for name, v in group.items():
                 if name != "params":
                     state[f"optim.param_groups.{g}.{name}"] = v
+    staging, error = None, None
+    if s.is_rank0():  # claims the staging folder: refused while another save holds it
+        try:
+            staging = Staging(path, "save")
+        except (CheckpointError, OSError) as e:
+            error = str(e)
+    try:
+        raise_everywhere(s.group, error)
+        _write(state, path, s)
+        if staging is not None:
+            try:
+                write_checksums(staging.folder, FORMAT)  # written last: the save is complete
+                staging.put_in_place()
+            except Exception as e:  # every rank gets the same error, none dies in gloo
+                error = f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+        raise_everywhere(s.group, error)  # nobody returns before `path` is in place
+    finally:
+        if staging is not None:
+            staging.release()
+
+
+def _write(state: dict, path: Path, s: _Sharded) -> None:
+    """Every rank writes its files into the staging folder; returns once all have."""
     unfinished = unfinished_path(path)
-    if s.is_rank0():
-        recover(path)  # a complete save stopped between its renames is not thrown away
-        shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
-    comm.barrier(s.group, tag="checkpoint")
     try:
         dcp.save(state, checkpoint_id=unfinished, process_group=s.group)
     except CheckpointException as e:  # every rank gets it (a BaseException: made ordinary)
@@ -136,20 +159,6 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
             f"partial files are in {unfinished}"
         ) from e
     comm.barrier(s.group, tag="checkpoint")  # every rank's files are complete
-    failure = None
-    if s.is_rank0():
-        try:
-            write_checksums(unfinished, FORMAT)  # written last: the save is complete
-            put_in_place(unfinished, path)
-        except OSError as e:
-            failure = e
-    # rank 0 tells everyone whether `path` is in place (nobody returns before it is)
-    ok = torch.tensor([failure is None], dtype=torch.uint8, device=_device(s.units))
-    comm.broadcast(ok, src=first_rank(s.group), group=s.group, tag="checkpoint")
-    if failure is not None:
-        raise failure
-    if not ok.item():
-        raise RuntimeError(f"save: rank 0 could not move {unfinished} to {path} (see its error)")
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -161,9 +170,22 @@ def load(path: str | os.PathLike, model, optimizer=None) -> None:
     model or optimizer, `CheckpointError` when a file is missing, damaged or unsafe,
     `FileNotFoundError`/`ValueError` when `path` is no complete one.
     """
-    path = Path(path)
-    s = _sharded(model)
-    meta, layout = _read(path)
+    path, s = Path(path), _sharded(model)
+    for _ in range(ATTEMPTS):  # every rank the same version: a save may replace it meanwhile
+        try:
+            pinned, meta, layout = _read(path)
+        except Exception as e:
+            same_everywhere(s.group, None, e)
+        if same_everywhere(s.group, pinned.digest):
+            break
+        pinned.close()
+    else:
+        raise CheckpointError(f"load: the ranks kept reading different versions of {path}")
+    with pinned:
+        _load(pinned, meta, layout, s, model, optimizer)
+
+
+def _load(pinned: Pinned, meta, layout: dict, s: _Sharded, model, optimizer) -> None:
     _check(meta, layout, s, optimizer)
     dest: dict[str, object] = {f"model.{n}": torch.empty_like(t) for n, t in s.replicated.items()}
     for u in s.units:
@@ -182,7 +204,7 @@ def load(path: str | os.PathLike, model, optimizer=None) -> None:
         for k, md in meta.state_dict_metadata.items():
             if k.startswith("optim.param_groups."):
                 dest[k] = _placeholder(md)
-    dcp_load(dest, path, process_group=s.group)
+    dcp_load(dest, pinned, process_group=s.group)
 
     if optimizer is not None:  # first: its load_state_dict validates before it changes
         optimizer.load_state_dict(_torch_optimizer_state(optimizer, s, layout, dest))

@@ -7,9 +7,11 @@ these must match the model before any tensor is read.
 
 `_read` accepts only a complete checkpoint of this format (not an unfinished or replaced
 save, not a DCP checkpoint of someone else's), finishes a save stopped between its two
-renames (`checkpoint_files.recover`), verifies every file and chunk against the checksums
-and reads it without running code from it (`checkpoint_safe.py`), and returns DCP's
-metadata and the layout record; `_check` compares them with a wrapper and raises
+renames (`checkpoint_files.recover`), pins one version (`minidist.checkpoint_pin`: its
+files held open, so that a save replacing it meanwhile changes nothing that is read),
+verifies every file and chunk against the checksums and reads it without running code from
+it (`checkpoint_safe.py`), and returns the pinned version, DCP's metadata and the layout
+record; `_check` compares them with a wrapper and raises
 `CheckpointMismatchError` naming the first trainable parameter, flat unit, frozen parameter
 or buffer, or optimizer entry (class, param group units) whose name or shape differs.
 Neither changes anything.
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.metadata import Metadata
 
-from ..checkpoint_files import CHECKSUMS, recover
+from ..checkpoint_pin import Pinned, pin
 from .checkpoint_layout import (
     FORMAT,
     LAYOUT_KEY,
@@ -43,13 +45,15 @@ class CheckpointMismatchError(ValueError):
 
 
 # -- reading a checkpoint ----------------------------------------------------------------------
-def _read(path: Path) -> tuple[Metadata, dict]:
-    """DCP's metadata and the layout record, verified against the checksums and read without
-    running code from the file; refuses anything but a complete checkpoint of this format."""
+def _read(path: Path) -> tuple[Pinned, Metadata, dict]:
+    """A pinned version (its files held open: close it), DCP's metadata and the layout
+    record, verified against the checksums and read without running code from the file;
+    refuses anything but a complete checkpoint of this format."""
     if path.name.startswith(".") and path.name.endswith(UNFINISHED):
         raise ValueError(f"{path} is an unfinished save (interrupted before completion)")
-    recover(path)  # a save stopped between its two renames: finish it
-    if not path.is_dir():
+    try:
+        pinned = pin(path)
+    except FileNotFoundError:
         unfinished = path.with_name(f".{path.name}{UNFINISHED}")
         replaced = path.with_name(f".{path.name}{REPLACED}")
         hint = (
@@ -57,25 +61,22 @@ def _read(path: Path) -> tuple[Metadata, dict]:
             else f"; the checkpoint it replaced is in {replaced}" if replaced.exists()
             else ""
         )  # fmt: skip
-        raise FileNotFoundError(f"no checkpoint at {path}{hint}")
-    if not (path / ".metadata").is_file():
-        raise ValueError(f"{path} is not a complete checkpoint (no .metadata)")
-    if not (path / CHECKSUMS).is_file():
-        raise ValueError(
-            f"{path} is not a complete minidist checkpoint (no {CHECKSUMS}: a save that "
-            "never completed, or a DCP checkpoint written by something else)"
-        )
-    meta = verify(path)
-    if LAYOUT_KEY not in meta.state_dict_metadata:
-        raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
-    record = {LAYOUT_KEY: None}
-    with warnings.catch_warnings():  # no_dist warns that it is a single-process read
-        warnings.simplefilter("ignore")
-        dcp_load(record, path, no_dist=True)
-    layout = json.loads(record[LAYOUT_KEY])
-    if layout.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
-    return meta, layout
+        raise FileNotFoundError(f"no checkpoint at {path}{hint}") from None
+    try:
+        meta = verify(pinned)
+        if LAYOUT_KEY not in meta.state_dict_metadata:
+            raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
+        record = {LAYOUT_KEY: None}
+        with warnings.catch_warnings():  # no_dist warns that it is a single-process read
+            warnings.simplefilter("ignore")
+            dcp_load(record, pinned, no_dist=True)
+        layout = json.loads(record[LAYOUT_KEY])
+        if layout.get("format") != FORMAT:
+            raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
+    except BaseException:
+        pinned.close()
+        raise
+    return pinned, meta, layout
 
 
 def _item(items: list, i: int):

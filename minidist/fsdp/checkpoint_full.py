@@ -40,12 +40,12 @@ def load_full(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     "params": [names]}]}` (torch's `get_optimizer_state_dict` format), or None when the
     checkpoint has no optimizer.
     """
-    path = Path(path)
-    meta, layout = _read(path)
-    dest = {k: _placeholder(md) for k, md in meta.state_dict_metadata.items()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp_load(dest, path, no_dist=True)
+    pinned, meta, layout = _read(Path(path))
+    with pinned:  # one version, verified, whatever a save does meanwhile
+        dest = {k: _placeholder(md) for k, md in meta.state_dict_metadata.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp_load(dest, pinned, no_dist=True)
 
     def unflatten(flat: torch.Tensor, unit: dict) -> dict[str, torch.Tensor]:
         out, offset = {}, 0

@@ -22,6 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+import catalogue  # noqa: E402
 from catalogue import MUTANTS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,6 +38,7 @@ def tests_of(package: str) -> list[str]:
         "fsdp": ["tests/test_checkpoint.py"],
         "pipeline": ["tests/test_bench_pp.py"],
         "parameter_server": ["tests/test_geeps_cache.py"],
+        **getattr(catalogue, "TESTS", {}),
     }
     found = glob.glob(os.path.join(ROOT, f"tests/test_{package}*.py"))
     found += glob.glob(os.path.join(ROOT, f"tests/test_check_{package}.py"))
