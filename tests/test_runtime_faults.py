@@ -26,7 +26,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("gap_s", [0.01, 0.03, 0.05])
+@pytest.mark.parametrize("gap_s", [0.01, 0.05])
 def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_path, gap_s):
     """The second Ctrl-C lands while launch waits for the ranks to stop: it must kill them
     (they ignore SIGTERM) and still remove the world's folder, while the caller lives on."""
@@ -55,7 +55,7 @@ def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_p
     env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a loaded machine takes a while to import torch
         while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
@@ -63,7 +63,7 @@ def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_p
         proc.send_signal(signal.SIGINT)
         time.sleep(gap_s)
         proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not done.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert done.exists(), "the caller did not come back from the interrupted launch"
