@@ -7,21 +7,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from .cli_checks import notebook_folder, positive_int, writable_folder
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minidist")
     sub = parser.add_subparsers(dest="command", required=True)
 
     tour = sub.add_parser("tour", help="run every technique on a local CPU world, print a table")
-    tour.add_argument("--world-size", type=int, default=4)
+    tour.add_argument("--world-size", type=positive_int, default=4)
     tour.add_argument("--out", default="minidist_tour", help="folder for the plots")
     tour.add_argument("--only", nargs="*", help="run only these rows (by name)")
 
     bench = sub.add_parser("bench", help="benchmark a technique against its torch equivalent")
     bench.add_argument("name", help="which benchmark, e.g. ddp")
-    bench.add_argument("--world-size", type=int, default=2)
-    bench.add_argument("--rounds", type=int, default=15)
-    bench.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    bench.add_argument("--world-size", type=positive_int, default=2)
+    bench.add_argument("--rounds", type=positive_int, default=15)
+    bench.add_argument("--steps", type=positive_int, default=5, help="steps per timed round")
 
     plan = sub.add_parser("plan", help="predict memory, bytes and step time of a layout")
     from .planner.cli import add_arguments
@@ -69,9 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tour":
         from .tour import run_tour
 
+        if why := writable_folder(Path(args.out)):
+            tour.error(f"argument --out: {why}")
+        from .registry import tour_rows
+
+        if unknown := sorted(set(args.only or []) - set(tour_rows())):
+            tour.error(f"argument --only: unknown rows {unknown}; choose from {list(tour_rows())}")
+
         return run_tour(args.world_size, Path(args.out), args.only)
     if args.command == "bench":
         from .bench import run_bench
+        from .registry import benches
+
+        if args.name not in benches():
+            bench.error(f"argument name: unknown bench {args.name!r}; choose one of "
+                        f"{sorted(benches())}")  # fmt: skip
 
         return run_bench(args.name, args.world_size, args.rounds, args.steps)
     if args.command == "plan":
@@ -80,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_plan(args)
     from .course.exercises import generate, stale
 
+    if why := notebook_folder(Path(args.solutions)):
+        ex.error(f"argument --solutions: {why}")
+    if why := writable_folder(Path(args.exercises)):
+        ex.error(f"argument --exercises: {why}")
     if args.check:
         out = stale(args.solutions, args.exercises)
         for path in out:

@@ -10,7 +10,10 @@ finishes the gradient synchronisation (`finish_gradient_sync`). `minidist.traini
 and the step timeline use only that interface, never a wrapper's internals.
 
 **Start-up.** Every replica must start from the same parameters (`broadcast_parameters`,
-as `torch.nn.parallel.DistributedDataParallel` does at construction), and every rank must
+as `torch.nn.parallel.DistributedDataParallel` does at construction; a wrapper that cuts
+its part from a whole model, tensor, context, pipeline or expert parallel, broadcasts that
+whole model first, so that ranks seeded differently, as under torchrun, still cut the same
+model), and every rank must
 hold the same model: a rank with a different layer shape or layer count would issue
 collectives of other sizes or in another order, which hangs or aborts inside the backend
 much later. `verify_same_model` checks it with one small collective and names the first
@@ -97,8 +100,13 @@ def broadcast_parameters(module: nn.Module, group=None) -> None:
             comm.broadcast(t.data, src=first_rank(group), group=group, tag="init")
 
 
-def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> None:
-    """Raise on every rank unless every rank's `module` has the same parameters and shapes.
+def verify_same_model(
+    module: nn.Module, group=None, who: str = "wrapper", config: dict | None = None
+) -> None:
+    """Raise on every rank unless every rank's `module` has the same parameters and shapes,
+    and every rank passed the wrapper the same `config` (its other constructor arguments,
+    {name: value}: a `k` or a capacity factor that differs between ranks would route or
+    split differently and the collectives would not match).
 
     Each rank all-gathers the length of its description (names, shapes, dtypes of parameters
     and buffers in order, and which parameters are frozen: a parameter trainable on one rank
@@ -106,7 +114,7 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
     padded to the longest, so a mismatch costs two small collectives and never a hang. The
     error names the first entry that differs and which ranks hold which version.
     """
-    mine = _describe(module)
+    mine = _describe(module, config or {})
     n, dev = dist.get_world_size(group), comm.group_device(group)  # where the backend sends
     # (torch.frombuffer refuses an empty buffer: a model without parameters or buffers)
     encoded = torch.tensor(list(mine.encode()), dtype=torch.uint8, device=dev)
@@ -137,16 +145,17 @@ def verify_same_model(module: nn.Module, group=None, who: str = "wrapper") -> No
         )
     detail = "; ".join(f"ranks {rs}: {entry}" for entry, rs in versions.items())
     raise ValueError(
-        f"{who}: the model differs between ranks, first at entry {depth} of its parameters "
-        f"and buffers: {detail}. Every rank must build the same model (same config, same "
-        "layers), or the ranks' collectives will not match."
+        f"{who}: the model differs between ranks, first at entry {depth} of its arguments, "
+        f"parameters and buffers: {detail}. Every rank must build the same model (same "
+        "config, same layers, same arguments), or the ranks' collectives will not match."
     )
 
 
-def _describe(module: nn.Module) -> str:
+def _describe(module: nn.Module, config: dict) -> str:
+    arguments = [f"argument {k}={v!r}" for k, v in config.items()]
     params = [
         f"parameter {n} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
         for n, p in module.named_parameters()
     ]
     buffers = [f"buffer {n} {tuple(b.shape)} {b.dtype}" for n, b in module.named_buffers()]
-    return "\n".join(params + buffers)
+    return "\n".join(arguments + params + buffers)

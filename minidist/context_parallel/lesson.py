@@ -69,7 +69,7 @@ def _cp_bench_rank(rounds: int, steps: int) -> dict:
     mine = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
 
     def ours() -> None:
-        ring_attention(*mine, None, "zigzag").sum().backward()
+        ring_attention(*mine, None, "zigzag", s).sum().backward()
 
     out: dict = {}
     try:

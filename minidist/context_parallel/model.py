@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..models import GPT, require_course_gpt
-from ..parallel import ParallelModule, verify_same_model
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .ring import ring_attention
 from .split import check_split, positions
 
@@ -58,7 +58,8 @@ class ContextParallelGPT(ParallelModule):
                 f"ContextParallelGPT: dropout={cfg.dropout}; ring attention here has no "
                 "dropout (each block's probabilities are recomputed in backward): use 0."
             )
-        verify_same_model(dense, group, "ContextParallelGPT")
+        verify_same_model(dense, group, "ContextParallelGPT", {"layout": layout})
+        broadcast_parameters(dense, group)  # ranks seeded differently still cut one model
         self.module = copy.deepcopy(dense)
         for block in self.module.blocks:
             block.attn = RingSelfAttention(block.attn, group, layout, cfg.seq_len)

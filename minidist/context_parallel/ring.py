@@ -149,15 +149,49 @@ def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None 
     """Causal attention of this rank's queries over the whole sequence split across `group`.
 
     q, k, v: [batch, heads, s/c, head_dim], this rank's tokens in the `layout`'s order
-    (`split.positions`); `seq` is the whole sequence's length (default c · s/c). Returns
-    this rank's rows of softmax(QKᵀ/√d + causal mask)·V.
+    (`split.positions`); `seq` is the whole sequence's length (default c · s/c, after one
+    small all-gather checks that every rank holds as many positions). Returns this rank's
+    rows of softmax(QKᵀ/√d + causal mask)·V.
     """
     c = dist.get_world_size(group)
-    seq = q.shape[-2] * c if seq is None else seq
+    _check_qkv(q, k, v)
     chunks_of(layout, c)
+    if seq is None:  # every rank's length, so that a mismatch is an error, not a gloo abort
+        seq = _same_length(q.shape[-2], group) * c
     if q.shape[-2] * c != seq:
         raise ValueError(f"ring_attention: {q.shape[-2]} local positions × c={c} != seq={seq}")
     return _RingAttention.apply(q, k, v, group, layout, seq)[0]
+
+
+def _check_qkv(q, k, v) -> None:
+    """q, k and v: tensors of one shape, dtype and device, [batch, heads, s/c, head_dim]."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"ring_attention: {name} must be a [batch, heads, s/c, head_dim] "
+                             f"tensor; got {got}")  # fmt: skip
+    for name, t in (("k", k), ("v", v)):
+        if (t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device):
+            raise ValueError(
+                f"ring_attention: {name} {tuple(t.shape)} {t.dtype} on {t.device} differs from "
+                f"q {tuple(q.shape)} {q.dtype} on {q.device}: q, k and v must have one shape, "
+                "dtype and device"
+            )
+
+
+def _same_length(length: int, group) -> int:
+    """`length`, after checking with one all-gather that every rank of `group` has it."""
+    n = dist.get_world_size(group)
+    mine = torch.tensor([length], dtype=torch.int64, device=comm.group_device(group))
+    everyone = torch.empty(n, dtype=torch.int64, device=mine.device)
+    comm.all_gather(everyone, mine, group=group, tag="cp-length-check")
+    lengths = everyone.tolist()
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"ring_attention: the ranks hold different numbers of positions {lengths} (by "
+            "rank of the group): every rank must hold s/c positions of the sequence"
+        )
+    return length
 
 
 def work_per_forward() -> list[int]:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..models import GPT, GPTConfig, require_course_gpt
+from ..parallel import broadcast_parameters, verify_same_model
 from .moe import MoE
 from .parallel import ExpertParallelMoE, all_reduce_flat
 
@@ -77,6 +78,8 @@ class ExpertParallelGPT(nn.Module):
     def __init__(self, model: GPT, ep_group=None, dp_group=None, pad_to_capacity: bool = True):
         super().__init__()
         require_course_gpt(model, "ExpertParallelGPT", "minidist.expert_parallel.moe_gpt")
+        verify_same_model(model, None, "ExpertParallelGPT", {"pad_to_capacity": pad_to_capacity})
+        broadcast_parameters(model)  # ranks seeded differently still start from one model
         self.module = copy.deepcopy(model)
         for block in self.module.blocks:
             if not isinstance(block.mlp, MoEMLP):

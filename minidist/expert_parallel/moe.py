@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .routing import Routing, route
+from .routing import Routing, check_routing_args, route
 
 
 class Expert(nn.Module):
@@ -35,8 +35,7 @@ class MoE(nn.Module):
         capacity_factor: float = 1.0, seed: int = 0,
     ):  # fmt: skip
         super().__init__()
-        if not 1 <= k <= num_experts:
-            raise ValueError(f"MoE: need 1 <= k={k} <= num_experts={num_experts}")
+        check_routing_args("MoE", num_experts, k, capacity_factor)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.router = nn.Linear(hidden, num_experts, bias=False)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..parallel import verify_same_model
+from ..parallel import broadcast_parameters, verify_same_model
 from .moe import MoE
 from .routing import Routing, route
 
@@ -86,7 +86,11 @@ class ExpertParallelMoE(nn.Module):
         if moe.num_experts % e:
             raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
                              f"divisible by the expert-parallel group's size {e}")  # fmt: skip
-        verify_same_model(moe, world, "ExpertParallelMoE")
+        check_grid(ep_group, dp_group, world)
+        config = {"k": moe.k, "capacity_factor": moe.capacity_factor,
+                  "pad_to_capacity": pad_to_capacity}  # fmt: skip
+        verify_same_model(moe, world, "ExpertParallelMoE", config)
+        broadcast_parameters(moe, world)  # ranks seeded differently still place one model's experts
         self.per = moe.num_experts // e
         self.first = r * self.per
         self.router = copy.deepcopy(moe.router)
@@ -109,7 +113,10 @@ class ExpertParallelMoE(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.router.in_features:
             raise ValueError(f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
                              f" (this rank's tokens); got {tuple(x.shape)}")  # fmt: skip
-        r = self.routing = route(self.router(x), self.k, self.capacity_factor)
+        logits = self.router(x)
+        if not self.pad_to_capacity and not bool(torch.isfinite(logits.detach()).all()):
+            self._refuse_non_finite(logits)
+        r = self.routing = route(logits, self.k, self.capacity_factor)
         t, j = torch.nonzero(r.kept, as_tuple=True)
         ex = r.experts[t, j]
         order = torch.argsort(ex * r.capacity + r.slot[t, j])  # by expert, then priority
@@ -121,12 +128,23 @@ class ExpertParallelMoE(nn.Module):
         y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
         return y, r.aux
 
+    def _refuse_non_finite(self, logits) -> None:
+        """Counts of -1 in the counts' exchange tell the peers (so they raise too instead of
+        waiting for rows that never come), then `route`'s error naming the tokens."""
+        bad = torch.full((self.e, self.per), -1, dtype=torch.int64, device=logits.device)
+        comm.all_to_all(torch.empty_like(bad), bad, group=self.ep_group, tag="ep counts")
+        route(logits, self.k, self.capacity_factor)
+
     def _exact(self, x, t, ex) -> torch.Tensor:
         """Only the kept rows travel: the counts first (so each rank knows what it receives),
         then the rows sorted by expert and priority, the local experts, and back."""
         counts = torch.bincount(ex, minlength=self.num_experts).view(self.e, self.per)
         got = torch.empty_like(counts)
         comm.all_to_all(got, counts.contiguous(), group=self.ep_group, tag="ep counts")
+        if bool((got < 0).any()):
+            ranks = torch.nonzero((got < 0).any(1)).flatten().tolist()
+            raise ValueError(f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
+                             "that are not finite (a NaN or inf in their input)")  # fmt: skip
         send, recv = counts.sum(1).tolist(), got.sum(1).tolist()
         self.sent_rows = send
         rows = _AllToAll.apply(x[t], recv, send, self.ep_group, "ep dispatch")
@@ -163,6 +181,45 @@ class ExpertParallelMoE(nn.Module):
             return
         grads = [p.grad for p in self.experts.parameters() if p.grad is not None]
         all_reduce_flat(grads, self.dp_group, "ep expert grads")
+
+
+def check_grid(ep_group, dp_group, world=None) -> None:
+    """Refuse, on every rank alike, groups that do not form an e × d grid of `world` (the
+    ranks holding the layer; default all of them): each rank's ep_group and dp_group must
+    meet in that rank alone, the groups must agree between their members, and a dp_group
+    must join ranks at one place of their ep groups (holding the same experts). One small
+    all-gather over `world` of every rank's two groups."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    members = dist.get_process_group_ranks(world) if world is not None else list(range(n))
+    dev = comm.group_device(world)
+    rows = torch.zeros(2, n, dtype=torch.int64, device=dev)
+    for i, group in enumerate((ep_group, dp_group)):
+        ranks = dist.get_process_group_ranks(group) if group is not None else (
+            members if i == 0 else [me])  # fmt: skip
+        rows[i, ranks] = 1
+    everyone = torch.empty(len(members) * 2 * n, dtype=torch.int64, device=dev)
+    comm.all_gather(everyone, rows.reshape(-1), group=world, tag="ep grid check")
+    everyone = everyone.view(len(members), 2, n).cpu()
+    sets = {r: [frozenset(torch.nonzero(everyone[j, i]).flatten().tolist()) for i in (0, 1)]
+            for j, r in enumerate(members)}  # fmt: skip
+    for r, (ep, dp) in sets.items():
+        problem = None
+        if not (ep | dp) <= sets.keys():
+            problem = (
+                f"its groups reach ranks {sorted((ep | dp) - sets.keys())} outside the layer's"
+            )
+        elif ep & dp != {r}:
+            problem = f"its ep_group {sorted(ep)} and dp_group {sorted(dp)} share {sorted(ep & dp)}"
+        elif any(sets[o][0] != ep for o in ep) or any(sets[o][1] != dp for o in dp):
+            problem = "its groups differ from what their other members passed"
+        elif len({sorted(sets[o][0]).index(o) for o in dp}) > 1:
+            problem = f"its dp_group {sorted(dp)} joins different places of their ep groups"
+        if problem:
+            raise ValueError(
+                f"ExpertParallelMoE: ep_group and dp_group do not form a grid of the world: on "
+                f"rank {r}, {problem} (each rank's two groups must meet in that rank alone; "
+                "dp_group joins the ranks holding the same experts, one per ep group)"
+            )
 
 
 def all_reduce_flat(grads: list[torch.Tensor], group, tag: str) -> None:

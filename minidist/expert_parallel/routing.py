@@ -14,7 +14,9 @@ et al. 2020, section 2.2 and Algorithm 1: k = 2), with the conventions minidist 
   dropped: they add 0 to the layer's output, so the token passes on through the residual.
 - auxiliary loss E · Σ_e f_e · P_e, f_e the fraction of the group's tokens whose FIRST choice
   is e (before dropping), P_e the mean probability of e over the group (Switch eq. 4-6).
-  Uniform routing gives 1, everything on one expert E.
+  Uniform routing gives 1, everything on one expert E; no token at all gives 0.
+- a token whose logits are not finite (a NaN or inf in the layer's input) is refused: it
+  would be routed somewhere and shift the slots, so the drops, of every finite token.
 """
 
 from __future__ import annotations
@@ -34,12 +36,23 @@ class Routing(NamedTuple):
     capacity: int
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_routing_args(who: str, num_experts, k, capacity_factor) -> None:
+    """num_experts and k ints with 1 <= k <= num_experts; capacity_factor a finite number > 0."""
+    if not _is_int(num_experts) or not _is_int(k) or not 1 <= k <= num_experts:
+        raise ValueError(f"{who}: need ints 1 <= k={k!r} <= num_experts={num_experts!r}")
+    real = isinstance(capacity_factor, (int, float)) and not isinstance(capacity_factor, bool)
+    if not (real and math.isfinite(capacity_factor) and capacity_factor > 0):
+        raise ValueError(f"{who}: capacity_factor={capacity_factor!r} must be a finite number "
+                         "> 0")  # fmt: skip
+
+
 def capacity(tokens: int, num_experts: int, k: int = 1, capacity_factor: float = 1.0) -> int:
     """C = ⌈capacity_factor · tokens · k / E⌉ (Switch eq. 3, GShard's per-group capacity)."""
-    if num_experts < 1 or k < 1 or k > num_experts:
-        raise ValueError(f"capacity: need 1 <= k={k} <= num_experts={num_experts}")
-    if capacity_factor <= 0:
-        raise ValueError(f"capacity: capacity_factor={capacity_factor} must be > 0")
+    check_routing_args("capacity", num_experts, k, capacity_factor)
     return math.ceil(capacity_factor * tokens * k / num_experts)
 
 
@@ -58,6 +71,8 @@ def load_balancing_loss(probs: torch.Tensor, first: torch.Tensor) -> torch.Tenso
     """E · Σ_e f_e · P_e: probs [T, E] (softmax of the router), first [T] first choices."""
     num_experts = probs.shape[-1]
     counts = torch.bincount(first, minlength=num_experts).to(probs.dtype)
+    if first.numel() == 0:  # no token: f = P = 0, the loss 0 (not 0/0), still in the graph
+        return probs.sum() * 0.0
     f = counts / first.numel()
     return num_experts * (f * probs.mean(0)).sum()
 
@@ -67,6 +82,11 @@ def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.0) -> Rou
     if logits.dim() != 2:
         raise ValueError(f"route: logits must be [tokens, experts]; got {tuple(logits.shape)}")
     tokens, num_experts = logits.shape
+    bad = ~torch.isfinite(logits.detach()).all(-1)  # (detached: abs() would save logits)
+    if bool(bad.any()):  # a NaN would be routed somewhere and shift every later token's slot
+        which = torch.nonzero(bad).flatten()[:8].tolist()
+        raise ValueError(f"route: the router's logits of tokens {which} (of {tokens}) are not "
+                         "finite: a NaN or inf reached the MoE's input")  # fmt: skip
     cap = capacity(tokens, num_experts, k, capacity_factor)
     probs = torch.softmax(logits, dim=-1)
     top, experts = probs.topk(k, dim=-1)  # ties: torch.topk's order, the same on every rank

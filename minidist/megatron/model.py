@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models import GPT, require_course_gpt
-from ..parallel import ParallelModule, verify_same_model
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from .layers import (
     ParallelAttention,
     VocabParallelEmbedding,
@@ -76,7 +76,9 @@ class TensorParallelGPT(ParallelModule):
         ):
             if value % n:
                 raise ValueError(f"TensorParallelGPT: {name}={value} is not divisible by tp={n}")
-        verify_same_model(dense, group, "TensorParallelGPT")
+        config = {"sequence_parallel": sequence_parallel}
+        verify_same_model(dense, group, "TensorParallelGPT", config)
+        broadcast_parameters(dense, group)  # ranks seeded differently still cut one model
         self.group, self.cfg = group, cfg
         self.tok_emb = VocabParallelEmbedding(dense.tok_emb, group)
         self.pos_emb = copy.deepcopy(dense.pos_emb)
@@ -94,6 +96,11 @@ class TensorParallelGPT(ParallelModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """This rank's columns of the logits (vocab-parallel), [batch, seq, V'/t]."""
+        if idx.dim() != 2 or idx.shape[1] > self.cfg.seq_len:
+            raise ValueError(
+                f"TensorParallelGPT: idx must be [batch, seq] with seq <= cfg.seq_len="
+                f"{self.cfg.seq_len} (the position table's length); got {tuple(idx.shape)}"
+            )
         start, stop = 0, idx.shape[1]
         if self.sequence_parallel:  # the embedding reduce-scatters: this rank's block
             start, stop = sequence_block(idx.shape[1], self.group)

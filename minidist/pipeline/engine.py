@@ -31,7 +31,7 @@ import torch.nn as nn
 from .. import comm
 from ..memory import SavedActivations
 from ..models import GPT
-from ..parallel import ParallelModule, verify_same_model
+from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import module_device
 from .schedules import schedule, virtual_stage
 from .stages import GPTStage, split_gpt  # noqa: F401 (importable from here too)
@@ -72,8 +72,10 @@ class PipelineParallel(ParallelModule):
         self.p, self.stage_index = dist.get_world_size(pp_group), dist.get_rank(pp_group)
         self.ranks = dist.get_process_group_ranks(pp_group) if pp_group else list(range(self.p))
         # every stage and replica cuts its stage from the same dense model
+        config = {"kind": kind, "microbatches": microbatches, "virtual": virtual}
         for group in (pp_group, dp_group) if dp_group is not None else (pp_group,):
-            verify_same_model(dense, group, "PipelineParallel")
+            verify_same_model(dense, group, "PipelineParallel", config)
+        broadcast_parameters(dense)  # ranks seeded differently still cut one model
         self.v = 2 if kind == "zb-v" else virtual
         self.chunks = [
             split_gpt(dense, self.p * self.v, virtual_stage(kind, self.stage_index, c, self.p))

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from pathlib import Path
 
+from ..cli_checks import writable_file
 from ..pipeline.schedules import KINDS
 from .hardware import CLUSTERS
 from .spec import MAX_LAYERS, OFFLOAD, OPTIMIZERS, PRECISIONS, ModelSpec
@@ -191,6 +193,8 @@ def model_spec(args) -> ModelSpec:
 def validate(args) -> None:
     """The rules that join options (argparse's format, exit status 2)."""
     error = args.plan_parser.error
+    if args.plot and (why := writable_file(Path(args.plot))):
+        error(f"argument --plot: {why}")
     if args.virtual != 1 and args.schedule != "interleaved":
         error(
             f"--virtual {args.virtual} needs --schedule interleaved: {args.schedule} runs one "

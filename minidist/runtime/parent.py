@@ -118,9 +118,26 @@ def launch(
         # Importing it is what makes a process's first torch optimizer slow (~1 s, and N
         # times that when N forked ranks each do it at once on a small machine): once here.
         importlib.import_module("torch._dynamo")
+    if mp.current_process().daemon:
+        raise RuntimeError(
+            "launch: called inside a rank of another world (a rank is a daemonic process, "
+            "which cannot start processes of its own); a rank already is in a world: use "
+            "its process group, or subgroups (dist.new_group), instead of a nested launch"
+        )
     payload = _ship(fn, args, kwargs) if method != "fork" else (fn, args, kwargs)
     _sweep_stale()
+    procs, conns, errs = [], [], []
     folder = tempfile.mkdtemp(prefix=f"minidist-{os.getpid()}-")
+    try:
+        return _run_world(payload, world_size, backend, method, timeout_s, threads_per_rank,
+                          folder, procs, conns, errs)  # fmt: skip
+    finally:
+        _clean_up(procs, conns, errs, folder)
+
+
+def _run_world(payload, world_size, backend, method, timeout_s, threads_per_rank, folder,
+               procs, conns, errs) -> list[Any]:  # fmt: skip
+    """Start the ranks (appending to `procs`, `conns`, `errs`) and collect their results."""
     create_board(os.path.join(folder, "board"), world_size)
     cfg = {
         "store_path": os.path.join(folder, "store"),
@@ -133,48 +150,66 @@ def launch(
         "cuda_peak": cuda_memory.wanted(backend),
     }
     ctx = mp.get_context(method)
-    procs, conns, errs = [], [], []
-    try:
-        with _main_module_hidden(method == "spawn"):
-            for rank in range(world_size):
-                recv_end, send_end = ctx.Pipe(duplex=False)
-                conns.append(recv_end)
-                err_recv, err_send = ctx.Pipe(duplex=False)
-                errs.append(_StderrTail(err_recv))
-                try:
-                    p = ctx.Process(
-                        target=_rank_main,
-                        args=(payload, rank, world_size, cfg, send_end, err_send),
-                        name=f"minidist-rank{rank}",
-                        daemon=True,
-                    )
-                    p.start()
-                finally:
-                    send_end.close()
-                    err_send.close()
-                procs.append(p)
-        peaks = [None] * world_size if cfg["cuda_peak"] else None
-        results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks)
-        if peaks is not None:
-            cuda_memory.record(peaks)
-        return results
-    finally:
-        _reap(procs)
-        for e in errs:
-            e.drain()  # what the ranks wrote last still reaches our stderr
-            e.close()
-        for c in conns:
-            c.close()
-        shutil.rmtree(os.path.dirname(cfg["store_path"]), ignore_errors=True)
+    with _main_module_hidden(method == "spawn"):
+        for rank in range(world_size):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            conns.append(recv_end)
+            err_recv, err_send = ctx.Pipe(duplex=False)
+            errs.append(_StderrTail(err_recv))
+            try:
+                p = ctx.Process(
+                    target=_rank_main,
+                    args=(payload, rank, world_size, cfg, send_end, err_send),
+                    name=f"minidist-rank{rank}",
+                    daemon=True,
+                )
+                p.start()
+            finally:
+                send_end.close()
+                err_send.close()
+            procs.append(p)
+    peaks = [None] * world_size if cfg["cuda_peak"] else None
+    results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks)
+    if peaks is not None:
+        cuda_memory.record(peaks)
+    return results
 
 
-def _reap(procs) -> None:
+def _clean_up(procs, conns, errs, folder: str) -> None:
+    """Stop every rank still running, forward their last stderr, close the pipes, remove the
+    world's folder: each step to its end even when Ctrl-C is pressed again meanwhile (a
+    second interrupt while ranks are asked to stop kills them instead of waiting); the
+    interrupt is raised once everything is clean."""
+    pending: BaseException | None = None
+    steps = [
+        lambda: _reap(procs, patient=pending is None),
+        *[e.drain for e in errs],
+        *[e.close for e in errs],
+        *[c.close for c in conns],
+        lambda: shutil.rmtree(folder, ignore_errors=True),
+    ]
+    for step in steps:
+        while True:
+            try:
+                step()
+                break
+            except KeyboardInterrupt as exc:
+                pending = exc
+    if pending is not None:
+        raise pending
+
+
+def _reap(procs, patient: bool = True) -> None:
+    """SIGTERM every rank still running, wait up to 3 s, SIGKILL the rest (at once when not
+    `patient`: the user interrupted again while we waited)."""
+    if patient:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + 3.0
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 3.0
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()

@@ -117,5 +117,5 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
         data = cloudpickle.dumps(("error", why, time.time(), None))
     conn.send_bytes(data)
     conn.close()
-    if joined and message[0] == "ok":
+    if joined and message[0] == "ok" and dist.is_initialized():  # fn may have destroyed it
         dist.destroy_process_group()

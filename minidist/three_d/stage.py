@@ -20,6 +20,7 @@ from ..megatron.layers import VocabParallelEmbedding, vocab_parallel_cross_entro
 from ..megatron.model import ParallelBlock
 from ..megatron.ops import copy_to_tp
 from ..models import GPT
+from ..parallel import broadcast_parameters, verify_same_model
 
 
 class TensorParallelStage(nn.Module):
@@ -61,6 +62,8 @@ def split_tensor_parallel_gpt(dense: GPT, layout) -> TensorParallelStage:
         raise ValueError(
             f"split_tensor_parallel_gpt: stages={p} must be between 1 and layers={layers}"
         )
+    verify_same_model(dense, None, "split_tensor_parallel_gpt")
+    broadcast_parameters(dense)  # every rank cuts its stage from one model
     bounds = [round(k * layers / p) for k in range(p + 1)]
     r = layout.pp_rank
     return TensorParallelStage(
