@@ -17,6 +17,7 @@ from minidist.context_parallel import ContextParallelGPT, theory
 from minidist.context_parallel.fixture import attention_rank, layer_activations_rank, train_on_rank
 from minidist.context_parallel.ring import ring_attention, work_per_forward
 from minidist.context_parallel.split import positions
+from minidist.context_parallel.timeline import ring_timeline_rank
 from minidist.megatron.fixture import STEPS, build_dense, compare, matches, reference
 
 # Tolerances: ring attention in float64 against torch's attention agrees to 1e-12 (the same
@@ -63,6 +64,24 @@ def _subgroup_rank(layout):
 
 def test_ring_attention_runs_on_rings_that_are_subgroups_of_the_world():
     assert max(minidist.launch(_subgroup_rank, 4, "zigzag")) < 1e-12
+
+
+@pytest.mark.parametrize("c", [2, 3])
+def test_each_block_transfer_is_posted_before_its_computation_and_waited_after(c):
+    """The overlap of section 3: step i's K/V transfer starts before step i's computation
+    and ends after it; the dK, dV accumulator (not overlapped) leaves after the computation."""
+    for t in minidist.launch(ring_timeline_rank, c, "zigzag", 1, 2, 8 * c, 4):
+        compute = t.spans(transfers=False)
+        kinds = Counter(what for what, _, _ in t.events)
+        assert kinds == {"compute": 2 * c, "cp-kv-forward": c - 1, "cp-kv-backward": c - 1,
+                         "cp-dkv-backward": c}  # fmt: skip
+        kv = [(s, e) for what, s, e in t.events if what.startswith("cp-kv")]
+        steps = compute[: c - 1] + compute[c : 2 * c - 1]  # steps that hand a block on
+        for (s, e), (cs, ce) in zip(kv, steps, strict=True):
+            assert s <= cs and e >= ce
+        dkv = [(s, e) for what, s, e in t.events if what == "cp-dkv-backward"]
+        assert all(s >= ce for (s, _), (_, ce) in zip(dkv, compute[c:], strict=True))
+        assert 0.0 <= t.overlap <= 1.0
 
 
 @pytest.fixture(scope="module")

@@ -200,26 +200,57 @@ def test_virtual_chunks_need_the_interleaved_schedule():
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 6])
-def test_zb_h1_postpones_r_weight_steps_on_stage_r(p):
-    """Stage r runs min(r, m) W steps after its last B (Qi et al. 2024, section 3.1); a W
-    holds its micro-batch's activations, so every stage peaks at min(p, m) micro-batches."""
+def test_zb_h1_runs_each_w_r_backward_steps_late_in_arrival_order(p):
+    """Stage r runs W_i right after B_(i+r) and its last min(r, m) W steps after its last B,
+    in arrival order (Qi et al. 2024, section 2.1; the authors' `WeightGradStore` queue); a
+    W holds its micro-batch's activations, so every stage peaks at min(p, m) micro-batches."""
     for m in range(1, 2 * p + 2):
         steps = schedule("zb-h1", p, m)
         timeline = simulate(steps, weight=1)
         for r, stage in enumerate(steps):
             k = theory.postponed_weight_steps(r, p, m)
             last_b = max(j for j, s in enumerate(stage) if s[0] == "B")
-            # after the last B: its own W (unless postponed), then W of micro-batches 0..k-1
-            own = [("W", m - 1)] if k < m else []
-            assert stage[last_b + 1 :] == own + [("W", i) for i in range(k)]
-            for i in range(k, m):  # every other W right after its B
-                assert stage.index(("W", i)) == stage.index(("B", i)) + 1
+            # after the last B: the W it releases (unless k = m), then the k still waiting
+            assert stage[last_b + 1 :] == [("W", i) for i in range(max(m - k - 1, 0), m)]
+            for i in range(m - k):  # every other W right after the B r steps later
+                assert stage.index(("W", i)) == stage.index(("B", i + k)) + 1
             assert sorted(stage) == sorted(
                 [(op, i) for op in "FBW" for i in range(m)]
             )  # every step once
         held = timeline.peak_held()
         assert held == [theory.peak_microbatches(r, p, m, "zb-h1") for r in range(p)]
         assert timeline.peak_in_flight() == [min(p - r, m) for r in range(p)]  # F..B: 1F1B's
+    assert " ".join(f"{op}{i}" for op, i in schedule("zb-h1", 4, 8)[3][7:12]) == "B3 W0 F4 B4 W1"
+
+
+def test_zb_h1_is_torchs_interleaved_zero_bubble_with_one_chunk():
+    """The order of every rank equals torch's `ScheduleInterleavedZeroBubble` with one local
+    stage (its per-rank action list, computed without a process group), for every m torch
+    accepts (a multiple of its rounds, max(1, m // p))."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import (
+        ScheduleInterleavedZeroBubble,
+        _ComputationType,
+    )
+
+    names = {_ComputationType.FORWARD: "F", _ComputationType.BACKWARD_INPUT: "B",
+             _ComputationType.BACKWARD_WEIGHT: "W"}  # fmt: skip
+    checked = 0
+    for p in range(1, 7):
+        for m in range(1, 3 * p + 2):
+            rounds = max(1, m // p)
+            if m % rounds:
+                continue
+            this = SimpleNamespace(pp_group_size=p, _n_microbatches=m, n_local_stages=1,
+                                   microbatches_per_round=m // rounds)  # fmt: skip
+            for r, ours in enumerate(schedule("zb-h1", p, m)):
+                torch_ops = ScheduleInterleavedZeroBubble._calculate_single_rank_operations(this, r)
+                want = [(names[a.computation_type], a.microbatch_index)
+                        for a in torch_ops if a is not None]  # fmt: skip
+                assert ours == want
+                checked += 1
+    assert checked > 100
 
 
 @pytest.mark.parametrize("p", range(2, 9))

@@ -9,17 +9,23 @@ log-sum-exp of the scores seen so far and o the attention over them,
     m' = log(e^m + e^m_blk),    o' = o·e^(m - m') + o_blk·e^(m_blk - m').
 
 After c steps every query has seen every key; a rank sent its own block c-1 times, (c-1)/c
-of the whole sequence's K and V. Causal masking compares global positions; a chunk pair
-whose keys all follow its queries is skipped (no work), which is why the zig-zag split
-balances the ranks. Backward (as FlashAttention-2, Dao 2023, section 3.1.2) recomputes each
-block's probabilities from the saved log-sum-exp; the K/V blocks go around the ring again,
-each with its gradient accumulator, which returns to its owner after c hops. Saved for
+of the whole sequence's K and V. The transfer overlaps the computation, as section 3 has it
+("fully overlapping the communication"): a step posts the send of the block it holds and the
+receive of the next before computing on it, and waits after. Causal masking compares global
+positions; a chunk pair whose keys all follow its queries is skipped (no work), which is why
+the zig-zag split balances the ranks. Backward (as FlashAttention-2, Dao 2023, section
+3.1.2) recomputes each block's probabilities from the saved log-sum-exp; the K/V blocks go
+around the ring again, each with its gradient accumulator, which returns to its owner after
+c hops. The blocks' transfer overlaps as in forward; the accumulator's does not (it leaves
+once this rank has added its share; ring-flash-attention overlaps it with the next block by
+accumulating each block's share in a fresh buffer, which changes the order of the sums). Saved for
 backward: this rank's q, k, v, output and log-sum-exp, 1/c of the whole sequence's.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -66,16 +72,38 @@ class _Ring:
         pos = positions(self.seq, self.c, rank, self.layout, device)
         return list(pos.split(self.size))
 
-    def pass_on(self, tensor: torch.Tensor, tag: str) -> torch.Tensor:
-        """Send `tensor` to the next rank, return what the previous rank sent."""
+    def post(self, tensor: torch.Tensor, tag: str) -> tuple:
+        """Post the send of `tensor` to the next rank and the receive of the previous rank's
+        into a new buffer; returns what `wait` needs. Neither tensor may change until then."""
+        posted_at = time.perf_counter()
         got = torch.empty_like(tensor)
         works = comm.batch_isend_irecv(
             [("send", tensor.contiguous(), self.next), ("recv", got, self.prev)],
             group=self.group, tag=tag,
         )  # fmt: skip
+        return got, works, tag, posted_at
+
+    @staticmethod
+    def wait(posted: tuple) -> torch.Tensor:
+        """Wait for a `post` to complete; returns what the previous rank sent."""
+        got, works, tag, posted_at = posted
         for w in works:
             w.wait()
+        _event(tag, posted_at)
         return got
+
+    def pass_on(self, tensor: torch.Tensor, tag: str) -> torch.Tensor:
+        """Send `tensor` to the next rank, return what the previous rank sent (no overlap)."""
+        return self.wait(self.post(tensor, tag))
+
+
+_EVENTS: list | None = None  # (what, start, end) while `timeline.ring_timeline_rank` records
+
+
+def _event(what: str, start: float) -> None:
+    """Note that `what` (a transfer's tag, or "compute") ran from `start` until now."""
+    if _EVENTS is not None:
+        _EVENTS.append((what, start, time.perf_counter()))
 
 
 def _pairs(ring: _Ring, step: int, device):
@@ -103,14 +131,18 @@ class _RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])
         pairs = 0
         for step in range(ring.c):
+            # post this block's transfer first, so that it runs while the block is computed
+            nxt = ring.post(kv, "cp-kv-forward") if step < ring.c - 1 else None
+            computing = time.perf_counter()
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
                 blk, blk_lse = block_attention(
                     q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], qp, kp, scale
                 )
                 o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], blk, blk_lse)
                 pairs += 1
-            if step < ring.c - 1:
-                kv = ring.pass_on(kv, "cp-kv-forward")
+            _event("compute", computing)
+            if nxt is not None:  # kv was only read meanwhile; the new block is a new buffer
+                kv = ring.wait(nxt)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.ring, ctx.scale = ring, scale
         ctx.mark_non_differentiable(lse)
@@ -125,6 +157,8 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q)
         kv, dkv = torch.stack([k, v]), torch.zeros(2, *k.shape, dtype=k.dtype, device=k.device)
         for step in range(ring.c):
+            nxt = ring.post(kv, "cp-kv-backward") if step < ring.c - 1 else None
+            computing = time.perf_counter()
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
                 kb, vb = kv[0][..., ks, :], kv[1][..., ks, :]
                 scores = (q[..., qs, :] @ kb.transpose(-2, -1)) * scale
@@ -135,8 +169,9 @@ class _RingAttention(torch.autograd.Function):
                 ds = p * (do @ vb.transpose(-2, -1) - delta[..., qs].unsqueeze(-1))
                 dq[..., qs, :] += (ds @ kb) * scale
                 dkv[0][..., ks, :] += (ds.transpose(-2, -1) @ q[..., qs, :]) * scale
-            if step < ring.c - 1:
-                kv = ring.pass_on(kv, "cp-kv-backward")
+            _event("compute", computing)
+            if nxt is not None:
+                kv = ring.wait(nxt)
             if ring.c > 1:  # the accumulator follows its block; after c hops it is home
                 dkv = ring.pass_on(dkv, "cp-dkv-backward")
         return dq, dkv[0], dkv[1], None, None, None

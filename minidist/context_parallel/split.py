@@ -3,9 +3,11 @@
 Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
 section 3: the sequence is split in blocks over the c ranks of a ring. With a causal mask a
 contiguous split is unbalanced: rank c-1's queries see every key, rank 0's only its own
-block. The zig-zag split (Brandon et al. 2023, "Striped Attention", and Megatron-LM's
-context parallelism) cuts the sequence in 2c chunks and gives rank r chunks r and 2c-1-r,
-one early and one late, so that every rank has the same causal work.
+block. The zig-zag split (Megatron-LM's context parallelism, `get_batch_on_this_cp_rank`,
+and ring-flash-attention's `zigzag_ring_flash_attn_func`) cuts the sequence in 2c chunks and
+gives rank r chunks r and 2c-1-r, one early and one late, so that every rank has the same
+causal work. (Brandon et al. 2023, "Striped Attention", balance it differently: token j on
+rank j mod c.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What context parallelism should communicate, store and compute, as functions.
 
 Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
-section 3; the balanced causal split of Brandon et al. 2023 ("Striped Attention") and
-Megatron-LM's context parallelism (two chunks per rank, r and 2c-1-r).
+section 3; the balanced causal split of Megatron-LM's context parallelism
+(`get_batch_on_this_cp_rank`) and ring-flash-attention (two chunks per rank, r and 2c-1-r).
 
 Per layer and step, a rank of c sends its K and V block c-1 times in forward: (c-1)/c of
 the whole sequence's K and V. In backward the blocks go around again (c-1 sends) and each

@@ -1,7 +1,7 @@
 """Lesson 16, expert parallelism: a mixture of experts with its experts placed over ranks.
 
 Notebook `notebooks/16_expert_parallel.ipynb`; exercises `exercises/16_expert_parallel.ipynb`.
-Fedus et al. 2021, "Switch Transformers: Scaling to Trillion Parameter Models with Simple and
+Fedus et al. 2022, "Switch Transformers: Scaling to Trillion Parameter Models with Simple and
 Efficient Sparsity" (JMLR), section 2; Lepikhin et al. 2020, "GShard: Scaling Giant Models
 with Conditional Computation and Automatic Sharding" (arXiv:2006.16668), sections 2.2 and 3.
 

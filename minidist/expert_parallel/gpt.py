@@ -1,6 +1,6 @@
 """A GPT whose MLPs are mixtures of experts, in one process and with its experts over ranks.
 
-Switch Transformer (Fedus et al. 2021, section 2 and figure 2): every block's feed-forward
+Switch Transformer (Fedus et al. 2022, section 2 and figure 2): every block's feed-forward
 layer becomes E expert feed-forward layers (hidden -> 4·hidden -> hidden, the block's own
 MLP shape) and a router; a token's output is its chosen experts' gated sum, and the aux loss
 of every MoE layer is added to the language-model loss (section 2.2: α · Σ_layers aux).

@@ -1,6 +1,6 @@
 """The mixture-of-experts layer in one process: the reference the parallel layer must equal.
 
-Switch Transformer (Fedus et al. 2021, section 2.1) and GShard (Lepikhin et al. 2020,
+Switch Transformer (Fedus et al. 2022, section 2.1) and GShard (Lepikhin et al. 2020,
 section 2.2): a router picks k of E expert MLPs per token, the chosen experts' outputs are
 summed weighted by the gates, and a token over an expert's capacity gets 0 from it (the
 residual carries it on). Routing and capacity are per GROUP of tokens (`routing.py`): the

@@ -1,5 +1,5 @@
 """Experts placed over ranks: dispatch and combine with all-to-all (Lepikhin et al. 2020,
-GShard, section 2.2-3.2; Fedus et al. 2021, Switch Transformer, section 2.2 and figure 3).
+GShard, section 2.2-3.2; Fedus et al. 2022, Switch Transformer, section 2.2 and figure 3).
 
 E experts over the e ranks of `ep_group`, E/e each (rank r holds experts r·E/e ...). Every
 rank keeps a copy of the router and routes its own tokens (data parallel over tokens), with
@@ -15,7 +15,7 @@ the capacity of its own group of tokens. Then:
    and summed into the token's output. Backward is the two all-to-alls reversed.
 
 With `pad_to_capacity=True` the shapes are static instead, as GShard runs on TPUs (Lepikhin
-et al. 2020, section 3.2: a [E, C, h] dispatch tensor) and Megatron-core's
+et al. 2020, section 3.1, Algorithm 2: a [E, C, h] dispatch tensor) and Megatron-core's
 `moe_pad_expert_input_to_capacity`: every rank sends every other rank E/e · C rows, its kept
 rows in their slots and zeros in the rest, so there is no counts exchange and the bytes are
 (e-1) · E/e · C · h · 4 per direction whatever the routing (`theory.padded_all_to_all_bytes`):

@@ -32,28 +32,34 @@ def plot_capacity(routings: dict[float, object], num_experts: int):
 
 
 def plot_balance(runs: dict[float, object]):
-    """Left: tokens per expert (first choices) at the last step for each alpha; right: the
-    aux loss and the dropped tokens over the steps ({alpha: BalanceRun})."""
+    """Left: tokens per expert (first choices) at the last step for each weight λ of the aux
+    loss; middle: the aux loss over the steps; right: the dropped share of the assignments
+    ({λ: BalanceRun})."""
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(13, 3.4))
     width = 0.8 / len(runs)
-    for i, (alpha, run) in enumerate(runs.items()):
+    for i, (weight, run) in enumerate(runs.items()):
         counts = torch.tensor(run.first_choices[-1], device="cpu")
         xs = [x + (i - (len(runs) - 1) / 2) * width for x in range(len(counts))]
-        left.bar(xs, counts.tolist(), width, label=f"α = {alpha}")
-        right.plot(run.aux, label=f"aux, α = {alpha}")
-        color = right.lines[-1].get_color()
+        left.bar(xs, counts.tolist(), width, label=f"λ = {weight}")
+        mid.plot(run.aux, label=f"λ = {weight}")
         frac = [d / sum(run.first_choices[0]) for d in run.dropped]
-        right.plot(frac, linestyle=":", color=color, label=f"dropped fraction, α = {alpha}")
+        right.plot(frac, color=mid.lines[-1].get_color(), label=f"λ = {weight}")
     left.set_xlabel("expert")
     left.set_ylabel("tokens (first choice), last step")
     left.set_title("load per expert after training", fontsize=9)
     left.legend(fontsize=8)
-    right.axhline(1.0, color="gray", linewidth=0.8)
+    mid.axhline(1.0, color="gray", linewidth=0.8, linestyle=":")
+    mid.set_xlabel("step")
+    mid.set_ylabel("aux loss E·Σ f·P")
+    mid.set_title("aux loss (1 = balanced, E = all on one expert)", fontsize=9)
+    mid.legend(fontsize=8)
     right.set_xlabel("step")
-    right.set_title("aux loss E·Σ f·P (1 = balanced, E = one expert) and drops", fontsize=9)
-    right.legend(fontsize=7, ncol=2)
+    right.set_ylabel("share of the assignments dropped")
+    right.set_ylim(0, 1)
+    right.set_title("dropped (capacity factor 1)", fontsize=9)
+    right.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -66,17 +72,19 @@ def plot_padding(factors: list[float], exact: list[float], padded: list[float],
     the dropped assignments on a second axis."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
     ax.plot(factors, exact, "o-", label="exact: the kept rows only (measured)")
     ax.plot(factors, padded, "s--", label="padded to capacity (GShard; = theory)")
-    ax.axhline(balanced, color="gray", linestyle=":", label="balanced, nothing dropped")
+    ax.axhline(balanced, color="gray", linestyle=":",
+               label="balanced estimate: nothing dropped, 1/e of it stays home")  # fmt: skip
     ax.set_xlabel("capacity factor")
     ax.set_ylabel("all-to-all bytes per rank and step")
     ax.set_xticks(factors)
     twin = ax.twinx()
     twin.bar(factors, dropped, width=0.12, color="tab:red", alpha=0.25)
     twin.set_ylabel("assignments dropped (bars)", color="tab:red")
-    ax.legend(fontsize=8, loc="upper left")
+    # below the axes: inside, the legend would cover a bar
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
     ax.set_zorder(twin.get_zorder() + 1)
     ax.patch.set_visible(False)
     fig.tight_layout()

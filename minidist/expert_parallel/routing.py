@@ -1,6 +1,6 @@
 """The top-k router, capacity, dispatch order and auxiliary loss of a mixture of experts.
 
-Switch Transformer (Fedus et al. 2021, JMLR, section 2.1-2.2: k = 1) and GShard (Lepikhin
+Switch Transformer (Fedus et al. 2022, JMLR, section 2.1-2.2: k = 1) and GShard (Lepikhin
 et al. 2020, section 2.2 and Algorithm 1: k = 2), with the conventions minidist uses:
 
 - probabilities p = softmax(x·W_r) over all E experts; each token picks its k largest.

@@ -1,6 +1,6 @@
 """What expert parallelism should communicate, as functions of the measured routing.
 
-Lepikhin et al. 2020 (GShard), section 2.2-3.2; Fedus et al. 2021 (Switch Transformer),
+Lepikhin et al. 2020 (GShard), section 2.2-3.2; Fedus et al. 2022 (Switch Transformer),
 section 2.2. `send[i][j]` is how many kept (token, expert) assignments rank i routes to
 experts held by rank j of the expert-parallel group. One rank sends, per MoE layer and step:
 

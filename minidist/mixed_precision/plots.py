@@ -69,13 +69,17 @@ def plot_number_lines(
             ax.axvspan(a, b, color=_ZONES[zone], alpha=0.15, linewidth=0)
             if a < hi and b > lo:
                 x = (max(a, lo) + min(b, hi)) / 2
+                box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1)
                 ax.text(x, 0.03, name, transform=ax.get_xaxis_transform(), ha="center",
-                        fontsize=7, color=_ZONES[zone])  # fmt: skip
-        for x, label in ((sub, f"2^{sub:.0f}"), (normal, f"2^{normal:.0f}"), (top, f"{f.max:g}")):
+                        fontsize=7, color=_ZONES[zone], bbox=box)  # fmt: skip
+        # zero ends at half the smallest subnormal: (2^-25, 2^-24) in fp16 rounds up to 2^-24
+        lines = [(sub - 1, f"2^{sub - 1:.0f} ", "right"), (sub, f" 2^{sub:.0f}", "left"),
+                 (normal, f" 2^{normal:.0f}", "left"), (top, f" {f.max:g}", "left")]  # fmt: skip
+        for x, label, align in lines:
             if lo <= x <= hi:
                 ax.axvline(x, color="black", linewidth=0.8, linestyle=":")
-                ax.text(x, 0.97, f" {label}", transform=ax.get_xaxis_transform(), fontsize=7,
-                        va="top")  # fmt: skip
+                ax.text(x, 0.97, label, transform=ax.get_xaxis_transform(), fontsize=7,
+                        va="top", ha=align)  # fmt: skip
         notes = []
         for i, (label, values) in enumerate(magnitudes.items()):
             logs = _log2(values)

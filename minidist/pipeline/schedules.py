@@ -7,7 +7,9 @@ the engine, the simulator, the Gantt charts and the tests.
 
 - GPipe (Huang et al. 2019, section 2.2): every forward, then every backward: m
   micro-batches alive on every stage.
-- 1F1B / PipeDream-Flush (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN
+- 1F1B (PipeDream's one-forward-one-backward order, Narayanan et al. 2019, "PipeDream:
+  Generalized Pipeline Parallelism for DNN Training", SOSP), flushed at the end of each batch
+  as PipeDream-Flush (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN
   Training", section 3.2): stage r runs min(p-r-1, m) warm-up forwards, then alternates one
   forward and one backward, then drains: at most min(p-r, m) micro-batches alive. The same
   bubble, (p-1)/(m+p-1), far less memory.
@@ -17,12 +19,16 @@ the engine, the simulator, the Gantt charts and the tests.
   forwards, then alternates, also when m = p: today's rule in megatron-core
   (`get_pp_rank_microbatches` in megatron/core/pipeline_parallel/schedules.py, with
   `microbatch_group_size_per_vp_stage` = p) and torch 2.13's `ScheduleInterleaved1F1B`
-  (`_get_warmup_ops`). Megatron-LM until core 0.5 ran every forward first when m = p: the
-  same bubble, but every stage then holds all v·m chunk activations.
-- ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3): 1F1B with backward
-  split into B (input gradient, on the critical path) and W (weight gradient, free to move);
-  stage r postpones its first r W steps to the end, so the backward chain never waits
-  behind a weight gradient: bubble (p-1)(F + B - W) instead of (p-1)(F + B + W).
+  (`_get_warmup_ops`). The megatron-core wheels 0.5.0 to 0.9.0 ran every forward first when
+  m = p (the rule is gone from 0.10.0): the same bubble, but every stage then holds all v·m
+  chunk activations.
+- ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 2.1): 1F1B with
+  backward split into B (input gradient, on the critical path) and W (weight gradient, free
+  to move); stage r runs its W steps r backward steps late, in arrival order (W_i after
+  B_(i+r), the last r after the last B), so the backward chain never waits behind a weight
+  gradient: bubble (p-1)(F + B - W) instead of (p-1)(F + B + W). The order is torch 2.13's
+  `ScheduleInterleavedZeroBubble` with one chunk per rank and the authors' `WeightGradStore`
+  queue (first in, first out): stage 3 of 4 at m = 8 runs ... B3 W0 F4 B4 W1 ...
 - ZB-V (Qi et al. 2024, arXiv:2401.10241, the ZB-V schedule; torch's
   `ScheduleZBVZeroBubble`): 2 chunks per rank placed in a V, rank r holding virtual stages
   r and 2p-1-r, so the first and the last virtual stage share rank 0 and the turn at rank
@@ -72,15 +78,17 @@ def _one_f_one_b(r: int, p: int, m: int) -> list[tuple]:
 
 
 def _zb_h1(r: int, p: int, m: int) -> list[tuple]:
-    # the later the stage, the sooner its backward must pass on: stage r keeps r W steps
-    # back, so B steps reach the stages before it without waiting behind weight gradients
-    postponed = min(r, m)
-    steps = []
+    # the later the stage, the sooner its backward must pass on: stage r runs each W r
+    # backward steps late, in arrival order (the W of B_i after B_(i+r)), so B steps reach
+    # the stages before it without waiting behind weight gradients; the last r at the end
+    lag, pending, steps = min(r, m), [], []
     for step in _one_f_one_b(r, p, m):
         steps.append(step)
-        if step[0] == "B" and step[1] >= postponed:
-            steps.append(("W", step[1]))
-    return steps + [("W", i) for i in range(postponed)]
+        if step[0] == "B":
+            pending.append(step[1])
+            if len(pending) > lag:
+                steps.append(("W", pending.pop(0)))
+    return steps + [("W", i) for i in pending]
 
 
 def _interleaved(r: int, p: int, m: int, v: int) -> list[tuple]:

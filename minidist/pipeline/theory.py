@@ -3,9 +3,9 @@
 Huang et al. 2019 (GPipe) and Narayanan et al. 2021: with p stages, m micro-batches and
 equal forward/backward times the idle share is (p-1)/(m+p-1) for GPipe and 1F1B alike;
 interleaving v chunks per rank divides the bubble by v, (p-1)/(v·m) of the ideal time;
-ZB-H1 (Qi et al. 2024) leaves (p-1)(F + B - W) of idle time instead of (p-1)(F + B + W);
-ZB-V (the same paper's V-shaped schedule) only the fill of p-1 chunk forwards. Every
-`bubble_fraction` is the idle share of the stages' time: idle / (p × makespan).
+ZB-H1 (Qi et al. 2024, section 2.1) leaves (p-1)(F + B - W) of idle time instead of
+(p-1)(F + B + W); ZB-V (the same paper's V-shaped schedule) only the fill of p-1 chunk
+forwards. Every `bubble_fraction` is the idle share of the stages' time: idle / (p × makespan).
 GPipe keeps the activations of m micro-batches on every stage; 1F1B at most min(p-r, m)
 on stage r.
 """
@@ -45,9 +45,9 @@ def peak_microbatches(
     forward, at most all v·m (megatron-core's and torch's rule, `schedules.py`).
 
     ZB-H1 holds a micro-batch until its W (the weight gradient needs the layers' inputs):
-    stage r keeps min(p-r, m) between F and B, as 1F1B, plus the W steps it postpones
+    stage r keeps min(p-r, m) between F and B, as 1F1B, plus the W steps it keeps waiting
     (`postponed_weight_steps`), min(p, m) in all, the first stage's 1F1B peak (Qi et al.
-    2024, section 3.1: ZB-H1 keeps 1F1B's peak memory)."""
+    2024, section 2.1: ZB-H1 keeps 1F1B's peak memory)."""
     if kind == "gpipe":
         return microbatches
     if kind == "1f1b":
@@ -61,10 +61,11 @@ def peak_microbatches(
 
 
 def postponed_weight_steps(stage: int, stages: int, microbatches: int) -> int:
-    """ZB-H1: W steps stage `stage` moves from right after their B to after its last B
-    (Qi et al. 2024, section 3.1): those of its first r micro-batches on stage r (all m if
+    """ZB-H1: how many backward steps late stage `stage` runs each W, and so how many W
+    steps it runs after its last B (Qi et al. 2024, section 2.1): r on stage r (all m if
     m <= r), so that the B chain passing back through the stages never waits behind a
-    weight gradient. Each keeps its micro-batch's activations alive longer
+    weight gradient. The W run in arrival order (torch's `ScheduleInterleavedZeroBubble`):
+    W_i after B_(i+r). Each waiting W keeps its micro-batch's activations alive longer
     (`peak_microbatches(..., "zb-h1")`)."""
     if not 0 <= stage < stages:
         raise ValueError(f"postponed_weight_steps: stage={stage} must be in [0, {stages})")
