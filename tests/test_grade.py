@@ -184,7 +184,7 @@ RELEASED = (
     ("code", "from labcheck import check_late\n\ncheck_late(late)"),
 )
 RIGHT = "def add(a, b):\n    return a + b"
-SLEEPER = "sleep 4321.5"  # a detached process the grader must end
+SLEEPER = f"sleep 4321.{os.getpid()}"  # a detached process the grader must end
 
 
 def _lab(folder: Path, *replace: tuple[int, str], drop: int | None = None) -> Path:
@@ -283,15 +283,18 @@ def test_class_forged_passes_fail(graded_class):
     assert carol[1].startswith("[check cell modified: graded with the released one] ")
 
 
-def test_class_earlier_errors_and_processes(graded_class):
-    """A SyntaxError or ModuleNotFoundError in an earlier cell is named in the failing row;
-    no process of a graded notebook outlives the grader."""
+def test_class_earlier_errors(graded_class):
+    """A SyntaxError or ModuleNotFoundError in an earlier cell is named in the failing row."""
     rows = _rows(graded_class[1])
     erin, frank = (rows[(who, "lab", "Exercise 1: add")] for who in ("erin", "frank"))
     assert erin[0] == "FAIL" and "an earlier cell failed first (cell 2: SyntaxError" in erin[1]
     assert erin[1].endswith("then NameError: name 'add' is not defined"), erin
     assert "(cell 2: ModuleNotFoundError: No module named 'no_such_module')" in frank[1], frank
     assert rows[("erin", "lab", "Exercise 2: late")][0] == "PASS"
+
+
+def test_class_leaves_no_process(graded_class):
+    """A learner's detached process (a new session) does not outlive the grader."""
     alive = subprocess.run(["pgrep", "-f", SLEEPER], capture_output=True, text=True).stdout
     assert alive == "", f"the learner's detached process outlived the grader: {alive}"
 
@@ -343,3 +346,25 @@ def test_sandbox(tmp_path, capsys, monkeypatch):
         assert _json(capsys)[0]["message"] == "AssertionError: wrote beside the notebook"
     finally:
         listener.close()
+
+
+def test_checker_time_limits_stretched(tmp_path, capsys, monkeypatch):
+    """A checker's own time limit is stretched by --slack (3 by default) for a loaded
+    machine: an answer taking 2 s against a 1 s limit passes, and fails at --slack 1."""
+    (tmp_path / "slowcheck.py").write_text(
+        "from minidist.course.failures import call_learner\n\n\n"
+        "def check_slow(f):\n"
+        "    call_learner(f, timeout_s=1.0)\n"
+        "    print('PASSED: in time')\n"
+    )
+    nb = _notebook(
+        tmp_path / "slow.ipynb",
+        ("code", "import time\nimport minidist.course.failures"),
+        ("md", "## Exercise 1: slow"),
+        ("code", "from slowcheck import check_slow\n\ncheck_slow(lambda: time.sleep(2))"),
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert main(["grade", str(nb), "--json"]) == grade.EXIT_PASSED
+    assert _json(capsys)[0]["message"] == "PASSED: in time"
+    assert main(["grade", str(nb), "--json", "--slack", "1"]) == grade.EXIT_FAILED
+    assert "still running after 1 s" in _json(capsys)[0]["message"]

@@ -48,7 +48,8 @@ def _minidist_check_{token}(source, slack, fresh):
     for name in list(sys.modules):
         if any(name == f or name.startswith(f + ".") for f in fresh):
             del sys.modules[name]
-    if slack != 1 and any(f.startswith("minidist.") and f not in {machinery!r} for f in fresh):
+    mine = any(f.startswith("minidist.") and f not in {machinery!r} for f in fresh)
+    if slack != 1 and (mine or "minidist" in sys.modules):
         import minidist.course.catalogue as catalogue
         import minidist.course.failures as failures
         launch, time_limit = catalogue.launch, failures.time_limit
