@@ -36,13 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--check", action="store_true", help="only report stale notebooks")
 
     grade = sub.add_parser("grade", help="run exercise notebooks headless, PASS/FAIL per exercise")
-    grade.add_argument("notebooks", nargs="*", help="exercise notebooks to grade")
-    grade.add_argument("--all", metavar="DIR", help="grade every DIR/*.ipynb")
-    grade.add_argument("--timeout", type=float, default=120.0, help="seconds per cell")
-    grade.add_argument("--json", action="store_true", help="JSON instead of the table")
+    from .course.grade import add_arguments as grade_arguments
+
+    grade_arguments(grade)
 
     site = sub.add_parser("site", help="build the course website from notebooks/")
-    site.add_argument("--out", default="build/site", help="output folder (replaced)")
+    site.add_argument(
+        "--out", default="build/site", help="output folder (a previous build is replaced)"
+    )
 
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         from .course.grade import run_grade
 
-        return run_grade(args.notebooks, args.all, args.timeout, args.json)
+        return run_grade(args)
     if args.command == "site":
         from .course.site import run_site
 

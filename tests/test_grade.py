@@ -7,7 +7,11 @@ timeout and crash cases run on small synthetic notebooks.
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -15,7 +19,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from minidist.__main__ import main
-from minidist.course import grade
+from minidist.course import grade, grade_kernel
 from minidist.course.exercises import STUB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +58,7 @@ CHECKER = (
 
 
 def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(grade, "PING_TIMEOUT_S", 2)
+    monkeypatch.setattr(grade_kernel, "PING_TIMEOUT_S", 2)
     first = _notebook(
         tmp_path / "a.ipynb",
         CHECKER,
@@ -86,9 +90,9 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
     )
     after = _notebook(tmp_path / "d.ipynb", CHECKER, ("code", "check_add(lambda a, b: a + b)"))
     argv = ["grade", str(first), str(crash), str(deaf), str(after), "--timeout", "3", "--json"]
-    failed = main(argv)
+    status = main(argv)
     got = [(r["notebook"], r["exercise"], r["passed"], r["message"]) for r in _json(capsys)]
-    assert failed == 6
+    assert status == grade.EXIT_FAILED
     n = [str(p) for p in (first, crash, deaf, after)]
     assert got[:4] == [
         (n[0], "Exercise 1: right", True, "PASSED: add(1, 2) == 3"),
@@ -119,17 +123,248 @@ def _json(capsys) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
-def test_table_and_bad_arguments(tmp_path, capsys):
+def test_table_and_usage_errors(tmp_path, capsys):
+    """Usage errors: one line on stderr and exit status 2, before anything runs; a folder of
+    notebooks with no exercises is a warning, not a pass."""
     nb = _notebook(tmp_path / "x.ipynb", CHECKER, ("code", "check_add(lambda a, b: 0)"))
-    assert main(["grade", "--all", str(tmp_path)]) == 1
+    assert main(["grade", "--all", str(tmp_path)]) == grade.EXIT_FAILED
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["notebook", "exercise", "result", "time", "message"]
     assert table[1].startswith(str(nb)) and " FAIL " in table[1]
     assert table[1].endswith("AssertionError: add(1, 2) gave 0, expected 3")
     assert table[-1].startswith("1 exercises: 0 passed, 1 failed")
-    with pytest.raises(ValueError, match="--timeout=0 must be > 0"):
-        main(["grade", str(nb), "--timeout", "0"])
-    with pytest.raises(ValueError, match="must exist; missing: .*nope.ipynb"):
-        main(["grade", str(tmp_path / "nope.ipynb")])
-    with pytest.raises(ValueError, match="must be a folder"):
-        main(["grade", "--all", str(nb)])
+    (tmp_path / "script.py").write_text("print(1)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = {
+        ("--timeout", "0"): "--timeout 0: must be a number of seconds > 0",
+        ("--timeout", "nan"): "--timeout nan: must be a number of seconds > 0",
+        ("--timeout=-inf",): "--timeout -inf: must be a number of seconds > 0",
+        (str(tmp_path / "nope.ipynb"),): "nope.ipynb: no such notebook",
+        (str(tmp_path / "script.py"),): "script.py: must be a .ipynb notebook",
+        (str(tmp_path),): "is a folder; grade it with --all",
+        ("--all", str(nb)): "must be a folder of .ipynb notebooks",
+        ("--all", str(empty)): "the folder holds no .ipynb notebooks",
+        ("--class", str(empty)): "holds no student folders",
+        ("--class", str(nb)): "must be a folder of student folders",
+        ("-j", "0"): "-j 0: must be >= 1",
+        ("--slack", "0.5"): "--slack 0.5: must be a factor >= 1",
+        (): "give notebooks to grade, --all DIR or --class DIR",
+    }
+    for args, said in refused.items():
+        extra = [str(nb)] if args and args[0].startswith(("--timeout", "-j", "--slack")) else []
+        assert main(["grade", *extra, *args]) == grade.EXIT_USAGE, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minidist grade: error: "), (args, err)
+        assert said in err[0], (args, err)
+    plain = _notebook(empty / "notes.ipynb", ("md", "# no exercise here"), ("code", "1 + 1"))
+    assert main(["grade", "--all", str(empty)]) == grade.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"warning: {plain} holds no exercises" in err and "nothing graded" in err
+
+
+LABCHECK = """
+def check_add(add):
+    got = add(1, 2)
+    assert got == 3, f"add(1, 2) gave {got}, expected 3\\n(check the operator)"
+    print("PASSED: add(1, 2) == 3")
+
+
+def check_late(f):
+    print("PASSED: looks right so far")
+    f()
+"""
+RELEASED = (
+    ("md", "# Lab"),
+    ("md", "## Exercise 1: add"),
+    ("code", "def add(a, b):\n    raise NotImplementedError"),
+    ("code", "from labcheck import check_add\n\ncheck_add(add)"),
+    ("md", "## Exercise 2: late"),
+    ("code", "def late():\n    raise NotImplementedError"),
+    ("code", "from labcheck import check_late\n\ncheck_late(late)"),
+)
+RIGHT = "def add(a, b):\n    return a + b"
+SLEEPER = f"sleep 4321.{os.getpid()}"  # a detached process the grader must end
+
+
+def _lab(folder: Path, *replace: tuple[int, str], drop: int | None = None) -> Path:
+    """The released lab with some cells replaced by a learner's (index, source)."""
+    cells = [list(c) for c in RELEASED]
+    for index, source in replace:
+        cells[index][1] = source
+    if drop is not None:
+        del cells[drop]
+    folder.mkdir(parents=True, exist_ok=True)
+    return _notebook(folder / "lab.ipynb", *map(tuple, cells))
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    """A class of realistic submissions graded once with --class, -j 2, CSV and feedback:
+    right, wrong, broken, forged, missing and one leaving a process behind."""
+    root = tmp_path_factory.mktemp("class")
+    (root / "lib").mkdir()
+    (root / "lib" / "labcheck.py").write_text(LABCHECK)
+    released = root / "released"
+    _lab(released)
+    klass = root / "class"
+    late_ok = (5, "def late():\n    pass")
+    _lab(klass / "alice", (2, RIGHT), late_ok)
+    forged = (
+        "import labcheck\nlabcheck.check_add = lambda f: print('PASSED: forged')\n"
+        "check_add = labcheck.check_add\ndef add(a, b):\n    return a - b"
+    )
+    _lab(klass / "bob", (2, forged), (5, "def late():\n    raise ValueError('after PASSED')"))
+    wrapped = "try:\n    check_add(add)\nexcept Exception:\n    print('PASSED: trust me')"
+    _lab(klass / "carol", (2, "def add(a, b):\n    return a * b"), (3, wrapped), late_ok)
+    _lab(klass / "dave", (2, RIGHT), drop=6)
+    (klass / "dave" / "broken.ipynb").write_text('{"cells": [')
+    _lab(klass / "erin", (2, "def add(a, b)\n    return a + b"), late_ok)
+    _lab(klass / "frank", (2, "import no_such_module\n" + RIGHT), late_ok)
+    detach = (
+        f"import subprocess\nsubprocess.Popen({SLEEPER.split()!r}, start_new_session=True)\n"
+        + RIGHT
+    )
+    _lab(klass / "gina", (2, detach), late_ok)
+    (klass / "henry").mkdir()  # submitted nothing
+    csv_path, feedback = root / "grades.csv", root / "feedback"
+    argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
+    argv += ["--feedback", str(feedback), "-j", "2", "--timeout", "60", "--json"]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", f"{root / 'lib'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    try:
+        status = main(argv)
+    finally:
+        mp.undo()
+    return status, csv_path, feedback, klass
+
+
+def _rows(csv_path: Path) -> dict[tuple[str, str, str], tuple[str, str]]:
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["student", "lesson", "exercise", "status", "message", "seconds"]
+    assert all(len(r) == 6 for r in rows)  # a multi-line message stays in its row
+    return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows[1:]}
+
+
+def test_class_rows_csv_and_feedback(graded_class):
+    status, csv_path, feedback, _ = graded_class
+    assert status == grade.EXIT_FAILED
+    rows = _rows(csv_path)
+    ex1, ex2 = "Exercise 1: add", "Exercise 2: late"
+    assert rows[("alice", "lab", ex1)] == ("PASS", "PASSED: add(1, 2) == 3")
+    assert rows[("alice", "lab", ex2)] == ("PASS", "PASSED: looks right so far")
+    assert rows[("gina", "lab", ex1)][0] == "PASS"
+    # the checker's multi-line message, whole
+    assert rows[("carol", "lab", ex1)][1].endswith(
+        "AssertionError: add(1, 2) gave 2, expected 3\n(check the operator)"
+    )
+    assert rows[("dave", "lab", ex2)][0] == "FAIL"
+    assert "check cell of this exercise is missing" in rows[("dave", "lab", ex2)][1]
+    assert rows[("dave", "broken", "(the whole notebook)")][0] == "ERROR"
+    assert "not JSON" in rows[("dave", "broken", "(the whole notebook)")][1]
+    assert rows[("henry", "", "(no notebooks)")][0] == "ERROR"
+    assert len(rows) == 2 * 7 + 2  # every exercise of every lab, the broken file, henry
+    executed = json.loads((feedback / "alice" / "lab.ipynb").read_text())
+    outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
+    assert any("PASSED: add(1, 2) == 3" in "".join(o.get("text", "")) for o in outputs)
+    assert not any(grade_kernel.VERDICT_MIME in o.get("data", {}) for o in outputs)
+
+
+def test_class_forged_passes_fail(graded_class):
+    """Rebinding the checker (the name and the module's attribute), a check cell wrapped in
+    try/except printing PASSED, a checker that printed PASSED and then raised: all FAIL."""
+    rows = _rows(graded_class[1])
+    bob1, bob2 = rows[("bob", "lab", "Exercise 1: add")], rows[("bob", "lab", "Exercise 2: late")]
+    assert bob1[0] == "FAIL" and "add(1, 2) gave -1, expected 3" in bob1[1], bob1
+    assert bob2 == ("FAIL", "ValueError: after PASSED"), bob2
+    carol = rows[("carol", "lab", "Exercise 1: add")]
+    assert carol[0] == "FAIL", carol
+    assert carol[1].startswith("[check cell modified: graded with the released one] ")
+
+
+def test_class_earlier_errors(graded_class):
+    """A SyntaxError or ModuleNotFoundError in an earlier cell is named in the failing row."""
+    rows = _rows(graded_class[1])
+    erin, frank = (rows[(who, "lab", "Exercise 1: add")] for who in ("erin", "frank"))
+    assert erin[0] == "FAIL" and "an earlier cell failed first (cell 2: SyntaxError" in erin[1]
+    assert erin[1].endswith("then NameError: name 'add' is not defined"), erin
+    assert "(cell 2: ModuleNotFoundError: No module named 'no_such_module')" in frank[1], frank
+    assert rows[("erin", "lab", "Exercise 2: late")][0] == "PASS"
+
+
+def test_class_leaves_no_process(graded_class):
+    """A learner's detached process (a new session) does not outlive the grader."""
+    alive = subprocess.run(["pgrep", "-f", SLEEPER], capture_output=True, text=True).stdout
+    assert alive == "", f"the learner's detached process outlived the grader: {alive}"
+
+
+SANDBOX_CHECK = (
+    "code",
+    "import os, socket\n"
+    "def check_sandbox(port, folder):\n"
+    "    try:\n"
+    "        open(os.path.join(folder, 'escaped.txt'), 'w').close()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    else:\n"
+    "        raise AssertionError('wrote beside the notebook')\n"
+    "    s = socket.socket()\n"
+    "    s.settimeout(2)\n"
+    "    try:\n"
+    "        s.connect(('127.0.0.1', port))\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    else:\n"
+    '        raise AssertionError("reached the grader\'s network")\n'
+    "    assert 'MINIDIST_SECRET' not in os.environ, 'the environment was not scrubbed'\n"
+    "    open(os.path.join(os.environ['TMPDIR'], 'scratch'), 'w').close()\n"
+    "    print('PASSED: sandboxed')",
+)
+
+
+def test_sandbox(tmp_path, capsys, monkeypatch):
+    """--sandbox: no file written beside the notebook, no network, a scrubbed environment,
+    a writable temporary folder, a cell past the timeout interrupted; the same notebook
+    without it escapes (the test can fail)."""
+    problem = grade_kernel.bwrap_problem()
+    if problem:
+        pytest.skip(f"bubblewrap cannot run here: {problem}")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("MINIDIST_SECRET", "instructor's token")
+    check = ("code", f"check_sandbox({port}, {str(tmp_path)!r})")
+    hang = ("code", "import time\ntime.sleep(600)\ncheck_sandbox(0, '/')")
+    nb = _notebook(tmp_path / "s.ipynb", SANDBOX_CHECK, check, hang, check)
+    try:
+        argv = ["grade", str(nb), "--sandbox", "--json", "--timeout", "8"]
+        assert main(argv) == grade.EXIT_FAILED
+        got = [r["message"] for r in _json(capsys)]
+        assert got == ["PASSED: sandboxed", HUNG.replace("3 s", "8 s"), "PASSED: sandboxed"]
+        nb = _notebook(tmp_path / "s.ipynb", SANDBOX_CHECK, check)
+        assert main(["grade", str(nb), "--json"]) == grade.EXIT_FAILED
+        assert _json(capsys)[0]["message"] == "AssertionError: wrote beside the notebook"
+    finally:
+        listener.close()
+
+
+def test_checker_time_limits_stretched(tmp_path, capsys, monkeypatch):
+    """A checker's own time limit is stretched by --slack (3 by default) for a loaded
+    machine: an answer taking 2 s against a 1 s limit passes, and fails at --slack 1."""
+    (tmp_path / "slowcheck.py").write_text(
+        "from minidist.course.failures import call_learner\n\n\n"
+        "def check_slow(f):\n"
+        "    call_learner(f, timeout_s=1.0)\n"
+        "    print('PASSED: in time')\n"
+    )
+    nb = _notebook(
+        tmp_path / "slow.ipynb",
+        ("code", "import time\nimport minidist.course.failures"),
+        ("md", "## Exercise 1: slow"),
+        ("code", "from slowcheck import check_slow\n\ncheck_slow(lambda: time.sleep(2))"),
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert main(["grade", str(nb), "--json"]) == grade.EXIT_PASSED
+    assert _json(capsys)[0]["message"] == "PASSED: in time"
+    assert main(["grade", str(nb), "--json", "--slack", "1"]) == grade.EXIT_FAILED
+    assert "still running after 1 s" in _json(capsys)[0]["message"]

@@ -1,11 +1,14 @@
 """The course site (`make site`), built and opened page by page in headless Chromium.
 
-The site is served on 127.0.0.1 and every page is checked in the browser: no console error
-and no request to another host (the site must work offline), every image loaded, the math
-typeset by MathJax with no error, every internal link and anchor resolving, the lesson's
-title in <title> and <h1>. Links into the repository on GitHub (source files, exercises,
-Colab) are checked against the files of this checkout. Screenshots of the landing page and
-one lesson (its top and its first figure), and of the first typeset math, go to
+The site is served on 127.0.0.1 and every page is checked in the browser at 1280 px: no
+console error and no request to another host (the site must work offline), every image
+loaded, the math typeset by MathJax with no error (and MathJax not even loaded on pages
+without TeX), every internal link and anchor resolving (source pages, downloads, figures),
+the lesson's title in <title> and <h1>. Links into the repository on GitHub (when
+pyproject.toml names it) are checked against the files of this checkout. At 390 px (a
+phone) a few pages are checked for what a learner does there: the menu collapsed and
+opened, code and printed output scrolling sideways, figures opening full size, the page's
+table of contents, the search, the copy button, the pager. Screenshots at both widths go to
 build/site-screenshots/.
 
 Needs Chromium (`apt-get install -y chromium`) and Playwright (the dev extra); it drives
@@ -108,10 +111,14 @@ def test_every_page_in_chromium(browser, served):
             "response", lambda r, p=problems: r.status >= 400 and p.append(f"{r.status} {r.url}")
         )
         tab.route(re.compile(r"^(?!http://127\.0\.0\.1:)"), lambda r, p=problems: _block(r, p))
+        requested: list[str] = []
+        tab.on("request", lambda r, q=requested: q.append(r.url))
         tab.goto(base + name, wait_until="load")
-        tab.wait_for_selector("html[data-mathjax=done]", timeout=60_000)
+        tab.wait_for_selector("html[data-mathjax=done], html[data-mathjax=none]", timeout=60_000)
         info, math = tab.evaluate(PAGE), tab.evaluate(MATH)
         assert problems == [], f"{name}: console errors or outside requests: {problems}"
+        tex = tab.evaluate("document.documentElement.dataset.mathjax") == "done"
+        assert tex == any("MathJax.js" in u for u in requested), name  # only pages with TeX
         assert all(done and w > 0 for _, done, w in info["images"]), (name, info["images"])
         assert len(info["images"]) >= _figures(page.source), f"{name}: figures missing"
         assert all(a.startswith("Figure: ") for a in info["alts"]), (name, info["alts"])
@@ -119,10 +126,10 @@ def test_every_page_in_chromium(browser, served):
         assert page.title in info["title"] and page.title in info["h1"], (name, info)
         seen[name] = info
         if name in ("index.html", SHOT_LESSON):
-            tab.screenshot(path=str(SHOTS / name.replace(".html", ".png")))
+            tab.screenshot(path=str(SHOTS / name.replace(".html", "_1280.png")))
         if name == SHOT_LESSON:  # further down: its first figure
             tab.locator("img").first.scroll_into_view_if_needed()
-            tab.screenshot(path=str(SHOTS / name.replace(".html", "_figure.png")))
+            tab.screenshot(path=str(SHOTS / name.replace(".html", "_figure_1280.png")))
         if math["found"] and not any(SHOTS.glob("math_*.png")):  # the first typeset math
             tab.locator(".MathJax_Display, span.MathJax").first.scroll_into_view_if_needed()
             tab.screenshot(path=str(SHOTS / f"math_{name.replace('.html', '.png')}"))
@@ -159,9 +166,11 @@ def _check_math(name: str, page, math: dict) -> None:
 
 def _check_links(base: str, out: Path, seen: dict[str, dict]) -> None:
     repo = site.repository_url(ROOT)
-    prefixes = [f"{repo}/blob/{site.BRANCH}/", f"{repo}/tree/{site.BRANCH}/"]
-    colab = site.COLAB.format(slug=repo.removeprefix("https://github.com/"), branch="", path="")
-    colab = colab.replace("/blob//", f"/blob/{site.BRANCH}/")
+    prefixes = []
+    if repo:
+        prefixes = [f"{repo}/blob/{site.BRANCH}/", f"{repo}/tree/{site.BRANCH}/"]
+        colab = site.COLAB.format(slug=repo.removeprefix("https://github.com/"), branch="", path="")
+        prefixes.append(colab.replace("/blob//", f"/blob/{site.BRANCH}/"))
     checked = 0
     for name, info in seen.items():
         for href in info["links"]:
@@ -174,48 +183,70 @@ def _check_links(base: str, out: Path, seen: dict[str, dict]) -> None:
                     ids = seen[target]["ids"]
                     assert anchor in ids or unquote(anchor) in ids, f"{name}: no anchor {href}"
                 checked += 1
-            for prefix in [*prefixes, colab]:
+            for prefix in prefixes:
                 if url.startswith(prefix):
                     path = unquote(url.removeprefix(prefix))
                     assert (ROOT / path).exists(), f"{name}: link to a missing file {href}"
                     checked += 1
     lessons = len(seen) - 1
-    assert checked > 10 * lessons  # table of contents, Colab, exercise and source links
+    assert checked > 10 * lessons  # menu, page contents, downloads and source links
 
 
 def test_pages_follow_the_notebooks_folder(tmp_path):
-    """A new lesson is a new page, title, TOC entry and links included, with no edit here."""
-    (tmp_path / "pyproject.toml").write_text(
-        '[project]\nname = "x"\n\n[project.urls]\nRepository = "https://github.com/o/r"\n'
-    )
+    """A new lesson is a new page, title, menu entry and links included, with no edit here;
+    every file of its package is listed, at any depth; GitHub and Colab links, and Colab's
+    install cell in the downloads, only when pyproject.toml names the repository."""
+    toml = '[project]\nname = "x"\n\n[project.urls]\nRepository = "https://github.com/o/r"\n'
+    (tmp_path / "pyproject.toml").write_text(toml)
     (tmp_path / "README.md").write_text("# x\n\nStart with [lesson 14](notebooks/14_new.ipynb).\n")
     pkg = tmp_path / "minidist" / "newthing"
-    pkg.mkdir(parents=True)
+    (pkg / "check").mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Lesson 14, something new."""\n')
     (pkg / "core.py").write_text("")
+    (pkg / "check" / "ex1.py").write_text("def check_x(): ...\n")
     cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 14 · New: $a^2$"]}
     nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
     for folder in ("notebooks", "exercises"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "14_new.ipynb").write_text(nb)
-    pages = site.build_site(tmp_path, tmp_path / "out")
+    out = tmp_path / "out"
+    pages = site.build_site(tmp_path, out)
     assert [(p.html_name, p.title, p.packages) for p in pages] == [
         ("index.html", "minidist", []),
         ("14_new.html", "14 · New: $a^2$", ["newthing"]),
     ]
-    index = (tmp_path / "out" / "index.html").read_text()
-    assert 'href="14_new.html"' in index  # README's link and the table of contents
-    lesson = (tmp_path / "out" / "14_new.html").read_text()
+    index = (out / "index.html").read_text()
+    assert 'href="14_new.html"' in index  # README's link and the menu
+    lesson = (out / "14_new.html").read_text()
+    sources = ["minidist/newthing/__init__.py", "minidist/newthing/check/ex1.py"]
+    sources.append("minidist/newthing/core.py")
     for link in (
         "https://colab.research.google.com/github/o/r/blob/main/notebooks/14_new.ipynb",
-        "https://github.com/o/r/blob/main/minidist/newthing/core.py",
+        "https://colab.research.google.com/github/o/r/blob/main/exercises/14_new.ipynb",
         "_downloads/exercises/14_new.ipynb",
+        "_downloads/notebooks/14_new.ipynb",
+        *(f"_source/{f}.html" for f in sources),
     ):
         assert f'href="{link}"' in lesson, link
-    assert (tmp_path / "out" / "_downloads" / "exercises" / "14_new.ipynb").is_file()
+    assert "(3 files)" in lesson
+    for f in sources:
+        page = (out / "_source" / f"{f}.html").read_text()
+        assert f'href="https://github.com/o/r/blob/main/{f}"' in page
+    for kind in ("notebooks", "exercises"):
+        got = json.loads((out / "_downloads" / kind / "14_new.ipynb").read_text())["cells"]
+        assert 'pip install --quiet "minidist @ git+https://github.com/o/r"' in "".join(
+            got[0]["source"]
+        )
+        assert got[1]["source"] == cell["source"]
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    with pytest.raises(ValueError, match=r"needs \[project.urls\] Repository"):
-        site.build_site(tmp_path, tmp_path / "out")
+    site.build_site(tmp_path, out)
+    lesson = (out / "14_new.html").read_text()
+    assert "github.com" not in lesson and "colab" not in lesson.lower()
+    assert (out / "_downloads/notebooks/14_new.ipynb").read_text() == nb  # as it is
+    assert 'href="_source/minidist/newthing/check/ex1.py.html"' in lesson
+    (tmp_path / "pyproject.toml").write_text(toml.replace("https://github.com/o/r", "o/r"))
+    with pytest.raises(ValueError, match=r'Repository = "o/r": must be "https://github.com/'):
+        site.build_site(tmp_path, out)
 
 
 def test_lesson_packages_of_the_course():
@@ -265,3 +296,142 @@ def test_every_figure_says_what_it_shows():
     intro = "## The loss\n\nThe loss per `step`. More text."
     assert site.alt_text("fig = f()", nb, intro, "t") == "Figure: The loss: The loss per step."
     assert site.alt_text("fig = f()", nb, "", "t") == "Figure: one of t"
+
+
+def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
+    """`site --out` refuses a folder that holds or lies inside a source, the checkout, a
+    folder no build wrote, a file or an unwritable place (one line, status 2), before
+    anything is read or removed; a previous build is replaced; a failed build leaves it."""
+    from minidist.__main__ import main
+    from minidist.course import site_output
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (tmp_path / "README.md").write_text("# x\n")
+    (tmp_path / "notebooks").mkdir()
+    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 00 · A"]}
+    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    (tmp_path / "notebooks" / "00_a.ipynb").write_text(nb)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    (tmp_path / "afile").write_text("")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    refused = {
+        "notebooks": "is the site's source notebooks",
+        "notebooks/x": "lies inside the site's source notebooks",
+        ".": "would hold the checkout",
+        str(tmp_path.parent): "would hold the checkout",
+        "README.md": "is the site's source README.md",
+        "mine": "holds files that no site build wrote",
+        "afile": "exists and is not a folder",
+        "afile/x": "cannot be written",
+    }
+    for out, said in refused.items():
+        assert main(["site", "--out", out]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (out, err)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing touched
+    assert main(["site", "--out", "build/site"]) == 0
+    assert (tmp_path / "build/site" / site_output.MARKER).is_file()
+    (tmp_path / "build/site" / "stale.html").write_text("")
+    assert main(["site", "--out", "build/site"]) == 0  # a previous build: replaced
+    assert not (tmp_path / "build/site" / "stale.html").exists()
+    (tmp_path / "notebooks" / "01_b.ipynb").write_text("{not json")
+    with pytest.raises(json.JSONDecodeError):
+        main(["site", "--out", "build/site"])
+    assert (tmp_path / "build/site" / "00_a.html").is_file()  # the old build is still there
+    assert [p.name for p in (tmp_path / "build").iterdir()] == ["site"]  # no staging left
+    monkeypatch.chdir(tmp_path / "mine")
+    assert main(["site", "--out", "x"]) == 2
+    assert "runs in a minidist checkout" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert main(["site", "--out", str(locked / "site")]) == 2
+
+
+PHONE_LESSON = "13_planner.html"
+# Every code cell and printed output that is wider than its box scrolls (never cut off).
+LAYOUT = """() => {
+  const style = e => getComputedStyle(e);
+  const editors = [...document.querySelectorAll('.jp-InputArea-editor')];
+  const outputs = [...document.querySelectorAll('.jp-OutputArea-output pre')];
+  const wide = [...editors, ...outputs].filter(e => e.scrollWidth > e.clientWidth + 1);
+  const clipping = [...document.querySelectorAll('.jp-InputArea, .jp-Cell-inputWrapper')]
+    .filter(e => style(e).overflowX === 'hidden');
+  return {
+    editors: editors.length, wide: wide.length,
+    stuck: wide.filter(e => !['auto', 'scroll'].includes(style(e).overflowX)).length,
+    clipping: clipping.length,
+    wrapped: outputs.filter(e => style(e).whiteSpace !== 'pre').length,
+    page: document.documentElement.scrollWidth, view: innerWidth,
+    h1: document.querySelector('h1').getBoundingClientRect().top,
+    menu: document.querySelector('nav.md-toc').getBoundingClientRect().height,
+    anchors: [...document.querySelectorAll('h2 .anchor-link')]
+      .filter(a => style(a).visibility !== 'visible' || +style(a).opacity === 0).length,
+    toc: [...document.querySelectorAll('.md-pagetoc a')].map(a => a.getAttribute('href')),
+    h2: [...document.querySelectorAll('h2[id]')].map(h => '#' + h.id),
+    figures: [...document.querySelectorAll('a.md-figure')].map(a => [a.getAttribute('href'),
+      a.querySelector('img').getAttribute('src'), a.querySelector('img').naturalWidth,
+      a.querySelector('img').getBoundingClientRect().width]),
+    pager: [...document.querySelectorAll('.md-pager a')].map(a => a.textContent.trim()),
+  };
+}"""
+
+
+def test_on_a_phone_and_finding_things(browser, served):
+    """At 390 px: the menu is collapsed until asked for, the lesson starts on the first
+    screen, code and output scroll sideways, figures open full size; at both widths: the
+    page's contents, visible anchors, the pager by title, copy buttons and the search."""
+    base, out, pages = served
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    titles = {p.html_name: p.title for p in pages}
+    names = list(titles)
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    tab = phone.new_page()
+    tab.goto(base + PHONE_LESSON, wait_until="load")
+    tab.wait_for_selector("html[data-mathjax]")
+    got = tab.evaluate(LAYOUT)
+    assert got["page"] <= got["view"], got  # nothing wider than the screen: it scrolls inside
+    assert got["menu"] == 0 and got["h1"] < 420, got  # was 794 px down, under the menu
+    assert got["editors"] > 10 and got["wide"] > 0 and got["stuck"] == 0, got
+    assert got["clipping"] == 0 and got["wrapped"] == 0 and got["anchors"] == 0, got
+    assert got["toc"] == got["h2"] or set(got["h2"]) <= set(got["toc"]), got
+    i = names.index(PHONE_LESSON)
+    assert got["pager"] == [f"← {titles[names[i - 1]]}", f"{titles[names[i + 1]]} →"]
+    assert got["figures"] and all(href == src for href, src, _, _ in got["figures"])
+    assert any(natural > shown for _, _, natural, shown in got["figures"])  # worth opening
+    tab.screenshot(path=str(SHOTS / "13_planner_390.png"))
+    tab.locator(".jp-InputArea-editor").nth(3).scroll_into_view_if_needed()
+    tab.screenshot(path=str(SHOTS / "13_planner_code_390.png"))
+    tab.click(".md-bar button")
+    assert tab.locator("nav.md-toc").bounding_box()["height"] > 300
+    tab.screenshot(path=str(SHOTS / "13_planner_menu_390.png"))
+    tab.click(".md-bar button")
+    href = got["figures"][0][0]
+    tab.click(f'a.md-figure[href="{href}"]')
+    tab.wait_for_url(base + href)
+    full = tab.evaluate("() => [document.images[0].naturalWidth, innerWidth]")
+    assert full[0] > 0, full
+    tab.goto(base + "index.html", wait_until="load")
+    tab.screenshot(path=str(SHOTS / "index_390.png"))
+    phone.close()
+
+    wide = browser.new_context(viewport={"width": 1280, "height": 900})
+    wide.grant_permissions(["clipboard-read", "clipboard-write"])
+    tab = wide.new_page()
+    tab.goto(base + PHONE_LESSON, wait_until="load")
+    first = tab.locator(".jp-InputArea-editor").first
+    first.hover()
+    first.locator("button.md-copy").click()
+    copied = tab.evaluate("navigator.clipboard.readText()")
+    assert copied == first.locator("pre").inner_text().rstrip("\n") and len(copied) > 20
+    tab.fill("#md-search", "zero bubble")
+    tab.wait_for_selector("#md-results li a")
+    found = tab.eval_on_selector_all("#md-results li a", "as => as.map(a => a.href)")
+    assert any("09_pipeline.html#" in h for h in found), found
+    tab.screenshot(path=str(SHOTS / "search_1280.png"))
+    tab.goto(found[0], wait_until="load")
+    target = tab.evaluate("document.getElementById(decodeURIComponent(location.hash.slice(1)))")
+    assert found[0].startswith(base) and target is not None, found[0]
+    wide.close()

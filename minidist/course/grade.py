@@ -1,214 +1,221 @@
-"""Grade a learner's exercise notebooks: `python -m minidist grade NOTEBOOK... | --all DIR`.
+"""Grade a learner's exercise notebooks: `python -m minidist grade NOTEBOOK... | --all DIR |
+--class DIR`.
 
 Each notebook runs headless in a fresh kernel (nbclient), every code cell in order, as a
 learner's "Run all" would, except that an error does not stop the run: a wrong answer in
-exercise 1 still lets exercise 2 be graded. An exercise is its check cell, the code cell
-that calls a `check_*` function (the notebook's "## Exercise N: ..." heading above it gives
-its name). It PASSES when that cell ran without an error, and FAILS with the checker's
-message (`CheckFailed`, or the learner's own exception, such as the stub's
-`NotImplementedError`) otherwise.
+exercise 1 still lets exercise 2 be graded. Its exercises are those of the released
+exercise notebook of the same name (`exercises/` of this checkout, or `--released DIR`):
+each gets a row, PASS or FAIL with the checker's message; a file that cannot be graded gets
+ERROR rows and grading goes on (`grade_run`). Check cells run as released, and their verdict
+comes from outside the learner's namespace (`grade_kernel`).
 
 Two things would stop a plain "Run all" and do not stop the grader:
 
-- a cell that runs past `timeout_s` is interrupted (SIGINT, as the notebook's stop button)
+- a cell that runs past `--timeout` is interrupted (SIGINT, as the notebook's stop button)
   and reported; when the kernel does not answer the interrupt, the notebook's remaining
   exercises fail with that reason and grading moves on to the next notebook;
 - a kernel that dies (a segfault, `os._exit`, out of memory) is reported for every
   exercise it did not reach, and the next notebook runs in a new kernel.
+
+Exit status: 0 every exercise passed; 1 some exercise failed or could not be graded (the
+table says which); 2 a usage error (one line on stderr, before anything runs) or nothing to
+grade; 3 an internal error of the grader (a bug: its traceback on stderr, the rows so far
+printed).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 import sys
-import time
-from dataclasses import asdict, dataclass
+import traceback
+from dataclasses import asdict
 from pathlib import Path
 
-CHECK_CALL = re.compile(r"^\s*check_\w+\(", re.MULTILINE)
-EXERCISE_HEADING = re.compile(r"^#+\s*(Exercise\b.*)$", re.MULTILINE)
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-PING_TIMEOUT_S = 10
+from . import grade_kernel
+from .grade_class import grade_all, students, totals, write_csv
+from .grade_run import CHECK_CALL, EXERCISE_HEADING, Result, find_exercises, grade_one
+
+__all__ = ["CHECK_CALL", "EXERCISE_HEADING", "Result", "find_exercises", "grade_notebook"]
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+RELEASED = Path(__file__).resolve().parents[2] / "exercises"
 
 
-@dataclass
-class Result:
-    """One exercise of one notebook: passed or not, what the checker said, how long it took."""
-
-    notebook: str
-    exercise: str
-    passed: bool
-    message: str
-    seconds: float
+class UsageError(ValueError):
+    """A refused invocation: one line naming the argument and the rule."""
 
 
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
+def default_released() -> Path | None:
+    """The checkout's exercises/ (None for an installed package without one)."""
+    return RELEASED if RELEASED.is_dir() else None
 
 
-def find_exercises(nb) -> list[tuple[int, str]]:
-    """[(index of the check cell, the exercise's name)] in notebook order."""
-    out, heading = [], None
-    for index, cell in enumerate(nb["cells"]):
-        if cell["cell_type"] == "markdown":
-            found = EXERCISE_HEADING.findall(_source(cell))
-            heading = found[-1].strip() if found else heading
-        elif cell["cell_type"] == "code" and CHECK_CALL.search(_source(cell)):
-            out.append((index, heading or f"check cell {index}"))
-            heading = None
-    return out
-
-
-def _verdict(cell) -> tuple[bool, str]:
-    """(passed, message) from a check cell's outputs."""
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            return False, ANSI.sub("", f"{out['ename']}: {out['evalue']}").strip()
-    text = "".join(
-        _source({"source": o.get("text", "")})
-        for o in cell.get("outputs", [])
-        if o.get("output_type") == "stream"
-    )
-    said = [line for line in text.splitlines() if line.strip()]
-    return True, said[-1] if said else "the check cell ran without an error"
-
-
-def grade_notebook(path: Path | str, timeout_s: float = 120.0) -> list[Result]:
-    """Run one notebook's cells in order in a fresh kernel and grade each exercise."""
-    import nbformat
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    exercises = find_exercises(nb)
-    if not exercises:
-        return []
-    names = dict(exercises)
-    client = _client(nb, path, timeout_s)
-    results: dict[int, Result] = {}
-    abandoned: str | None = None
-    with client.setup_kernel():
-        for index, cell in enumerate(nb.cells[: exercises[-1][0] + 1]):
-            if cell.cell_type != "code":
-                continue
-            start = time.perf_counter()
-            abandoned = _run(client, cell, index, timeout_s)
-            seconds = time.perf_counter() - start
-            if index in names:
-                if abandoned:
-                    passed, message = False, abandoned
-                elif client.timed_out:
-                    passed, message = (
-                        False,
-                        (
-                            f"the cell ran past the {timeout_s:g} s per-cell timeout and was "
-                            "interrupted (a loop that never ends, or a rank waiting for a message "
-                            "no rank sends?)"
-                        ),
-                    )
-                else:
-                    passed, message = _verdict(cell)
-                results[index] = Result(str(path), names[index], passed, message, seconds)
-            if abandoned:
-                break
-    return [
-        results.get(index) or Result(str(path), name, False, f"not run: {abandoned}", 0.0)
-        for index, name in exercises
-    ]
-
-
-def _client(nb, path: Path, timeout_s: float):
-    """An nbclient that keeps going after errors and interrupts a cell at the timeout."""
-    from nbclient import NotebookClient
-
-    class Client(NotebookClient):
-        timed_out = False
-
-        async def _async_handle_timeout(self, timeout, cell=None):
-            self.timed_out = True
-            return await super()._async_handle_timeout(timeout, cell)
-
-    return Client(
-        nb,
-        timeout=timeout_s,
-        allow_errors=True,
-        interrupt_on_timeout=True,
-        error_on_timeout={"ename": "CellTimeout", "evalue": "interrupted", "traceback": []},
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    )
-
-
-def _run(client, cell, index: int, timeout_s: float) -> str | None:
-    """Run one cell; returns why the notebook cannot go on (None when it can)."""
-    from nbclient.exceptions import DeadKernelError
-
-    client.timed_out = False
-    try:
-        client.execute_cell(cell, index)
-    except DeadKernelError:
-        return f"the kernel died while running cell {index}"
-    if client.timed_out and not _kernel_answers(client):
-        client.shutdown_kernel = "immediate"  # a graceful shutdown would wait for it
-        return f"cell {index} hung past {timeout_s:g} s and ignored the interrupt"
-    return None
-
-
-def _kernel_answers(client) -> bool:
-    """After an interrupted cell: does the kernel run a trivial cell within a few seconds?"""
-    import nbformat
-    from nbclient.exceptions import DeadKernelError
-
-    ping = nbformat.v4.new_code_cell("pass")
-    timeout, client.timeout = client.timeout, PING_TIMEOUT_S
-    client.nb.cells.append(ping)
-    client.timed_out = False
-    try:
-        client.execute_cell(ping, len(client.nb.cells) - 1)
-    except DeadKernelError:
-        return False
-    finally:
-        client.timeout = timeout
-        client.nb.cells.pop()
-    answered, client.timed_out = not client.timed_out, True
-    return answered
+def grade_notebook(
+    path: Path | str,
+    timeout_s: float = 120.0,
+    released: Path | None | str = "default",
+    slack: float = 3.0,
+    sandbox: dict | None = None,
+) -> list[Result]:
+    """Grade one notebook: one row per exercise (see the module's docstring)."""
+    twins = default_released() if released == "default" else released
+    return grade_one(Path(path), timeout_s, twins and Path(twins), slack, sandbox)[0]
 
 
 def format_table(results: list[Result]) -> str:
     """The table `grade` prints: one row per exercise, then a one-line summary."""
     rows = [("notebook", "exercise", "result", "time", "message")]
     for r in results:
-        verdict = "PASS" if r.passed else "FAIL"
-        rows.append((r.notebook, r.exercise, verdict, f"{r.seconds:.1f} s", r.message))
+        where = f"{r.student}/{Path(r.notebook).name}" if r.student else r.notebook
+        message = " ⏎ ".join(line.strip() for line in r.message.strip().splitlines())
+        rows.append((where, r.exercise, r.status, f"{r.seconds:.1f} s", message))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4] for row in rows]
-    failed = sum(not r.passed for r in results)
+    failed = sum(r.status == "FAIL" for r in results)
+    errors = sum(r.status == "ERROR" for r in results)
     total = sum(r.seconds for r in results)
+    passed = len(results) - failed - errors
+    could_not = f", {errors} could not be graded" if errors else ""
     lines.append(
-        f"{len(results)} exercises: {len(results) - failed} passed, {failed} failed "
+        f"{len(results)} exercises: {passed} passed, {failed} failed{could_not} "
         f"({total:.1f} s in check cells)"
     )
     return "\n".join(line.rstrip() for line in lines)
 
 
-def run_grade(paths: list[str], all_dir: str | None, timeout_s: float, as_json: bool) -> int:
-    """The CLI: grade, print the table (or JSON); exit code = exercises failed (max 255)."""
-    if timeout_s <= 0:
-        raise ValueError(f"--timeout={timeout_s:g} must be > 0 (seconds per cell)")
-    notebooks = [Path(p) for p in paths]
-    if all_dir is not None:
-        if not Path(all_dir).is_dir():
-            raise ValueError(f"--all {all_dir!r} must be a folder of .ipynb notebooks")
-        notebooks += sorted(Path(all_dir).glob("*.ipynb"))
-    missing = [str(p) for p in notebooks if not p.is_file()]
-    if missing or not notebooks:
-        raise ValueError(f"notebooks to grade must exist; missing: {missing or 'none given'}")
+def _jobs(args) -> list[tuple[str, Path]]:
+    """(student, notebook) pairs to grade, every argument checked first."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout {args.timeout:g}: must be a number of seconds > 0")
+    if not (math.isfinite(args.slack) and args.slack >= 1):
+        raise UsageError(f"--slack {args.slack:g}: must be a factor >= 1")
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: must be >= 1 notebooks at a time")
+    if args.released is not None and not Path(args.released).is_dir():
+        raise UsageError(f"--released {args.released}: must be a folder of exercise notebooks")
+    if args.class_dir is not None and (args.notebooks or args.all):
+        raise UsageError("--class DIR grades a whole class: give no notebooks and no --all")
+    jobs: list[tuple[str, Path]] = []
+    for name in args.notebooks:
+        path = Path(name)
+        if path.is_dir():
+            raise UsageError(f"{name}: is a folder; grade it with --all {name} (or --class)")
+        if not path.is_file():
+            raise UsageError(f"{name}: no such notebook")
+        if path.suffix != ".ipynb":
+            raise UsageError(f"{name}: must be a .ipynb notebook")
+        jobs.append(("", path))
+    if args.all is not None:
+        folder = Path(args.all)
+        if not folder.is_dir():
+            raise UsageError(f"--all {args.all}: must be a folder of .ipynb notebooks")
+        found = sorted(folder.glob("*.ipynb"))
+        if not found:
+            raise UsageError(f"--all {args.all}: the folder holds no .ipynb notebooks")
+        jobs += [("", p) for p in found]
+    if args.class_dir is not None:
+        folder = Path(args.class_dir)
+        if not folder.is_dir():
+            raise UsageError(f"--class {args.class_dir}: must be a folder of student folders")
+        found = students(folder)
+        if not found:
+            raise UsageError(f"--class {args.class_dir}: holds no student folders")
+        jobs += [(who, p) for who, notebooks in found for p in notebooks or [folder / who]]
+    if not jobs:
+        raise UsageError("give notebooks to grade, --all DIR or --class DIR")
+    return jobs
+
+
+def _grader(args, released: Path | None, sandbox: dict | None):
+    def grade(student: str, path: Path) -> list[Result]:
+        if path.is_dir():  # a student with no notebooks
+            why = f"no .ipynb notebooks in {path}"
+            return [Result("", "(no notebooks)", "ERROR", why, 0.0, student)]
+        rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+        if not rows:
+            print(
+                f"warning: {path} holds no exercises (no check cell): nothing graded",
+                file=sys.stderr,
+            )
+        if executed is not None and args.feedback is not None:
+            import nbformat
+
+            where = Path(args.feedback) / student if student else Path(args.feedback)
+            where.mkdir(parents=True, exist_ok=True)
+            nbformat.write(executed, where / path.name)
+        return rows
+
+    return grade
+
+
+def run_grade(args) -> int:
+    """The CLI (arguments from `minidist.__main__`); returns the exit status."""
+    try:
+        jobs = _jobs(args)
+        released = Path(args.released) if args.released else default_released()
+        sandbox = None
+        if args.sandbox:
+            problem = grade_kernel.bwrap_problem()
+            if problem:
+                raise UsageError(problem)
+            hide = [Path.home()] + ([Path(args.class_dir).resolve()] if args.class_dir else [])
+            sandbox = {"hide": hide}
+    except UsageError as exc:
+        print(f"minidist grade: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     results: list[Result] = []
-    for path in notebooks:
-        print(f"grading {path} ...", file=sys.stderr, flush=True)
-        results += grade_notebook(path, timeout_s)
-    if as_json:
-        print(json.dumps([asdict(r) for r in results], indent=1))
-    else:
-        print(format_table(results))
-    return min(sum(not r.passed for r in results), 255)
+    try:
+        results = grade_all(jobs, _grader(args, released, sandbox), args.jobs)
+    except Exception:
+        _report(results, args)
+        print("minidist grade: internal error (a bug in the grader):", file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_INTERNAL
+    _report(results, args)
+    if not results:
+        print("minidist grade: warning: no exercises found: nothing graded", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_PASSED if all(r.passed for r in results) else EXIT_FAILED
+
+
+def _report(results: list[Result], args) -> None:
+    if args.csv is not None:
+        write_csv(results, Path(args.csv))
+        print(f"wrote {args.csv}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([{**asdict(r), "passed": r.passed} for r in results], indent=1))
+        return
+    print(format_table(results))
+    if args.class_dir is not None and results:
+        print(totals(results))
+
+
+def add_arguments(parser) -> None:
+    """`grade`'s arguments (`minidist.__main__` builds the parser)."""
+    parser.add_argument("notebooks", nargs="*", help="exercise notebooks to grade")
+    parser.add_argument("--all", metavar="DIR", help="grade every DIR/*.ipynb")
+    parser.add_argument(
+        "--class",
+        dest="class_dir",
+        metavar="DIR",
+        help="grade a class: each subfolder of DIR is a student",
+    )
+    parser.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    parser.add_argument("--feedback", metavar="DIR", help="write each executed notebook here")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks at a time")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per cell")
+    parser.add_argument(
+        "--slack",
+        type=float,
+        default=3.0,
+        help="the checkers' own time limits x this (a loaded machine)",
+    )
+    parser.add_argument(
+        "--released", metavar="DIR", help="the released exercise notebooks (default: exercises/)"
+    )
+    parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="each kernel under bubblewrap: no network, read-only files",
+    )
+    parser.add_argument("--json", action="store_true", help="JSON instead of the table")

@@ -3,15 +3,22 @@
 Every `notebooks/*.ipynb` becomes one page, rendered from its committed outputs (nothing
 is re-executed) by nbconvert's HTML exporter with its JupyterLab template; the README is
 the landing page and the lessons, in file order, are the table of contents, so a new
-lesson notebook is a new page with no edit here. Each lesson page links to its package's
-source files (the packages whose `__init__` docstring says "Lesson NN", or whose checkers
-its exercises import), to its exercise notebook and to Colab, all built from the
-`Repository` URL in pyproject.toml's `[project.urls]`.
+lesson notebook is a new page with no edit here. Each lesson page offers its notebook and
+its exercises to download, and shows its packages' source files (the packages whose
+`__init__` docstring says "Lesson NN", or whose checkers its exercises import; every file,
+subpackages included) as pages of the site (`site_links`). GitHub and Colab links, and
+Colab's install cell in the downloads, come only from the `Repository` of pyproject.toml's
+`[project.urls]`: no address is invented.
 
-Offline by construction: nbconvert ships its templates and CSS, figures are embedded in
-the pages as data URIs, and MathJax 2 is copied from the `jupyter-server-mathjax` package
-into the site (nbconvert's template would load it, and require.js, from a CDN). The pages
-load nothing from another host.
+A page has the lessons' menu with an offline search (an index built with the site), its
+own table of contents, heading anchors, a copy button on each code cell, figures that open
+full size, and the previous and next lessons by title (`site_pages`, `site_static`); it
+reads on a phone (code scrolls sideways, the menu collapses).
+
+Offline by construction: nbconvert ships its templates and CSS, figures are files of the
+site, and MathJax 2 is copied from the `jupyter-server-mathjax` package into the site
+(nbconvert's template would load it, and require.js, from a CDN), and loaded only by pages
+with TeX. The pages load nothing from another host.
 
 Every figure gets alternative text (`site_assets.alt_text`): the summary line of the course
 plotting function the cell calls, which says what the figure shows, else the first sentence
@@ -20,22 +27,22 @@ of the text that introduces it; nbconvert's inlined theme is written once and li
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
+from . import site_links, site_pages
 from .site_assets import _has_figure, _shared_styles, _with_alt_texts, alt_text  # noqa: F401
+from .site_links import BRANCH, COLAB, package_files, repository_url  # noqa: F401
+from .site_output import SiteError, check_checkout, check_output, staging, swap_in
+from .site_static import CSS, JS
 from .site_template import TEMPLATE
 
-BRANCH = "main"
 MATHJAX = "_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
-HREF = re.compile(r'(<a\s[^>]*?href=")([^"]*)(")')
-COLAB = "https://colab.research.google.com/github/{slug}/blob/{branch}/{path}"
 
 
 @dataclass
@@ -47,19 +54,6 @@ class Page:
     title: str
     packages: list[str] = field(default_factory=list)
     exercise: Path | None = None
-
-
-def repository_url(root: Path) -> str:
-    """`Repository` of pyproject.toml's [project.urls] (the one place the URL is written)."""
-    text = (root / "pyproject.toml").read_text()
-    section = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    url = section and re.search(r'^Repository\s*=\s*"([^"]+)"', section.group(1), re.M)
-    if not url or not url.group(1).startswith("https://github.com/"):
-        raise ValueError(
-            'pyproject.toml needs [project.urls] Repository = "https://github.com/OWNER/NAME" '
-            "(the site's source, exercise and Colab links are built from it)"
-        )
-    return url.group(1).rstrip("/")
 
 
 def notebook_title(path: Path) -> str:
@@ -105,54 +99,15 @@ def pages(root: Path) -> list[Page]:
     return out
 
 
-def _rewrite_links(body: str, page: Page, lessons: dict[Path, str], root: Path, repo: str) -> str:
-    """Relative links of the README and notebooks: lessons to their pages, files to GitHub."""
-
-    def fix(match: re.Match) -> str:
-        href = html.unescape(match.group(2))
-        if re.match(r"^[a-z][a-z0-9+.-]*:|^#|^//", href, re.I) or not href:
-            return match.group(0)
-        path, _, anchor = href.partition("#")
-        if path in lessons.values() or path.startswith("_downloads/"):
-            return match.group(0)  # the template's own links
-        target = (page.source.parent / path).resolve()
-        if not target.is_relative_to(root):
-            return match.group(0)
-        if target in lessons:
-            new = lessons[target] + (f"#{anchor}" if anchor else "")
-        else:
-            rel = target.relative_to(root).as_posix()
-            new = f"{repo}/blob/{BRANCH}/{quote(rel)}" + (f"#{anchor}" if anchor else "")
-        return match.group(1) + html.escape(new) + match.group(3)
-
-    return HREF.sub(fix, body)
-
-
-def _links(page: Page, root: Path, repo: str) -> dict:
-    """What the template puts above a lesson: Colab, exercises, source files."""
-    slug = repo.removeprefix("https://github.com/")
-    rel = page.source.relative_to(root).as_posix()
-    links = {"colab": COLAB.format(slug=slug, branch=BRANCH, path=rel), "repo": repo}
-    links["notebook_github"] = f"{repo}/blob/{BRANCH}/{rel}"
-    if page.exercise is not None:
-        ex = page.exercise.relative_to(root).as_posix()
-        links["exercise"] = {
-            "name": page.exercise.name,
-            "download": f"_downloads/exercises/{page.exercise.name}",
-            "colab": COLAB.format(slug=slug, branch=BRANCH, path=ex),
-            "github": f"{repo}/blob/{BRANCH}/{ex}",
-        }
-    links["packages"] = []
+def _links(page: Page, root: Path, out: Path, repo: str | None) -> dict:
+    """What the template puts above a lesson: downloads (and Colab), the source files."""
+    links = {"downloads": site_links.downloads(page, root, out, repo), "packages": []}
     for name in page.packages:
-        pkg = root / "minidist" / name
-        files = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py"))
-        links["packages"].append(
-            {
-                "name": f"minidist/{name}/",
-                "url": f"{repo}/tree/{BRANCH}/minidist/{name}",
-                "files": [(f, f"{repo}/blob/{BRANCH}/minidist/{name}/{f}") for f in files],
-            }
-        )
+        files = package_files(root, name)
+        site_links.write_source_pages(root, out, files, repo)
+        prefix = f"minidist/{name}/"
+        pairs = [(f.removeprefix(prefix), site_links.source_page(f)) for f in files]
+        links["packages"].append({"name": prefix, "files": pairs})
     return links
 
 
@@ -175,16 +130,16 @@ def _notebook_for(page: Page):
 
 
 def build_site(root: Path, out: Path) -> list[Page]:
-    """Write the site into `out` (replaced); returns its pages."""
-    import importlib.util
-
+    """Write the site into `out` (replaced only when empty or a previous build: see
+    `site_output`); returns its pages."""
     import jinja2
     from nbconvert import HTMLExporter
 
     root = root.resolve()
+    check_checkout(root)
+    target = check_output(root, out)
     repo = repository_url(root)
     site = pages(root)
-    lessons = {p.source.resolve(): p.html_name for p in site}
     exporter = HTMLExporter(
         template_name="lab",
         template_file="minidist_site.html.j2",
@@ -192,9 +147,23 @@ def build_site(root: Path, out: Path) -> list[Page]:
         mathjax_url=MATHJAX,
         exclude_anchor_links=False,
     )
-    if out.exists():
-        shutil.rmtree(out)
+    out = staging(target)
+    try:
+        _write(root, out, site, repo, exporter)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    swap_in(out, target)
+    return site
+
+
+def _write(root: Path, out: Path, site: list[Page], repo: str | None, exporter) -> None:
+    import importlib.util
+
+    lessons = {p.source.resolve(): p.html_name for p in site}
     (out / "_static").mkdir(parents=True)
+    (out / "_static" / "site.css").write_text(CSS)
+    (out / "_static" / "site.js").write_text(JS)
     # Found, not imported: importing it would import jupyter_server (seconds).
     spec = importlib.util.find_spec("jupyter_server_mathjax")
     if spec is None:
@@ -202,31 +171,43 @@ def build_site(root: Path, out: Path) -> list[Page]:
     mathjax = Path(spec.submodule_search_locations[0]) / "static"
     shutil.copytree(mathjax, out / "_static" / "mathjax")
     toc = [(p.html_name, p.title) for p in site[1:]]
+    index: list[dict] = []
     for i, page in enumerate(site):
+        nb = _notebook_for(page)
         resources = {
             "minidist": {
                 "page": page.html_name,
                 "toc": toc,
-                "prev": site[i - 1].html_name if i > 0 else None,
-                "next": site[i + 1].html_name if i + 1 < len(site) else None,
-                "links": _links(page, root, repo) if i > 0 else None,
-                "repo": repo,
+                "prev": (site[i - 1].html_name, site[i - 1].title) if i > 0 else None,
+                "next": (site[i + 1].html_name, site[i + 1].title) if i + 1 < len(site) else None,
+                "links": _links(page, root, out, repo) if i > 0 else None,
+                "tex": site_pages.needs_mathjax(nb),
             }
         }
-        nb = _notebook_for(page)
         body, _ = exporter.from_notebook_node(nb, resources=resources)
         body = _shared_styles(_with_alt_texts(body, nb), out)
-        (out / page.html_name).write_text(_rewrite_links(body, page, lessons, root, repo))
-        if page.exercise is not None:
-            (out / "_downloads" / "exercises").mkdir(parents=True, exist_ok=True)
-            shutil.copy(page.exercise, out / "_downloads" / "exercises" / page.exercise.name)
-    return site
+        body = site_pages.figures_to_files(body, out, page.html_name.removesuffix(".html"))
+        body = site_pages.with_page_toc(body)
+        body = site_links.rewrite_links(body, page, lessons, root, repo, out)
+        (out / page.html_name).write_text(body)
+        index += site_pages.search_entries(body, page.html_name, page.title)
+    site_pages.write_search_index(out, index)
 
 
 def run_site(root: Path, out: Path) -> int:
-    """The CLI: build, say where and how long."""
+    """The CLI: build, say where and how long; a refused invocation is one line on stderr
+    and exit status 2."""
     start = time.perf_counter()
-    site = build_site(root, out)
+    try:
+        site = build_site(root, out)
+    except SiteError as exc:
+        print(f"minidist site: error: {exc}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     print(f"wrote {len(site)} pages to {out}/ in {seconds:.1f} s (open {out}/index.html)")
+    if repository_url(root.resolve()) is None:
+        print(
+            "(pyproject.toml's [project.urls] names no Repository: no GitHub or Colab links)",
+            file=sys.stderr,
+        )
     return 0

@@ -1,5 +1,7 @@
 """The page template of the course site (see `site.py`): nbconvert's JupyterLab template,
-plus a table of contents, the lesson's links, and MathJax and require.js kept local."""
+plus the lessons' menu (collapsed behind a button on a small screen) with the search box,
+the lesson's downloads and source links, a slot for the page's table of contents, the
+previous and next lessons by title, and MathJax, kept local, on pages with TeX only."""
 
 TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 {% from 'mathjax.html.j2' import mathjax %}
@@ -19,6 +21,7 @@ TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 {%- endblock input %}
 
 {%- block html_head_js_mathjax -%}
+{%- if m.tex %}
 <script>
 // The MathJax copied into the site carries the STIX-Web web fonts only (not TeX's), and
 // its placeholder font is local() rather than url('about:blank') (a console error).
@@ -32,37 +35,31 @@ MathJax.Hub.Register.StartupHook("End", function () {
   MathJax.Hub.Queue(function () { document.documentElement.dataset.mathjax = "done"; });
 });
 </script>
+{%- else %}
+<script>document.documentElement.dataset.mathjax = "none";</script>
+{%- endif %}
 {%- endblock html_head_js_mathjax -%}
 
 {% block extra_css %}
 <link rel="icon" href="data:,">
-<style type="text/css">
-body.md-site { margin: 0; padding: 0; }
-nav.md-toc { position: fixed; top: 0; left: 0; bottom: 0; width: 17rem; overflow-y: auto;
-  box-sizing: border-box; padding: 1rem; background: #f6f7f9; border-right: 1px solid #dde;
-  font: 0.9rem/1.35 system-ui, sans-serif; }
-nav.md-toc .md-home { font-weight: 700; font-size: 1.15rem; text-decoration: none; }
-nav.md-toc ol { list-style: none; padding: 0; margin: 0.8rem 0 0; }
-nav.md-toc li { margin: 0.45rem 0; }
-nav.md-toc li.md-current a { font-weight: 700; color: #000; }
-main.md-main { margin-left: 17rem; padding: 1rem 2rem 2rem; max-width: 62rem; }
-.md-links { border: 1px solid #dde; border-radius: 6px; padding: 0.6rem 1rem;
-  background: #fafbfc; font: 0.9rem/1.5 system-ui, sans-serif; margin: 0.5rem 0 1rem; }
-.md-links code { font-size: 0.85rem; }
-.md-links a, nav.md-toc a, .md-pager a { color: #1a5fb4; }
-.md-pager { display: flex; justify-content: space-between; margin-top: 2rem;
-  font: 0.95rem system-ui, sans-serif; }
-@media (max-width: 52rem) {
-  nav.md-toc { position: static; width: auto; border-right: 0; }
-  main.md-main { margin-left: 0; }
-}
-</style>
+<link rel="stylesheet" href="_static/site.css">
+<script src="_static/search-index.js" defer></script>
+<script src="_static/site.js" defer></script>
 {% endblock extra_css %}
 
 {%- block body_header -%}
 <body class="jp-Notebook md-site" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
-<nav class="md-toc" aria-label="lessons">
+<header class="md-bar">
+<button type="button" aria-expanded="false" aria-controls="md-nav">&#9776; Lessons</button>
+<a href="index.html">minidist</a>
+</header>
+<nav class="md-toc" id="md-nav" aria-label="lessons">
 <a class="md-home" href="index.html">minidist</a>
+<div class="md-search" role="search">
+<input type="search" id="md-search" placeholder="Search the course" aria-label="search the course"
+  autocomplete="off">
+<ol class="md-results" id="md-results" aria-live="polite"></ol>
+</div>
 <ol>
 {%- for href, title in m.toc %}
 <li{% if href == m.page %} class="md-current"{% endif %}>
@@ -74,18 +71,20 @@ main.md-main { margin-left: 17rem; padding: 1rem 2rem 2rem; max-width: 62rem; }
 {%- if m.links %}
 {%- set l = m.links %}
 <div class="md-links">
-<a class="md-colab" href="{{ l.colab }}">Open in Colab</a>
-(first run <code>!pip install "minidist @ git+{{ l.repo }}"</code>)
-· <a href="{{ l.notebook_github }}">notebook on GitHub</a>
-{%- if l.exercise %}<br>
-Exercises: <a class="md-exercise" href="{{ l.exercise.download }}" download>
-  {{- l.exercise.name }}</a>
-(<a href="{{ l.exercise.colab }}">open in Colab</a>,
-<a href="{{ l.exercise.github }}">on GitHub</a>;
-grade with <code>python -m minidist grade {{ l.exercise.name }}</code>)
+{%- set nb = l.downloads.notebook %}
+Download <a class="md-download" href="{{ nb.download }}" download>{{ nb.name }}</a>
+{%- if nb.colab %} · <a class="md-colab" href="{{ nb.colab }}">open in Colab</a>
+(the downloads start with Colab's install cell) · <a href="{{ nb.github }}">on GitHub</a>
+{%- endif %}
+{%- set ex = l.downloads.exercise %}
+{%- if ex %}<br>
+Exercises: <a class="md-exercise" href="{{ ex.download }}" download>{{ ex.name }}</a>
+{%- if ex.colab %} (<a href="{{ ex.colab }}">open in Colab</a>,
+<a href="{{ ex.github }}">on GitHub</a>){% endif %};
+grade with <code>python -m minidist grade {{ ex.name }}</code>
 {%- endif %}
 {%- for pkg in l.packages %}
-<details class="md-source"><summary>Source: <a href="{{ pkg.url }}">{{ pkg.name }}</a>
+<details class="md-source"><summary>Source: <code>{{ pkg.name }}</code>
   ({{ pkg.files | length }} files)</summary>
 {%- for name, url in pkg.files %}{% if not loop.first %} · {% endif %}
   <a href="{{ url }}"><code>{{ name }}</code></a>
@@ -94,12 +93,15 @@ grade with <code>python -m minidist grade {{ l.exercise.name }}</code>)
 {%- endfor %}
 </div>
 {%- endif %}
+<!--minidist-page-toc-->
 {%- endblock body_header -%}
 
 {% block body_footer %}
 <nav class="md-pager" aria-label="previous and next">
-<span>{% if m.prev %}<a href="{{ m.prev }}">&larr; previous</a>{% endif %}</span>
-<span>{% if m.next %}<a href="{{ m.next }}">next &rarr;</a>{% endif %}</span>
+<span class="md-prev">{% if m.prev %}<a href="{{ m.prev[0] }}" rel="prev">
+  &larr; {{ m.prev[1] | escape }}</a>{% endif %}</span>
+<span class="md-next">{% if m.next %}<a href="{{ m.next[0] }}" rel="next">
+  {{ m.next[1] | escape }} &rarr;</a>{% endif %}</span>
 </nav>
 </main>
 </body>

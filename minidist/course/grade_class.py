@@ -1,0 +1,74 @@
+"""A class at once (`grade --class DIR`): each subfolder of DIR is a student, each of their
+`*.ipynb` a notebook to grade; the rows go to a CSV (student, lesson, exercise, status,
+message, seconds: the csv module quotes multi-line messages, so a row stays a row), with
+totals per student and per exercise; notebooks run `-j N` at a time, each in its own
+kernel."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .grade_run import Result
+
+CSV_COLUMNS = ("student", "lesson", "exercise", "status", "message", "seconds")
+
+
+def students(class_dir: Path) -> list[tuple[str, list[Path]]]:
+    """[(student, their notebooks)] for every non-hidden subfolder, by name."""
+    out = []
+    for folder in sorted(p for p in class_dir.iterdir() if p.is_dir()):
+        if not folder.name.startswith("."):
+            out.append((folder.name, sorted(folder.glob("*.ipynb"))))
+    return out
+
+
+def grade_all(
+    jobs: list[tuple[str, Path]], grade: Callable[[str, Path], list[Result]], workers: int
+) -> list[Result]:
+    """Every (student, notebook) graded, `workers` at a time; rows in the jobs' order."""
+
+    def one(job: tuple[str, Path]) -> list[Result]:
+        student, path = job
+        who = f"{student}: " if student else ""
+        print(f"grading {who}{path} ...", file=sys.stderr, flush=True)
+        return grade(student, path)
+
+    if workers <= 1:
+        return [r for job in jobs for r in one(job)]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [r for rows in pool.map(one, jobs) for r in rows]
+
+
+def write_csv(results: list[Result], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(CSV_COLUMNS)
+        for r in results:
+            lesson = Path(r.notebook).stem if r.notebook else ""
+            out.writerow((r.student, lesson, r.exercise, r.status, r.message, f"{r.seconds:.2f}"))
+
+
+def totals(results: list[Result]) -> str:
+    """PASS counts per student and per exercise (lesson / exercise), as two small tables."""
+    by_student: dict[str, list[Result]] = defaultdict(list)
+    by_exercise: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        by_student[r.student].append(r)
+        if r.notebook:
+            by_exercise[f"{Path(r.notebook).stem} / {r.exercise}"].append(r)
+    lines = ["per student:"]
+    lines += [f"  {who}  {_count(rows)}" for who, rows in by_student.items()]
+    lines.append("per exercise:")
+    lines += [f"  {name}  {_count(rows)}" for name, rows in sorted(by_exercise.items())]
+    return "\n".join(lines)
+
+
+def _count(rows: list[Result]) -> str:
+    passed = sum(r.status == "PASS" for r in rows)
+    errors = sum(r.status == "ERROR" for r in rows)
+    return f"{passed}/{len(rows)} PASS" + (f", {errors} ERROR" if errors else "")

@@ -1,0 +1,80 @@
+"""nbclient for the grader (`grade_run`): a client that keeps going after errors, interrupts a
+cell at the timeout (SIGINT, as the notebook's stop button), and tells a kernel that
+ignored the interrupt, or died, from one that can go on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import grade_kernel
+
+
+def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: str):
+    """(the client, the kernel's environment). `sandbox`: {"hide": [folders]} to run the
+    kernel under bubblewrap (`grade_kernel.sandbox_prefix`)."""
+    from nbclient import NotebookClient
+
+    scratch_dir = Path(scratch)
+    prefix = None
+    env = dict(os.environ)
+    if sandbox is not None:
+        prefix = grade_kernel.sandbox_prefix(
+            scratch_dir, path.parent.resolve(), [Path(p) for p in sandbox.get("hide", [])]
+        )
+        env = grade_kernel.sandbox_env(scratch_dir)
+
+    class Client(NotebookClient):
+        timed_out = False
+        abandoned: str | None = None
+
+        async def _async_handle_timeout(self, timeout, cell=None):
+            self.timed_out = True
+            return await super()._async_handle_timeout(timeout, cell)
+
+    client = Client(
+        nb,
+        timeout=timeout_s,
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": "CellTimeout", "evalue": "interrupted", "traceback": []},
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+        kernel_manager_class=grade_kernel.kernel_manager_class(prefix, scratch_dir),
+        kernel_name="python3",
+    )
+    return client, env
+
+
+def run_cell(client, cell, index: int, timeout_s: float) -> str | None:
+    """Run one cell; returns why the notebook cannot go on (None when it can)."""
+    from nbclient.exceptions import DeadKernelError
+
+    client.timed_out = False
+    try:
+        client.execute_cell(cell, index)
+    except DeadKernelError:
+        return f"the kernel died while running cell {index}"
+    if client.timed_out and not kernel_answers(client):
+        client.shutdown_kernel = "immediate"  # a graceful shutdown would wait for it
+        return f"cell {index} hung past {timeout_s:g} s and ignored the interrupt"
+    return None
+
+
+def kernel_answers(client) -> bool:
+    """After an interrupted cell: does the kernel run a trivial cell within a few seconds?"""
+    import nbformat
+    from nbclient.exceptions import DeadKernelError
+
+    ping = nbformat.v4.new_code_cell("pass")
+    timeout, client.timeout = client.timeout, grade_kernel.PING_TIMEOUT_S
+    client.nb.cells.append(ping)
+    client.timed_out = False
+    try:
+        client.execute_cell(ping, len(client.nb.cells) - 1)
+    except DeadKernelError:
+        return False
+    finally:
+        client.timeout = timeout
+        client.nb.cells.pop()
+    answered, client.timed_out = not client.timed_out, True
+    return answered

@@ -1,0 +1,305 @@
+"""Grade one notebook (`grade.grade_notebook`): read it, find its exercises, run it in a fresh
+kernel and turn each exercise into a row.
+
+- The exercises are those of the released exercise notebook of the same name (the
+  checkout's `exercises/`, or `released=`), so every exercise gets a row: a check cell the
+  learner deleted is a FAIL saying so. A notebook with no released twin is graded by its own
+  check cells.
+- Each check cell runs as released (a modified one is restored and flagged in the message),
+  through `grade_kernel`'s runner, whose verdict does not come from the learner's namespace.
+- A cell that failed before a failing check cell (a SyntaxError, a ModuleNotFoundError) is
+  named in that row: it is the cause, not the NameError that follows.
+- A file that is not a notebook is one ERROR row per exercise (or one row), never a crash.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import grade_kernel
+from .grade_kernel import check_cell_runner, end_processes, read_verdict
+
+CHECK_CALL = re.compile(r"^\s*(check_\w+)\(", re.MULTILINE)
+EXERCISE_HEADING = re.compile(r"^#+\s*(Exercise\b.*)$", re.MULTILINE)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Result:
+    """One exercise of one notebook: PASS, FAIL or ERROR (the notebook could not be graded),
+    what the checker said, how long its check cell took."""
+
+    notebook: str
+    exercise: str
+    status: str
+    message: str
+    seconds: float
+    student: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+
+@dataclass
+class Exercise:
+    name: str
+    source: str  # the released check cell
+    checks: list[str] = field(default_factory=list)
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def find_exercises(nb) -> list[tuple[int, Exercise]]:
+    """[(index of the check cell, its exercise)] in notebook order."""
+    out, heading = [], None
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "markdown":
+            found = EXERCISE_HEADING.findall(_source(cell))
+            heading = found[-1].strip() if found else heading
+        elif cell["cell_type"] == "code" and CHECK_CALL.search(_source(cell)):
+            src = _source(cell)
+            name = heading or f"check cell {index}"
+            out.append((index, Exercise(name, src, CHECK_CALL.findall(src))))
+            heading = None
+    return out
+
+
+def released_twin(path: Path, released: Path | None) -> Path | None:
+    """The released exercise notebook of the same name, when there is one."""
+    if released is None:
+        return None
+    twin = released / path.name
+    return twin if twin.is_file() and twin.resolve() != path.resolve() else None
+
+
+def _match(nb, exercises: list[Exercise]) -> list[int | None]:
+    """For each released exercise, the learner's cell that calls its checker (None: gone)."""
+    found, start = [], 0
+    for ex in exercises:
+        calls = re.compile(r"\b(" + "|".join(map(re.escape, ex.checks)) + r")\(")
+        index = next(
+            (
+                i
+                for i in range(start, len(nb.cells))
+                if nb.cells[i].cell_type == "code" and calls.search(nb.cells[i].source)
+            ),
+            None,
+        )
+        found.append(index)
+        start = index + 1 if index is not None else start
+    return found
+
+
+def _error_text(out) -> str:
+    return ANSI.sub("", f"{out['ename']}: {out['evalue']}").strip()
+
+
+def _stream_tail(outputs) -> str:
+    text = "".join(_source({"source": o.get("text", "")}) for o in outputs if "text" in o)
+    said = [line for line in text.splitlines() if line.strip()]
+    return said[-1] if said else "the check cell ran without an error"
+
+
+def unreadable(path: Path, exercises: list[Exercise], why: str, student: str) -> list[Result]:
+    """ERROR rows for a file that cannot be graded: one per released exercise, else one."""
+    message = f"could not grade {path.name}: {why}"
+    names = [ex.name for ex in exercises] or ["(the whole notebook)"]
+    return [Result(str(path), name, "ERROR", message, 0.0, student) for name in names]
+
+
+def read_notebook(path: Path):
+    """The notebook, or a ValueError saying why the file is not one."""
+    import json
+
+    import nbformat
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read it ({exc})") from None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a notebook: not JSON ({exc})") from None
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # nbformat's reader and validation errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"not a valid notebook ({first[:200]})") from None
+    return nb
+
+
+def plan(path: Path, released: Path | None):
+    """(the notebook or the reason it is unreadable, [(learner's cell or None, exercise,
+    modified)]) for a notebook to grade."""
+    import nbformat
+
+    twin = released_twin(path, released)
+    exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
+    try:
+        nb = read_notebook(path)
+    except ValueError as exc:
+        return str(exc), [(None, ex, False) for ex in exercises]
+    if twin is None:
+        return nb, [(i, ex, False) for i, ex in find_exercises(nb)]
+    matched = _match(nb, exercises)
+    rows = []
+    for index, ex in zip(matched, exercises):
+        modified = index is not None and nb.cells[index].source.strip() != ex.source.strip()
+        rows.append((index, ex, modified))
+    return nb, rows
+
+
+class Run:
+    """One notebook in one kernel: its cells in order, each error kept for the rows."""
+
+    def __init__(self, nb, path: Path, timeout_s: float, slack: float, sandbox: dict | None):
+        self.nb, self.path, self.timeout_s, self.slack = nb, path, timeout_s, slack
+        self.sandbox = sandbox
+        self.errors: list[tuple[int, str]] = []  # (cell, "Kind: message") outside checks
+
+    def cells(self, rows) -> list[Result]:
+        from .grade_client import client_for, run_cell
+
+        checks = {index: (ex, modified) for index, ex, modified in rows if index is not None}
+        marker = uuid.uuid4().hex
+        results: dict[int, Result] = {}
+        abandoned = None
+        with tempfile.TemporaryDirectory(prefix="minidist-grade-") as scratch:
+            client, env = client_for(self.nb, self.path, self.timeout_s, self.sandbox, scratch)
+            env[grade_kernel.RUN_MARKER] = marker
+            pgid = None
+            try:
+                with _started(client, env):
+                    pgid = getattr(client.km.provisioner, "pgid", None)
+                    for index, cell in enumerate(self.nb.cells[: max(checks, default=-1) + 1]):
+                        if cell.cell_type != "code":
+                            continue
+                        start = time.perf_counter()
+                        if index in checks:
+                            passed, message = self._check(client, index, *checks[index])
+                            status = "PASS" if passed else "FAIL"
+                            seconds = time.perf_counter() - start
+                            name = checks[index][0].name
+                            results[index] = Result(str(self.path), name, status, message, seconds)
+                            abandoned = client.abandoned
+                        else:
+                            abandoned = run_cell(client, cell, index, self.timeout_s)
+                            errors = [o for o in cell.outputs if o.output_type == "error"]
+                            self.errors += [(index, _error_text(o)) for o in errors]
+                        if abandoned:
+                            break
+            finally:
+                end_processes(pgid, marker)
+        out = []
+        for index, ex, _ in rows:
+            if index is None:
+                call = ex.source.strip().splitlines()[-1]
+                message = (
+                    "the check cell of this exercise is missing from the notebook (deleted?): "
+                    f"restore it from the released exercise notebook ({call})"
+                )
+                out.append(Result(str(self.path), ex.name, "FAIL", message, 0.0))
+            elif index in results:
+                out.append(results[index])
+            else:
+                message = f"not run: {abandoned}"
+                out.append(Result(str(self.path), ex.name, "FAIL", message, 0.0))
+        return out
+
+    def _check(self, client, index: int, ex: Exercise, modified: bool) -> tuple[bool, str]:
+        from .grade_client import run_cell
+
+        cell = self.nb.cells[index]
+        token = uuid.uuid4().hex
+        cell.source = check_cell_runner(ex.source, token, self.slack)
+        client.abandoned = run_cell(client, cell, index, self.timeout_s)
+        cell.source = ex.source
+        passed, cell.outputs = read_verdict(cell.get("outputs", []), token)
+        flag = "[check cell modified: graded with the released one] " if modified else ""
+        if client.abandoned:
+            return False, flag + client.abandoned
+        if client.timed_out:
+            return False, flag + (
+                f"the cell ran past the {self.timeout_s:g} s per-cell timeout and was "
+                "interrupted (a loop that never ends, or a rank waiting for a message no rank "
+                "sends?)"
+            )
+        errors = [_error_text(o) for o in cell.outputs if o.get("output_type") == "error"]
+        if passed and not errors:
+            return True, flag + _stream_tail(cell.outputs)
+        said = errors[0] if errors else "the check cell gave no verdict (its output was altered)"
+        earlier = self._earlier(index)
+        if earlier:
+            said = f"an earlier cell failed first (cell {earlier[0]}: {earlier[1]}); then {said}"
+        return False, flag + said
+
+    def _earlier(self, index: int) -> tuple[int, str] | None:
+        """The first error since the previous check cell, else before the first one."""
+        checks = [i for i, c in enumerate(self.nb.cells) if i < index and _is_check(c)]
+        since = checks[-1] if checks else -1
+        mine = [e for e in self.errors if since < e[0] < index]
+        setup = [e for e in self.errors if e[0] < (min(checks) if checks else index)]
+        return (mine or setup or [None])[0]
+
+
+class KernelStartError(RuntimeError):
+    """The notebook's kernel did not start (its exercises become ERROR rows)."""
+
+
+@contextmanager
+def _started(client, env: dict):
+    """nbclient's kernel, its output kept off the grader's (it would break --json)."""
+    import subprocess
+
+    setup = client.setup_kernel(env=env, stdout=subprocess.DEVNULL)
+    try:
+        setup.__enter__()
+    except Exception as exc:
+        raise KernelStartError(f"the kernel did not start ({type(exc).__name__}: {exc})") from exc
+    try:
+        yield
+    except BaseException as exc:
+        if not setup.__exit__(type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        setup.__exit__(None, None, None)
+
+
+def _is_check(cell) -> bool:
+    return cell.cell_type == "code" and bool(CHECK_CALL.search(cell.source))
+
+
+def grade_one(
+    path: Path,
+    timeout_s: float,
+    released: Path | None,
+    slack: float = 3.0,
+    sandbox: dict | None = None,
+    student: str = "",
+):
+    """(rows, the executed notebook or None) for one notebook; never raises for a bad file."""
+    nb, rows = plan(path, released)
+    if isinstance(nb, str):
+        return unreadable(path, [ex for _, ex, _ in rows], nb, student), None
+    if not rows:
+        return [], None
+    run = Run(nb, path, timeout_s, slack, sandbox)
+    try:
+        results = run.cells(rows)
+    except KernelStartError as exc:
+        return unreadable(path, [ex for _, ex, _ in rows], str(exc), student), None
+    for r in results:
+        r.student = student
+    return results, nb
