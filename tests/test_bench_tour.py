@@ -64,7 +64,7 @@ def test_every_lesson_registers_a_row_in_lesson_order():
         "distributed slots (HugeCTR)", "localized slots (HugeCTR)", "Wide&Deep (hash emb. + DDP)",
         "parameter server (BSP)", "2D torus all-reduce", "hierarchical all-reduce", "GeePS cache",
         "planner", "sequence parallel", "context parallel", "expert parallel",
-        "expert parallel GPT",
+        "expert parallel GPT", "every parallelism at once",
     ]  # fmt: skip
 
 

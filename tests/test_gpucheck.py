@@ -71,7 +71,7 @@ def test_triton_against_torch_runs_on_the_interpreter():
 
 
 CHEAP = ("bucketed_ddp", "pipeline_1f1b", "sequence_parallel", "context_parallel",
-         "expert_parallel")  # fmt: skip
+         "expert_parallel", "composed_llama")  # fmt: skip
 
 
 @pytest.mark.parametrize("case", [c for c in gpucheck.WRAPPERS if c[0] in CHEAP], ids=str)
