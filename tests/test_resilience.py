@@ -278,3 +278,38 @@ def _bad_saves(path):
     twice = [Piece("w", (4, 4), (0, 0), (4, 4), None, w)] * 2
     with pytest.raises(ValueError, match="two owned pieces of w start at"):
         save(path, twice)
+
+
+# -- bf16 masters ---------------------------------------------------------------------------------
+def bf16_save(path):
+    model, batches, loss_fn = build("gpt")
+    model.to(torch.bfloat16)  # bf16 parameters: the optimizer steps bf16 masters
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
+    train(model, [(x, y) for x, y in batches[:2]], loss_fn, opt)
+    save(path, module_pieces(model, opt), TrainingState(step=2), {"bf16": 1})
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def bf16_fsdp_load(path, dtype):
+    model, _, _ = build("gpt", seed=4)
+    model.to(dtype)
+    fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"])
+    opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
+    materialize_optimizer_state(opt)
+    pieces = fsdp_pieces(fsdp, opt)
+    try:
+        load(path, pieces, {"fsdp": 2, "dtype": str(dtype)})
+    except CheckpointLayoutError as e:
+        return str(e)
+    return fsdp.full_parameters(), {p.tensor.dtype for p in pieces if p.global_shape}
+
+
+def test_bf16_masters_are_kept_across_a_change_of_layout(tmp_path):
+    saved = minidist.launch(bf16_save, 1, tmp_path / "ck")[0]
+    loaded, dtypes = minidist.launch(bf16_fsdp_load, 2, tmp_path / "ck", torch.bfloat16)[0]
+    assert dtypes == {torch.bfloat16}  # the masters and Adam's moments, as saved
+    assert loaded.keys() == saved.keys()
+    # (FSDP's comparison contract hands frozen parameters back in float32: compare values)
+    assert all(torch.equal(loaded[k].to(saved[k].dtype), saved[k]) for k in saved)
+    refused = minidist.launch(bf16_fsdp_load, 2, tmp_path / "ck", torch.float32)[0]
+    assert "is torch.bfloat16 in the checkpoint, torch.float32 here" in refused
