@@ -1,0 +1,296 @@
+"""Universal checkpoints: every rank writes its pieces under layout-free names, and any other
+layout reads back exactly the elements it needs.
+
+DeepSpeed's Universal Checkpointing (Lian et al. 2024, "Universal Checkpointing: Efficient
+and Flexible Checkpointing for Large Scale Distributed Training") turns each rank's shard
+into per-parameter fragments with their place in the logical tensor, so that a run saved on
+one layout (DP 128) resumes on another (TP 2 × DP 32). Here the fragments are the
+rectangles of each `Piece` (`chunks.py`), written with `torch.distributed.checkpoint` under
+the one-process model's names (`planners.py`): a load on any layout is DCP's resharding.
+
+- `save(path, pieces, state, layout, group)` on every rank: each rank writes the pieces it
+  owns, its random streams (`rng.<rank>.<stream>`) and rank 0 a JSON record (`layout`, the
+  step, the global sample index, the loss scaler) as a uint8 tensor, so every byte of the
+  checkpoint is a tensor with a checksum. minidist's checkpoint rules, through
+  `minidist.checkpoint_files` and lesson 03's DCP helpers: written into
+  `.<name>.unfinished`, checksums recorded last, then renamed into place; an interrupted
+  save leaves the previous checkpoint whole.
+- `load(path, pieces, layout, group)` on every rank: refuses a checkpoint that cannot serve
+  the pieces (a tensor missing on either side, another shape or dtype: a different number
+  of layers, a different model) before anything changes, naming both layouts; reads only the
+  stored rectangles that overlap this rank's pieces, verifying each one's checksum; copies
+  into the pieces only once every rank has read everything. Returns a `LoadReport`: the
+  `TrainingState` and the bytes this rank read beside the bytes of its own pieces.
+
+Not here: storage other than a file system every rank sees; a different optimizer or
+dtype between save and load (refused); DCP's own collectives (plan exchange) go through
+`torch.distributed`, which the ledger does not see.
+Native equivalent: `torch.distributed.checkpoint` with DTensor state dicts (torchtitan).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from .. import comm
+from ..checkpoint_files import (
+    CHECKSUMS,
+    CheckpointError,
+    check_file,
+    is_complete,
+    put_in_place,
+    read_json,
+    recover,
+    unfinished_path,
+)
+from ..fsdp.checkpoint_safe import read_metadata, write_checksums
+from ..parallel import first_rank
+from ..pieces import Piece
+from .chunks import Chunk, piece_chunks, piece_nbytes
+from .planners import ChunkLoadPlanner, ChunkSavePlanner, VerifyingReader
+from .state import TrainingState
+
+FORMAT = "minidist-universal-checkpoint/1"
+RECORD = "minidist.record"
+
+
+class CheckpointLayoutError(ValueError):
+    """A checkpoint that cannot serve the requested layout; nothing was changed."""
+
+
+@dataclass
+class LoadReport:
+    state: TrainingState
+    bytes_read: int  # bytes of the checkpoint this rank read from disk
+    payload_read: int  # of which tensor elements (the rest: each rectangle's framing)
+    bytes_wanted: int  # bytes of the rectangles it asked for (its pieces, each once)
+    shard_bytes: int  # bytes of this rank's pieces
+    rng_restored: bool  # the saved layout is this one: state.rng holds this rank's streams
+    saved_layout: dict
+
+
+# -- save ----------------------------------------------------------------------------------------
+def save_chunks(pieces: list[Piece], state: TrainingState, layout: dict | None, group) -> list:
+    """What this rank writes: its owned pieces' rectangles, its streams, rank 0 the record."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    chunks, seen = [], set()
+    for p in pieces:
+        if not isinstance(p, Piece):
+            raise TypeError(f"save: pieces must be minidist.pieces.Piece, got {type(p).__name__}")
+        if p.owner:
+            for c in piece_chunks(p):
+                if (c.name, c.offsets) in seen:
+                    raise ValueError(f"save: two owned pieces of {c.name} start at {c.offsets}")
+                seen.add((c.name, c.offsets))
+                chunks.append(c)
+    for name, t in state.rng.items():
+        chunks.append(_whole(f"rng.{rank}.{name}", t))
+    if rank == 0:
+        record = {
+            "format": FORMAT,
+            "layout": layout or {},
+            "world": world,
+            "step": state.step,
+            "samples": state.samples,
+            "scaler": state.scaler,
+            "rng_streams": sorted(state.rng),
+        }
+        data = json.dumps(record, sort_keys=True).encode()
+        chunks.append(_whole(RECORD, torch.frombuffer(bytearray(data), dtype=torch.uint8)))
+    return chunks
+
+
+def _whole(name: str, t: torch.Tensor) -> Chunk:
+    return Chunk(name, tuple(t.shape), (0,) * t.dim(), tuple(t.shape), t)
+
+
+def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
+    """Write `chunks` (every rank its own) as the checkpoint `path`, atomically."""
+    path = Path(path)
+    if path.exists() and not is_complete(path):
+        raise FileExistsError(
+            f"save: {path} exists and is not a checkpoint (no {CHECKSUMS}): refusing to replace it"
+        )
+    unfinished = unfinished_path(path)
+    rank0 = dist.get_rank(group) == 0
+    if rank0:
+        recover(path)  # a complete save stopped between its renames is not thrown away
+        shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
+    comm.barrier(group, tag="checkpoint")
+    try:
+        dcp.save({}, checkpoint_id=unfinished, planner=ChunkSavePlanner(chunks),
+                 process_group=group)  # fmt: skip
+    except CheckpointException as e:  # a BaseException, on every rank: made ordinary
+        raise RuntimeError(
+            f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
+            f"({next(iter(e.failures.values()), '')!r})"
+        ) from e
+    comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
+    failure = None
+    if rank0:
+        try:
+            write_checksums(unfinished, FORMAT)  # written last: the save is complete
+            put_in_place(unfinished, path)
+        except OSError as e:
+            failure = e
+    ok = torch.tensor([failure is None], dtype=torch.uint8, device=comm.group_device(group))
+    comm.broadcast(ok, src=first_rank(group), group=group, tag="checkpoint")
+    if failure is not None:
+        raise failure
+    if not ok.item():
+        raise RuntimeError(f"save: rank 0 could not put {unfinished} in place as {path}")
+
+
+def save(path, pieces: list[Piece], state: TrainingState | None = None,
+         layout: dict | None = None, group=None) -> None:  # fmt: skip
+    """Write a universal checkpoint of `pieces` and `state` (every rank of `group` calls it)."""
+    write(path, save_chunks(pieces, state or TrainingState(), layout, group), group)
+
+
+# -- load ----------------------------------------------------------------------------------------
+def read_record(path: str | os.PathLike) -> tuple[dict, object, dict]:
+    """(checksums record, DCP metadata, the JSON record) of a complete checkpoint, verified."""
+    path = Path(path)
+    recover(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"load: no checkpoint at {path}")
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {CHECKSUMS})")
+    sums = read_json(path / CHECKSUMS)
+    if sums.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is a {sums.get('format')!r} checkpoint, not {FORMAT!r}")
+    for name, rec in sums["files"].items():
+        check_file(path, name, rec)  # sizes; .metadata's bytes too
+    meta = read_metadata(path)
+    if RECORD not in meta.state_dict_metadata:
+        raise CheckpointError(f"{path} holds no {RECORD}")
+    (info,) = [v for k, v in meta.storage_data.items() if k.fqn == RECORD]
+    with open(path / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        blob = f.read(info.length)
+    if _sha(blob) != _checksums(sums).get((info.relative_path, info.offset)):
+        raise CheckpointError(f"{path}/{info.relative_path}: {RECORD} differs from its checksum")
+    data = torch.load(io.BytesIO(blob), weights_only=True)
+    return sums, meta, json.loads(bytes(data.tolist()).decode())
+
+
+def _sha(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _checksums(sums: dict) -> dict[tuple[str, int], str]:
+    return {(e["file"], e["start"]): e["sha256"] for e in sums["entries"]}
+
+
+def _payloads(meta) -> dict[tuple[str, int], int]:
+    """(file, offset) -> bytes of the elements of the rectangle stored there."""
+    out = {}
+    for index, info in meta.storage_data.items():
+        md = meta.state_dict_metadata[index.fqn]
+        for c in md.chunks:
+            if tuple(c.offsets) == tuple(index.offset or ()):
+                size = math.prod(c.sizes) * md.properties.dtype.itemsize
+                out[(info.relative_path, info.offset)] = size
+    return out
+
+
+def _layers(names) -> int:
+    found = {int(m.group(1)) for n in names if (m := re.search(r"(?:blocks|layers)\.(\d+)\.", n))}
+    return max(found) + 1 if found else 0
+
+
+def _refusals(meta, pieces: list[Piece], group) -> list[str]:
+    """Why the checkpoint cannot serve these pieces on any rank of `group` (empty: it can)."""
+    saved = {k: v for k, v in meta.state_dict_metadata.items()
+             if k != RECORD and not k.startswith("rng.")}  # fmt: skip
+    problems, wanted = [], {}
+    for p in pieces:
+        wanted[p.name] = (tuple(p.global_shape), p.tensor.dtype)
+    for name, (shape, dtype) in sorted(wanted.items()):
+        md = saved.get(name)
+        if md is None:
+            problems.append(f"{name} is not in the checkpoint")
+        elif tuple(md.size) != shape:
+            problems.append(f"{name} is {tuple(md.size)} in the checkpoint, {shape} here")
+        elif md.properties.dtype != dtype:
+            problems.append(f"{name} is {md.properties.dtype} in the checkpoint, {dtype} here")
+    everyone = [None] * dist.get_world_size(group)
+    comm.all_gather_object(everyone, (sorted(wanted), problems), group=group, tag="checkpoint")
+    union = set().union(*(set(names) for names, _ in everyone))
+    problems = sorted(set().union(*(set(p) for _, p in everyone)))
+    unused = sorted(set(saved) - union)
+    if unused:
+        problems.append(f"the checkpoint holds {len(unused)} tensors no rank loads: {unused[:3]}")
+    if problems and _layers(saved) != _layers(union):
+        problems.insert(0, f"the checkpoint has {_layers(saved)} layers, the model "
+                           f"{_layers(union)}")  # fmt: skip
+    return problems
+
+
+def load(path, pieces: list[Piece], layout: dict | None = None, group=None,
+         strict: bool = True) -> LoadReport:  # fmt: skip
+    """Fill `pieces` from the checkpoint at `path` (saved on any layout); every rank calls it.
+
+    `strict`: refuse a checkpoint holding tensors that no rank's pieces load (another model).
+    """
+    path = Path(path)
+    sums, meta, record = read_record(path)
+    problems = _refusals(meta, pieces, group)
+    if not strict:
+        problems = [p for p in problems if "no rank loads" not in p]
+    if problems:
+        raise CheckpointLayoutError(
+            f"{path} was saved by layout {record['layout']} ({record['world']} ranks) and "
+            f"cannot serve layout {layout or {}} ({dist.get_world_size(group)} ranks): "
+            + "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4
+                                         else "")
+        )  # fmt: skip
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    same = record["layout"] == json.loads(json.dumps(layout or {})) and record["world"] == world
+    wanted: dict[tuple[str, tuple], torch.Tensor] = {}
+    targets: list[tuple[torch.Tensor, tuple]] = []
+    for p in pieces:
+        for c in piece_chunks(p):
+            key = (c.name, c.offsets)
+            if key in wanted and tuple(wanted[key].shape) != c.sizes:
+                raise ValueError(f"load: two pieces of {c.name} start at {c.offsets}")
+            wanted.setdefault(key, torch.empty(c.sizes, dtype=c.tensor.dtype, device="cpu"))
+            targets.append((c.tensor, key))
+    rng_keys = {}
+    if same:
+        for name in record["rng_streams"]:
+            md = meta.state_dict_metadata[f"rng.{rank}.{name}"]
+            rng_keys[name] = (f"rng.{rank}.{name}", (0,))
+            wanted[rng_keys[name]] = torch.empty(md.size, dtype=torch.uint8, device="cpu")
+    reader = VerifyingReader(os.fspath(path), _checksums(sums), _payloads(meta))
+    try:
+        dcp.load({}, storage_reader=reader, planner=ChunkLoadPlanner(wanted), process_group=group)
+    except CheckpointException as e:  # nothing changed yet: the pieces are untouched
+        raise CheckpointError(f"{path}: reading failed on ranks {sorted(e.failures)}: "
+                              f"{next(iter(e.failures.values()), '')!r}") from e  # fmt: skip
+    with torch.no_grad():
+        for tensor, key in targets:
+            tensor.copy_(wanted[key])
+    state = TrainingState(
+        step=record["step"], samples=record["samples"], scaler=record["scaler"],
+        rng={name: wanted[k] for name, k in rng_keys.items()},
+    )  # fmt: skip
+    nbytes = sum(math.prod(t.shape) * t.element_size() for k, t in wanted.items()
+                 if not k[0].startswith("rng."))  # fmt: skip
+    shard = sum(piece_nbytes(p) for p in pieces)
+    return LoadReport(state, reader.bytes_read, reader.payload_read, nbytes, shard, same,
+                      record["layout"])  # fmt: skip
