@@ -20,8 +20,16 @@ def argmin(f, lo, hi, steps=1500):
 @settings(max_examples=25, deadline=None)
 @given(st.floats(1.0, 600.0), st.floats(3_600.0, 1e6))
 def test_young_minimises_the_first_order_loss(save, mtbf):
-    best = argmin(lambda t: theory.fraction_lost_first_order(t, save, mtbf), save / 10, 10 * mtbf)
-    assert theory.young_interval(save, mtbf) == pytest.approx(best, rel=5e-3)
+    """No interval of a fine grid loses less, and a step either side loses more (comparing the
+    arguments instead fails where the minimum is flat: a grid point's rounding moves it)."""
+
+    def lost(t):
+        return theory.fraction_lost_first_order(t, save, mtbf)
+
+    young = theory.young_interval(save, mtbf)
+    best = argmin(lost, save / 10, 10 * mtbf)
+    assert lost(young) <= lost(best) * (1 + 1e-12)
+    assert lost(young) < lost(young * 1.01) and lost(young) < lost(young / 1.01)
 
 
 @settings(max_examples=25, deadline=None)

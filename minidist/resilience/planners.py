@@ -104,8 +104,8 @@ class VerifyingReader(SafeReader):
     and counts the bytes read: `bytes_read` from the files, `payload_read` of them the
     tensors' elements (the rest is each stored rectangle's `torch.save` framing)."""
 
-    def __init__(self, path, checksums: dict[tuple[str, int], str], payloads: dict):
-        super().__init__(path)
+    def __init__(self, pinned, checksums: dict[tuple[str, int], str], payloads: dict):
+        super().__init__(pinned)
         self.checksums, self.payloads = checksums, payloads
         self.bytes_read = self.payload_read = 0
         self._last: tuple[tuple[str, int], bytes] | None = None

@@ -49,13 +49,12 @@ from .. import comm
 from ..checkpoint_files import (
     CHECKSUMS,
     CheckpointError,
-    check_file,
     is_complete,
     put_in_place,
-    read_json,
     recover,
     unfinished_path,
 )
+from ..checkpoint_pin import pin
 from ..fsdp.checkpoint_safe import read_metadata, write_checksums
 from ..parallel import first_rank
 from ..pieces import Piece
@@ -161,26 +160,20 @@ def save(path, pieces: list[Piece], state: TrainingState | None = None,
 
 
 # -- load ----------------------------------------------------------------------------------------
-def read_record(path: str | os.PathLike) -> tuple[dict, object, dict]:
-    """(checksums record, DCP metadata, the JSON record) of a complete checkpoint, verified."""
-    path = Path(path)
-    recover(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"load: no checkpoint at {path}")
-    if not is_complete(path):
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {CHECKSUMS})")
-    sums = read_json(path / CHECKSUMS)
+def read_record(pinned) -> tuple[dict, object, dict]:
+    """(checksums record, DCP metadata, the JSON record) of a pinned version
+    (`checkpoint_pin.pin`: every file held open, so the checks and the reads see one
+    version), verified."""
+    path, sums = pinned.path, pinned.record
     if sums.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a {sums.get('format')!r} checkpoint, not {FORMAT!r}")
     for name, rec in sums["files"].items():
-        check_file(path, name, rec)  # sizes; .metadata's bytes too
-    meta = read_metadata(path)
+        pinned.check(name, rec)  # sizes; .metadata's bytes too
+    meta = read_metadata(pinned)
     if RECORD not in meta.state_dict_metadata:
         raise CheckpointError(f"{path} holds no {RECORD}")
     (info,) = [v for k, v in meta.storage_data.items() if k.fqn == RECORD]
-    with open(path / info.relative_path, "rb") as f:
-        f.seek(info.offset)
-        blob = f.read(info.length)
+    blob = pinned.read(info.relative_path, info.offset, info.length)
     if _sha(blob) != _checksums(sums).get((info.relative_path, info.offset)):
         raise CheckpointError(f"{path}/{info.relative_path}: {RECORD} differs from its checksum")
     data = torch.load(io.BytesIO(blob), weights_only=True)
@@ -247,7 +240,13 @@ def load(path, pieces: list[Piece], layout: dict | None = None, group=None,
     `strict`: refuse a checkpoint holding tensors that no rank's pieces load (another model).
     """
     path = Path(path)
-    sums, meta, record = read_record(path)
+    with pin(path) as pinned:
+        return _load(pinned, pieces, layout, group, strict)
+
+
+def _load(pinned, pieces: list[Piece], layout: dict | None, group, strict: bool) -> LoadReport:
+    path = pinned.path
+    sums, meta, record = read_record(pinned)
     problems = _refusals(meta, pieces, group)
     if not strict:
         problems = [p for p in problems if "no rank loads" not in p]
@@ -276,7 +275,7 @@ def load(path, pieces: list[Piece], layout: dict | None = None, group=None,
             md = meta.state_dict_metadata[f"rng.{rank}.{name}"]
             rng_keys[name] = (f"rng.{rank}.{name}", (0,))
             wanted[rng_keys[name]] = torch.empty(md.size, dtype=torch.uint8, device="cpu")
-    reader = VerifyingReader(os.fspath(path), _checksums(sums), _payloads(meta))
+    reader = VerifyingReader(pinned, _checksums(sums), _payloads(meta))
     try:
         dcp.load({}, storage_reader=reader, planner=ChunkLoadPlanner(wanted), process_group=group)
     except CheckpointException as e:  # nothing changed yet: the pieces are untouched
