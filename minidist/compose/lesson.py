@@ -15,6 +15,7 @@ from pathlib import Path
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from ..training import max_abs_diff
+from . import bench  # noqa: F401 (importing bench registers the `compose` bench)
 from .fixture import reference, run_rank
 
 LOSS_TOL, PARAM_TOL = 1e-5, 1e-3
