@@ -1,0 +1,16 @@
+"""Llama 3 405B's published layouts planned on lesson 17's rules (Dubey et al. 2024, Table 4)."""
+
+from minidist.compose.published import LLAMA3_405B_TABLE4, plan_llama3, spec
+
+
+def test_llama3_layouts_are_planned_and_context_parallelism_only_at_128k():
+    assert spec(8192).num_params == 412_228_796_416  # 128 equal layers (Meta's 126: 405.85 B)
+    rows = plan_llama3()
+    for row, out in rows:
+        assert row.tp * row.cp * row.pp * row.dp == row.gpus
+        # a first-stage GPU's bf16 parameters: 8 layers over tp 8, the vocabulary shard
+        assert 6.5 < out["states_params_gb"] < 7.5
+        assert (out["sent_cp_gb"] > 0) == (row.cp > 1)
+    (_, a), (_, b), (_, c) = rows
+    assert b["states_optimizer_gb"] == a["states_optimizer_gb"] / 2  # ZeRO over twice the dp
+    assert c["flops_per_step"] > b["flops_per_step"]  # 16x longer sequences: attention's s²
