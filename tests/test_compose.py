@@ -92,3 +92,16 @@ def test_bad_sizes_for_the_model_or_world_are_refused():
         ParallelDims(pp=3).check_model(heads=4, layers=4, seq_len=16)
     with pytest.raises(ValueError, match="must equal the world size 8"):
         ParallelDims(tp=2, pp=2).check_world(8)
+
+
+def test_the_grid_picture_has_a_panel_per_kind_and_refuses_an_unknown_one():
+    from minidist.compose.plots import plot_grid
+
+    fig = plot_grid(ParallelDims(dp_shard=2, cp=2, tp=2, pp=2, ep=2))
+    assert [ax.get_title(loc="left") for ax in fig.axes][:2] == [
+        "tp: 8 groups of 2", "cp: 8 groups of 2"]  # fmt: skip
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    with pytest.raises(ValueError, match="kind='dp' must be one of"):
+        plot_grid(ParallelDims(), kinds=("dp",))
