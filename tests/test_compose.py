@@ -10,6 +10,7 @@ Adam's moments within 1e-5 (measured ≤ 3e-7).
 """
 
 import pytest
+import torch
 
 import minidist
 from minidist.compose.dims import ParallelDims, coordinates, grid_groups
@@ -92,3 +93,37 @@ def test_bad_sizes_for_the_model_or_world_are_refused():
         ParallelDims(pp=3).check_model(heads=4, layers=4, seq_len=16)
     with pytest.raises(ValueError, match="must equal the world size 8"):
         ParallelDims(tp=2, pp=2).check_world(8)
+
+
+def test_the_grid_picture_has_a_panel_per_kind_and_refuses_an_unknown_one():
+    from minidist.compose.plots import plot_grid
+
+    fig = plot_grid(ParallelDims(dp_shard=2, cp=2, tp=2, pp=2, ep=2))
+    assert [ax.get_title(loc="left") for ax in fig.axes][:2] == [
+        "tp: 8 groups of 2", "cp: 8 groups of 2"]  # fmt: skip
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    with pytest.raises(ValueError, match="kind='dp' must be one of"):
+        plot_grid(ParallelDims(), kinds=("dp",))
+
+
+def test_what_is_not_composed_is_refused_before_any_group_is_made():
+    from minidist.compose import parallelize
+    from minidist.compose.fixture import build
+    from minidist.expert_parallel.gpt import moe_gpt
+    from minidist.models import GPTConfig
+
+    moe, _ = build("moe")
+    with pytest.raises(ValueError, match="an MoE model with tp=2"):
+        parallelize(moe, ParallelDims(tp=2))
+    dropping = moe_gpt(GPTConfig(seq_len=16, layers=4, heads=4, hidden=32), experts=4)
+    with pytest.raises(ValueError, match="capacity_factor=1.0 drops tokens"):
+        parallelize(dropping, ParallelDims())
+    gpt, _ = build("gpt")
+    with pytest.raises(ValueError, match="recompute with schedule='zb-v'"):
+        parallelize(gpt, ParallelDims(pp=2, schedule="zb-v"), recompute=True)
+    with pytest.raises(ValueError, match="precision='fp16' must be"):
+        parallelize(gpt, ParallelDims(), precision="fp16")
+    with pytest.raises(ValueError, match="neither the course GPT"):
+        parallelize(torch.nn.Linear(2, 2), ParallelDims())

@@ -15,6 +15,7 @@ also the one-process run's differences, `loss_max_abs_diff` and `params_max_abs_
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch.distributed as dist
@@ -84,8 +85,8 @@ def run_train(args: argparse.Namespace) -> int:
                 virtual=args.virtual, ep=args.ep)  # fmt: skip
     world = ParallelDims(**dims).world_size  # bad sizes refused here, before any world
     results = minidist.launch(_rank, world, args, dims, timeout_s=args.timeout)
-    if results is None or results[0] is None:  # a torchrun rank other than 0
-        return 0
+    if minidist.under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun every rank has every result: rank 0 reports
     first, tokens = results[0], args.global_batch * SIZES["seq_len"]
     lines = {"world_size": world, "loss": first["losses"][-1], "step_s": first["step_s"],
              "tokens_per_s": tokens / first["step_s"]}  # fmt: skip

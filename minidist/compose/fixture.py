@@ -106,7 +106,18 @@ TAGS = {"zero1": "dp", "hsdp": "dp", "pp": "pp", "cp": "cp", "tp": "tp", "sp": "
 def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
     """Ring bytes this rank sent in one step, per group kind (dp, tp, pp, cp, ep): by the
     collective's tag (two kinds may be the same ranks: dp_shard_cp is cp when dp_shard = 1),
-    else by its group."""
+    else by its group. A step is `train_step`, `finish_gradient_sync` and `step`:
+    - dp: ZeRO-1's float32 reduce-scatter of the gradients and all-gather of the updated
+      chunks (over dp_shard × cp, and ep_shard for experts), HSDP's all-reduce of the
+      gradients (in the parameters' dtype) over dp_replicate;
+    - tp: f / g all-reduces, or under sp the all-gathers and reduce-scatters (with the
+      backward re-gather) and the replicated parameters' gradient all-reduces, per
+      micro-batch; the vocab-parallel cross entropy's three all-reduces;
+    - pp: each activation and gradient sent (float32, `send`: its bytes; `recv`: 0), the
+      loss's broadcast over the pipeline and the tied embedding's all-reduce;
+    - cp: ring attention's K/V passes (forward and backward) and the dK/dV accumulators';
+    - ep: the counts, dispatch and combine all-to-alls (forward and backward).
+    Left out: the loss's mean over the data ranks and the comparison contract's gathers."""
     out = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
     for r in ledger.records:
         by_tag = next((k for t, k in TAGS.items() if r.tag.startswith(t)), None)

@@ -90,6 +90,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         ParallelModule.__init__(self)
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
+        family(model)  # the course GPT or Hugging Face's Llama layout, else refused
         sizes = model_sizes(model)
         dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
         for moe in sizes["moes"]:
