@@ -5,7 +5,7 @@ The Llama-style model (GQA, rotary, SwiGLU, untied head) trained 3 Adam steps by
 more, tp 2 (sp) · cp 2 on 4 (named in the row's label), against the same model in one
 process (tolerances of tests/test_compose.py). Memory: rank 0's parameters, gradients,
 float32 master chunk and Adam states; bytes: what rank 0 sent per step over its dp, tp, pp,
-cp and ep groups (the planner's figures for them are lesson 13's side, `theory` None here).
+cp and ep groups, each beside `compose.theory`'s plan of rank 0.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from ..registry import TourRow, tour_row
 from ..runtime import launch
 from ..training import max_abs_diff
-from . import bench  # noqa: F401 (importing bench registers the `compose` bench)
-from .fixture import reference, run_rank
+from . import bench, theory  # noqa: F401 (importing bench registers the `compose` bench)
+from .dims import ParallelDims
+from .fixture import build, reference, run_rank
 
 LOSS_TOL, PARAM_TOL = 1e-5, 1e-3
 
@@ -42,8 +43,13 @@ def compose_row(world_size: int, out_dir: Path) -> TourRow:
     loss = max(abs(a - b) for a, b in zip(r0["losses"], want["losses"]))
     label = " · ".join(f"{k} {v}" if v is not True else k for k, v in dims.items())
     m = r0["memory"]
+    model, pdims = build("llama")[0], ParallelDims(**dims)
+    states = theory.model_state_bytes(model, pdims)  # rank 0's, planned (`compose.theory`)
+    args = (model, pdims, 1, 8 // (pdims.dp_replicate * pdims.dp_shard))
+    sent = theory.dp_bytes(model, pdims) + theory.tp_bytes(*args) + theory.pp_bytes(*args)
     return TourRow(
         f"every parallelism at once ({label})", loss < LOSS_TOL and diff < PARAM_TOL, diff,
         memory_per_rank=m["params"] + m["grads"] + m["master"] + m["optimizer"],
-        memory_theory=None, bytes_per_rank=sum(r0["bytes"].values()), bytes_theory=None,
+        memory_theory=sum(states.values()), bytes_per_rank=sum(r0["bytes"].values()),
+        bytes_theory=sent + theory.cp_bytes(*args),
     )  # fmt: skip
