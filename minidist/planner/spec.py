@@ -129,12 +129,16 @@ class Layout:
         if self.sp and (self.tp == 1 or self.pp > 1):
             raise ValueError(
                 f"Layout: sp=True needs tp > 1 and pp=1, not tp={self.tp}, pp={self.pp}: lesson "
-                "14 splits the tensor-parallel group's replicated parts of a whole model"
+                "14 splits the tensor-parallel group's replicated parts of a whole model; "
+                "lesson 17 plans such "
+                "layouts composed (minidist.compose.theory.planned)"
             )
         if self.cp > 1 and (self.tp > 1 or self.pp > 1 or self.zero != 0):
             raise ValueError(
                 f"Layout: cp={self.cp} with tp={self.tp}, pp={self.pp}, zero={self.zero}: "
-                "lesson 15 composes context parallelism with DDP (zero=0) only"
+                "lesson 15 composes context parallelism with DDP (zero=0) only; "
+                "lesson 17 plans such "
+                "layouts composed (minidist.compose.theory.planned)"
             )
 
     @property
@@ -219,5 +223,7 @@ def _moe_layout_only(layout: Layout, what: str) -> None:
         named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
         raise ValueError(
             f"Layout: {what} with {named}: lesson 16 runs experts with data and expert "
-            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1, no recompute)"
+            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1, no recompute); "
+            "lesson 17 plans such "
+            "layouts composed (minidist.compose.theory.planned)"
         )
