@@ -978,9 +978,9 @@ MUTANTS = [
     (
         "fsdp_checkpoint",
         "fsdp/checkpoint_safe.py",
-        '    if "." in name:\n        return False\n',
-        "",
-        "dotted names admitted (Metadata.__init__.__builtins__ reaches eval)",
+        'return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)',
+        'return module == "torch" and getattr(torch, name, None) is not None',
+        "any torch global admitted, not only dtypes (torch.load, torch.ops reach code)",
     ),
     (
         "fsdp_checkpoint",
