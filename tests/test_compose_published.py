@@ -6,6 +6,7 @@ from minidist.compose.published import LLAMA3_405B_TABLE4, plan_llama3, spec
 def test_llama3_layouts_are_planned_and_context_parallelism_only_at_128k():
     assert spec(8192).num_params == 412_228_796_416  # 128 equal layers (Meta's 126: 405.85 B)
     rows = plan_llama3()
+    assert [row for row, _ in rows] == list(LLAMA3_405B_TABLE4)
     for row, out in rows:
         assert row.tp * row.cp * row.pp * row.dp == row.gpus
         # a first-stage GPU's bf16 parameters: 8 layers over tp 8, the vocabulary shard
