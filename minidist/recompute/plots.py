@@ -77,7 +77,7 @@ def plot_segment_peaks(
         for i, (color, layers) in enumerate(zip(_COLORS, panel["layers"])):
             ks = list(range(1, layers + 1))
             chen = [theory.saved_bytes(layers, a, b, k)["peak"] / scale for k in ks]
-            ax.plot(ks, chen, "-", color=color, label=f"L = {layers}: ⌈L/k⌉·M_in + k·M_act")
+            ax.plot(ks, chen, "-", color=color, label=f"L = {layers}: ⌈L/ℓ⌉·M_in + ℓ·M_act")
             best = theory.best_segment(layers, a, b)
             # stars of nearby lines can sit almost on one another (k = 1 for L = 4 and 8):
             # each a size smaller than the last, and labelled beside it at its own height
@@ -95,11 +95,11 @@ def plot_segment_peaks(
             ax.axhline(plain, color=color, linestyle="--", linewidth=0.7)
         ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (one step)")
         ax.plot([], [], "*", color="gray", markeredgecolor="black", markersize=11,
-                label="best k")  # fmt: skip
+                label="best ℓ")  # fmt: skip
         ax.plot([], [], "--", color="gray", linewidth=0.7, label="no recomputation, L·M_act")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("segment length k (layers per recomputed segment)")
+        ax.set_xlabel("segment length ℓ (layers per recomputed segment)")
         ax.set_ylabel(f"peak of saved activations ({name})")
         ax.set_title(panel.get("title", ""), fontsize=9)
         ax.legend(fontsize=7)
