@@ -258,12 +258,9 @@ def test_lesson_packages_of_the_course():
     assert site.lesson_packages(ROOT, nb / "08_parallel_layout.ipynb") == ["megatron"]
 
 
-def test_pages_share_one_copy_of_nbconvert_css(tmp_path):
+def test_pages_share_one_copy_of_nbconvert_css(served):
     """The theme nbconvert inlines in every page is written once and linked."""
-    import re
-
-    out = tmp_path / "site"
-    site.build_site(ROOT, out)
+    out = served[1]
     sheets = sorted(out.glob("_static/nbconvert-*.css"))
     assert sheets and all(s.stat().st_size > 3000 for s in sheets)
     for page in out.glob("*.html"):
@@ -434,4 +431,9 @@ def test_on_a_phone_and_finding_things(browser, served):
     tab.goto(found[0], wait_until="load")
     target = tab.evaluate("document.getElementById(decodeURIComponent(location.hash.slice(1)))")
     assert found[0].startswith(base) and target is not None, found[0]
+    tab.emulate_media(color_scheme="dark")  # dark mode follows the system's setting
+    tab.goto(base + SHOT_LESSON, wait_until="load")
+    assert "invert" in tab.evaluate("getComputedStyle(document.documentElement).filter")
+    tab.locator("img").first.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SHOTS / "02_zero_dark_1280.png"))
     wide.close()

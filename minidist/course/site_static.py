@@ -65,7 +65,8 @@ button.md-copy:hover { opacity: 1; }
     border-radius: 4px; background: #fff; }
   nav.md-toc { display: none; position: static; width: auto; border-right: 0;
     border-bottom: 1px solid #dde; }
-  body.md-menu-open nav.md-toc { display: block; }
+  body.md-menu-open nav.md-toc { display: block; position: fixed; top: 2.9rem; left: 0;
+    right: 0; bottom: 0; z-index: 9; }
   main.md-main { margin-left: 0; padding: 0.5rem 0.8rem 2rem; }
   .jp-InputPrompt, .jp-OutputPrompt { display: none !important; }
 }
