@@ -352,7 +352,8 @@ PHONE_LESSON = "13_planner.html"
 LAYOUT = """() => {
   const style = e => getComputedStyle(e);
   const editors = [...document.querySelectorAll('.jp-InputArea-editor')];
-  const outputs = [...document.querySelectorAll('.jp-OutputArea-output pre')];
+  const outputs = [...document.querySelectorAll(
+    '.jp-OutputArea-output pre, .jp-RenderedHTMLCommon pre')];
   const wide = [...editors, ...outputs].filter(e => e.scrollWidth > e.clientWidth + 1);
   const clipping = [...document.querySelectorAll('.jp-InputArea, .jp-Cell-inputWrapper')]
     .filter(e => style(e).overflowX === 'hidden');
@@ -411,6 +412,8 @@ def test_on_a_phone_and_finding_things(browser, served):
     full = tab.evaluate("() => [document.images[0].naturalWidth, innerWidth]")
     assert full[0] > 0, full
     tab.goto(base + "index.html", wait_until="load")
+    got = tab.evaluate(LAYOUT)  # the README's code blocks scroll too
+    assert got["page"] <= got["view"] and got["wrapped"] == got["stuck"] == 0, got
     tab.screenshot(path=str(SHOTS / "index_390.png"))
     phone.close()
 

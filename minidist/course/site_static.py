@@ -42,7 +42,8 @@ main.md-main { margin-left: 17rem; padding: 1rem 2rem 2rem; max-width: 62rem;
 .jp-OutputArea-child, .jp-CodeMirrorEditor, .jp-InputArea-editor, .cm-editor {
   overflow: visible !important; min-width: 0; }
 .jp-InputArea-editor { position: relative; overflow-x: auto !important; }
-.jp-InputArea-editor pre, .jp-OutputArea-output pre, .jp-RenderedText pre {
+.jp-InputArea-editor pre, .jp-OutputArea-output pre, .jp-RenderedText pre,
+.jp-RenderedHTMLCommon pre {
   white-space: pre !important; word-break: normal !important; overflow-wrap: normal !important;
   overflow-x: auto; }
 .jp-OutputArea-output { overflow-x: auto !important; }
