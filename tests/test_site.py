@@ -258,12 +258,9 @@ def test_lesson_packages_of_the_course():
     assert site.lesson_packages(ROOT, nb / "08_parallel_layout.ipynb") == ["megatron"]
 
 
-def test_pages_share_one_copy_of_nbconvert_css(tmp_path):
+def test_pages_share_one_copy_of_nbconvert_css(served):
     """The theme nbconvert inlines in every page is written once and linked."""
-    import re
-
-    out = tmp_path / "site"
-    site.build_site(ROOT, out)
+    out = served[1]
     sheets = sorted(out.glob("_static/nbconvert-*.css"))
     assert sheets and all(s.stat().st_size > 3000 for s in sheets)
     for page in out.glob("*.html"):
@@ -355,7 +352,8 @@ PHONE_LESSON = "13_planner.html"
 LAYOUT = """() => {
   const style = e => getComputedStyle(e);
   const editors = [...document.querySelectorAll('.jp-InputArea-editor')];
-  const outputs = [...document.querySelectorAll('.jp-OutputArea-output pre')];
+  const outputs = [...document.querySelectorAll(
+    '.jp-OutputArea-output pre, .jp-RenderedHTMLCommon pre')];
   const wide = [...editors, ...outputs].filter(e => e.scrollWidth > e.clientWidth + 1);
   const clipping = [...document.querySelectorAll('.jp-InputArea, .jp-Cell-inputWrapper')]
     .filter(e => style(e).overflowX === 'hidden');
@@ -414,6 +412,8 @@ def test_on_a_phone_and_finding_things(browser, served):
     full = tab.evaluate("() => [document.images[0].naturalWidth, innerWidth]")
     assert full[0] > 0, full
     tab.goto(base + "index.html", wait_until="load")
+    got = tab.evaluate(LAYOUT)  # the README's code blocks scroll too
+    assert got["page"] <= got["view"] and got["wrapped"] == got["stuck"] == 0, got
     tab.screenshot(path=str(SHOTS / "index_390.png"))
     phone.close()
 
@@ -434,4 +434,9 @@ def test_on_a_phone_and_finding_things(browser, served):
     tab.goto(found[0], wait_until="load")
     target = tab.evaluate("document.getElementById(decodeURIComponent(location.hash.slice(1)))")
     assert found[0].startswith(base) and target is not None, found[0]
+    tab.emulate_media(color_scheme="dark")  # dark mode follows the system's setting
+    tab.goto(base + SHOT_LESSON, wait_until="load")
+    assert "invert" in tab.evaluate("getComputedStyle(document.documentElement).filter")
+    tab.locator("img").first.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SHOTS / "02_zero_dark_1280.png"))
     wide.close()

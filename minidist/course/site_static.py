@@ -42,7 +42,8 @@ main.md-main { margin-left: 17rem; padding: 1rem 2rem 2rem; max-width: 62rem;
 .jp-OutputArea-child, .jp-CodeMirrorEditor, .jp-InputArea-editor, .cm-editor {
   overflow: visible !important; min-width: 0; }
 .jp-InputArea-editor { position: relative; overflow-x: auto !important; }
-.jp-InputArea-editor pre, .jp-OutputArea-output pre, .jp-RenderedText pre {
+.jp-InputArea-editor pre, .jp-OutputArea-output pre, .jp-RenderedText pre,
+.jp-RenderedHTMLCommon pre {
   white-space: pre !important; word-break: normal !important; overflow-wrap: normal !important;
   overflow-x: auto; }
 .jp-OutputArea-output { overflow-x: auto !important; }
@@ -65,7 +66,8 @@ button.md-copy:hover { opacity: 1; }
     border-radius: 4px; background: #fff; }
   nav.md-toc { display: none; position: static; width: auto; border-right: 0;
     border-bottom: 1px solid #dde; }
-  body.md-menu-open nav.md-toc { display: block; }
+  body.md-menu-open nav.md-toc { display: block; position: fixed; top: 2.9rem; left: 0;
+    right: 0; bottom: 0; z-index: 9; }
   main.md-main { margin-left: 0; padding: 0.5rem 0.8rem 2rem; }
   .jp-InputPrompt, .jp-OutputPrompt { display: none !important; }
 }
