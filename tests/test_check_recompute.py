@@ -283,7 +283,7 @@ def stub(*args):
 def test_segments_pass(best, capsys):
     check_segments(peak_right, best)
     out = capsys.readouterr().out
-    assert "PASSED" in out and "k = 1 for 16 blocks" in out
+    assert "PASSED" in out and "ℓ = 1 for 16 blocks" in out
 
 
 @pytest.mark.parametrize(
@@ -296,7 +296,7 @@ def test_segments_pass(best, capsys):
         (peak_none_is_zero, best_right, "without recomputation every layer keeps"),
         (peak_right, best_sqrt, "√L is best only when"),
         (peak_right, best_without_l, "range\\(1, L\\) leaves out L"),
-        (peak_right, best_returns_peak, "return a segment length k"),
+        (peak_right, best_returns_peak, "return a segment length ℓ"),
         (peak_right, best_largest, "take the k in 1..L with the smallest peak"),
     ],
 )

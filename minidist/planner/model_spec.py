@@ -5,7 +5,7 @@ device, which allocates nothing whatever its size, so bucket plans, FSDP units a
 parameters are those of the real module, exactly; with only a count (`ModelSpec(params=P)`)
 only model states and data-parallel traffic can be planned. `experts=E` makes every block's
 MLP a mixture of E experts, top-`top_k`, capacity factor `capacity_factor` (lesson 16's
-`moe_gpt`; Fedus et al. 2021, section 2). `arch="llama"` plans lesson 17's Llama-style model
+`moe_gpt`; Fedus et al. 2022, section 2). `arch="llama"` plans lesson 17's Llama-style model
 instead (`minidist.models_llama`: RMSNorm, rotary positions, SwiGLU with `ffn` hidden units,
 `kv_heads` key/value heads, untied embeddings; Touvron et al. 2023, section 2.2).
 """

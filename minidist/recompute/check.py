@@ -10,17 +10,17 @@ Nets with Sublinear Memory Cost", sections 3-4).
    run plainly: without dropout, then with dropout (the masks must be drawn again the same),
    the bytes saved in forward (`SavedActivations`), and the RNG state after backward.
 2. `check_segments(peak_bytes, best_segment)`: `peak_bytes(layers, activation, boundary,
-   segment)` is Chen et al.'s peak of saved bytes for L layers in recomputed segments of k
-   (`segment=None`: no recomputation), `best_segment(layers, activation, boundary)` the k in
+   segment)` is Chen et al.'s peak of saved bytes for L layers in recomputed segments of ℓ
+   (`segment=None`: no recomputation), `best_segment(layers, activation, boundary)` the ℓ in
    1..L with the smallest peak. Compared with `theory.saved_bytes` and `theory.best_segment`
-   on cases where k divides L and where it does not, where M_act = M_in, M_act ≫ M_in and
+   on cases where ℓ divides L and where it does not, where M_act = M_in, M_act ≫ M_in and
    M_act ≪ M_in (M_act: the bytes a layer keeps, M_in: its input's).
 
 Each names the likely mistake: RNG state not restored (dropout masks differ), recomputed
 under no_grad, the saved input not detached, the wrong input gradient returned, parameters
 left without gradients, activations saved anyway, the RNG left rewound; counting only the
-boundaries, every segment's activations at once, or L/k without rounding up; √L taken for
-the best k whatever a and b are.
+boundaries, every segment's activations at once, or L/ℓ without rounding up; √L taken for
+the best ℓ whatever a and b are.
 """
 
 from __future__ import annotations
@@ -235,27 +235,27 @@ def _peak_mistake(got, layers: int, a: int, b: int, k: int | None) -> str | None
     m = math.ceil(layers / k)
     if got == m * b:
         return (
-            f"{where} returned {got} = ⌈L/k⌉·M_in, the segment inputs forward keeps: only the "
-            "boundaries. During backward each segment is recomputed, and its k·M_act bytes of "
-            "activations are alive at once on top of the boundaries: ⌈L/k⌉·M_in + k·M_act = "
+            f"{where} returned {got} = ⌈L/ℓ⌉·M_in, the segment inputs forward keeps: only the "
+            "boundaries. During backward each segment is recomputed, and its ℓ·M_act bytes of "
+            "activations are alive at once on top of the boundaries: ⌈L/ℓ⌉·M_in + ℓ·M_act = "
             f"{want}."
         )
     if got == min(k, layers) * a:
         return (
-            f"{where} returned {got} = k·M_act, one recomputed segment: the ⌈L/k⌉ = {m} segment "
-            f"inputs stay saved meanwhile, ⌈L/k⌉·M_in + k·M_act = {want}."
+            f"{where} returned {got} = ℓ·M_act, one recomputed segment: the ⌈L/ℓ⌉ = {m} segment "
+            f"inputs stay saved meanwhile, ⌈L/ℓ⌉·M_in + ℓ·M_act = {want}."
         )
     if got == m * b + layers * a:
         return (
-            f"{where} returned {got} = ⌈L/k⌉·M_in + L·M_act: backward recomputes one segment at a "
-            f"time and frees it before the next, so only k·M_act are alive at once: {want}."
+            f"{where} returned {got} = ⌈L/ℓ⌉·M_in + L·M_act: backward recomputes one segment at a "
+            f"time and frees it before the next, so only ℓ·M_act are alive at once: {want}."
         )
     if got in (layers / k * b + k * a, layers // k * b + k * a) and layers % k:
         return (
             f"{where} returned {got}: {layers} layers in segments of {k} make ⌈{layers}/{k}⌉ = "
             f"{m} segments (the last one shorter), each keeping its input: {want}."
         )
-    return f"{where} returned {got}; Chen et al.'s peak is ⌈L/k⌉·M_in + k·M_act = {want}."
+    return f"{where} returned {got}; Chen et al.'s peak is ⌈L/ℓ⌉·M_in + ℓ·M_act = {want}."
 
 
 def check_segments(peak_bytes: Callable, best_segment: Callable) -> None:
@@ -271,30 +271,30 @@ def check_segments(peak_bytes: Callable, best_segment: Callable) -> None:
         got = best_segment(layers, a, b)
         where = f"best_segment({layers}, activation={a}, boundary={b})"
         if not isinstance(got, int) or not 1 <= got <= layers:
-            fail(f"{where} returned {got!r}: return a segment length k, an int in 1..{layers}.")
+            fail(f"{where} returned {got!r}: return a segment length ℓ, an int in 1..{layers}.")
         if peaks[got] == best:
             continue
         right = [k for k, p in peaks.items() if p == best]
         below_l = min(p for k, p in peaks.items() if k < layers) if layers > 1 else None
         if layers in right and peaks[got] == below_l:
             fail(
-                f"{where} returned {got}, but k = L = {layers} (one segment) is best here, "
+                f"{where} returned {got}, but ℓ = L = {layers} (one segment) is best here, "
                 f"with a peak of {best}: range(1, L) leaves out L; search 1..L."
             )
         if got in (math.isqrt(layers), round(math.sqrt(layers))):
             fail(
-                f"{where} returned {got} ≈ √L, whose peak is {peaks[got]}; k = {right[0]} gives "
+                f"{where} returned {got} ≈ √L, whose peak is {peaks[got]}; ℓ = {right[0]} gives "
                 f"{best}. √L is best only when a layer keeps as much as its input (M_act = "
                 "M_in); in general the best k is near √(L·M_in/M_act): take the k in 1..L with "
                 "the smallest peak_bytes."
             )
         fail(
-            f"{where} returned {got}, whose peak is {peaks[got]}; k = {right[0]} gives {best}: "
+            f"{where} returned {got}, whose peak is {peaks[got]}; ℓ = {right[0]} gives {best}: "
             "take the k in 1..L with the smallest peak."
         )
     course = theory.best_segment(16, COURSE_A, COURSE_B)
     passed(
-        "peak_bytes is ⌈L/k⌉·M_in + k·M_act and best_segment finds its minimum: k = √L = 8 for 64 "
-        f"layers that keep as much as their input, but k = {course} for 16 blocks of the course "
+        "peak_bytes is ⌈L/ℓ⌉·M_in + ℓ·M_act and best_segment finds its minimum: ℓ = √L = 8 for 64 "
+        f"layers that keep as much as their input, but ℓ = {course} for 16 blocks of the course "
         f"GPT (M_act = {COURSE_A} B, {COURSE_A / COURSE_B:.1f} times its {COURSE_B}-byte input)"
     )

@@ -1,4 +1,4 @@
-"""Checkers for lesson 16's exercises (Fedus et al. 2021, Switch Transformer, section 2.2).
+"""Checkers for lesson 16's exercises (Fedus et al. 2022, Switch Transformer, section 2.2).
 
 1. `check_dispatch(dispatch)`: `dispatch(expert, num_experts, capacity_factor)` takes each
    token's expert id (top-1) and returns, for each expert, (kept, dropped): the indices of

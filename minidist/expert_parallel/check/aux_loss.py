@@ -1,4 +1,4 @@
-"""Exercise 2: the auxiliary load-balancing loss (Fedus et al. 2021, section 2.2, eq. 4-6)."""
+"""Exercise 2: the auxiliary load-balancing loss (Fedus et al. 2022, section 2.2, eq. 4-6)."""
 
 from __future__ import annotations
 

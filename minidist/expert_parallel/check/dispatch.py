@@ -1,4 +1,4 @@
-"""Exercise 1: capacity-limited top-1 dispatch (Fedus et al. 2021, section 2.2, eq. 3)."""
+"""Exercise 1: capacity-limited top-1 dispatch (Fedus et al. 2022, section 2.2, eq. 3)."""
 
 from __future__ import annotations
 
