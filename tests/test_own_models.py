@@ -256,9 +256,14 @@ def torch_zero_on_rank(name: str):
     return train(model, local_batches(), lm_loss, opt, forward=lambda x: ddp(x, labels=x))
 
 
+@pytest.fixture(scope="module")
+def torch_zero():
+    return minidist.launch(torch_zero_on_rank, 2, "llama")[0]
+
+
 @pytest.mark.parametrize("stage", [1, 2])
-def test_zero_with_an_optimizer_class_equals_torch_zero_redundancy_optimizer(stage):
-    theirs = minidist.launch(torch_zero_on_rank, 2, "llama")[0]
+def test_zero_with_an_optimizer_class_equals_torch_zero_redundancy_optimizer(stage, torch_zero):
+    theirs = torch_zero
     for trace in minidist.launch(zero_on_rank, 2, "llama", stage):
         assert max_abs_diff(trace.params, theirs.params) < PARAM_TOL
 
@@ -299,7 +304,7 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in kinds]
 
 
-def _grads_of(name: str, how: str, mask: bool) -> dict[str, torch.Tensor]:
+def _grads_of(name: str, how: str) -> dict[str, torch.Tensor]:
     """Gradients of one step with every layer plain, recomputed by minidist (reentrant or
     not) or by torch.utils.checkpoint(use_reentrant=False); keyword arguments throughout."""
     from torch.utils.checkpoint import checkpoint as torch_checkpoint
@@ -319,24 +324,23 @@ def _grads_of(name: str, how: str, mask: bool) -> dict[str, torch.Tensor]:
     if name == "encoder":
         x = torch.randn(8, 16, 32, generator=torch.Generator().manual_seed(2))
         x.requires_grad_(True)  # the output of a layer before: reentrant backward reaches it
-        causal = nn.Transformer.generate_square_subsequent_mask(16) if mask else None
+        causal = nn.Transformer.generate_square_subsequent_mask(16)
         loss = model(x, mask=causal).pow(2).mean()
     else:
-        attention_mask = (torch.arange(16) < 12).long().expand(8, 16) if mask else None
+        attention_mask = (torch.arange(16) < 12).long().expand(8, 16)
         loss = model(ids, attention_mask=attention_mask, labels=ids).loss
     loss.backward()
     return {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "encoder"])
-@pytest.mark.parametrize("how", ["non-reentrant", "reentrant"])
-def test_recompute_takes_keyword_arguments_like_torch_checkpoint(name, how):
+def test_recompute_takes_keyword_arguments_like_torch_checkpoint(name):
     """HF-like blocks called with attention_mask= (and Llama's position_embeddings=(cos,
     sin)), nn.TransformerEncoderLayer with src_mask=: the same ops recomputed on the same
     values, so the gradients equal torch's checkpoint(use_reentrant=False) bit for bit."""
-    theirs = _grads_of(name, "torch", mask=True)
-    assert max_abs_diff(_grads_of(name, how, mask=True), theirs) == 0.0
-    assert max_abs_diff(_grads_of(name, "plain", mask=True), theirs) == 0.0
+    theirs = _grads_of(name, "torch")
+    for how in ("non-reentrant", "reentrant", "plain"):
+        assert max_abs_diff(_grads_of(name, how), theirs) == 0.0, how
 
 
 def test_reentrant_refuses_a_segment_backward_cannot_reach():
@@ -393,8 +397,13 @@ def unused_on_rank(wrapper: str, find_unused: bool):
     return train(par, local_batches(), lm_loss, opt, forward=lambda x: par(x, labels=x))
 
 
+@pytest.fixture(scope="module")
+def torch_unused():
+    return minidist.launch(unused_on_rank, 2, "torch", True)[0]
+
+
 @pytest.mark.parametrize("wrapper", ["zero1", "zero2", "ddp"])
-def test_unused_parameters_are_named_then_handled_as_ddp(wrapper):
+def test_unused_parameters_are_named_then_handled_as_ddp(wrapper, torch_unused):
     """Without find_unused_parameters the error names only the two unused parameters (it
     listed the whole bucket: 23 names); with it, training equals torch's DDP(find_unused_
     parameters=True) with a ZeroRedundancyOptimizer (a CausalLMOutput, not a tuple, out)."""
@@ -403,9 +412,8 @@ def test_unused_parameters_are_named_then_handled_as_ddp(wrapper):
     named = r"\['unused_head\.(weight|bias)', 'unused_head\.(weight|bias)'\] received no gradient"
     assert re.search(named, str(failed.value))
     assert "find_unused_parameters=True" in str(failed.value)
-    theirs = minidist.launch(unused_on_rank, 2, "torch", True)[0]
     for trace in minidist.launch(unused_on_rank, 2, wrapper, True):
-        assert max_abs_diff(trace.params, theirs.params) < PARAM_TOL
+        assert max_abs_diff(trace.params, torch_unused.params) < PARAM_TOL
 
 
 # -- 7. the course-model wrappers say what they take and where to go ---------------------------

@@ -10,7 +10,8 @@ Rajbhandari et al. 2020, "ZeRO", section 5 (partitioning), and PyTorch FSDP's Fl
 
 With fewer elements than ranks (15 elements on 16 ranks) every rank still owns one element,
 and the last ranks own padding only. `views` turns a full flat buffer back into tensors of
-the parameters' shapes (sharing its storage).
+the parameters' shapes (sharing its storage). `ShardedBucket` is ZeRO's use of it: a
+bucket's parameters moved into one flat buffer, with this rank's chunk as a parameter.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn as nn
 
 
 class FlatShard:
@@ -69,3 +71,28 @@ class FlatShard:
         parameter element lives, False on padding."""
         index = torch.arange(self.start, self.start + self.chunk, device=device or "cpu")
         return index < self.numel
+
+
+class ShardedBucket:
+    """ZeRO's bucket (`sharded.py`): parameters reduced together, their flat layout, full
+    parameters (moved into one flat buffer) and this rank's chunk."""
+
+    def __init__(
+        self, names: list[str], params: list[nn.Parameter], world: int, rank: int, dtype=None
+    ):
+        self.names, self.params = names, params
+        self.layout = FlatShard(params, world, rank)
+        flat = self.layout.flatten([p.detach() for p in params])
+        if dtype is None:  # fp32: the optimizer steps a view of the module's own parameters
+            self.flat_param = flat
+            self.shard = nn.Parameter(self.layout.own(flat))
+        else:  # mixed precision: an fp32 master chunk; the module computes with a copy
+            self.shard = nn.Parameter(self.layout.own(flat).clone())
+            self.flat_param = flat.to(dtype)
+        for p, view in zip(params, self.layout.views(self.flat_param)):
+            p.data = view  # the module's parameters now live in the flat buffer
+        self.flat_grad: torch.Tensor | None = None
+        self.grad_chunk: torch.Tensor | None = None  # this rank's reduced gradient
+        self.pending = len(params)
+        self.work = None
+        self.reduced: torch.Tensor | None = None

@@ -46,7 +46,7 @@ from ..policy import (
     cast_module_state,
     divide_factors,
 )
-from .flat import FlatShard
+from .flat import ShardedBucket
 from .sharded_optimizer import (
     ShardedOptimizer,
     _group_index,
@@ -56,30 +56,6 @@ from .sharded_optimizer import (
 )
 
 GATHER_WHEN = ("after_step", "before_forward")
-
-
-class _Bucket:
-    """Parameters reduced together: their flat layout, full parameters and this rank's chunk."""
-
-    def __init__(
-        self, names: list[str], params: list[nn.Parameter], world: int, rank: int, dtype=None
-    ):
-        self.names, self.params = names, params
-        self.layout = FlatShard(params, world, rank)
-        flat = self.layout.flatten([p.detach() for p in params])
-        if dtype is None:  # fp32: the optimizer steps a view of the module's own parameters
-            self.flat_param = flat
-            self.shard = nn.Parameter(self.layout.own(flat))
-        else:  # mixed precision: an fp32 master chunk; the module computes with a copy
-            self.shard = nn.Parameter(self.layout.own(flat).clone())
-            self.flat_param = flat.to(dtype)
-        for p, view in zip(params, self.layout.views(self.flat_param)):
-            p.data = view  # the module's parameters now live in the flat buffer
-        self.flat_grad: torch.Tensor | None = None
-        self.grad_chunk: torch.Tensor | None = None  # this rank's reduced gradient
-        self.pending = len(params)
-        self.work = None
-        self.reduced: torch.Tensor | None = None
 
 
 class ZeroDataParallel(ParallelModule):
@@ -139,7 +115,7 @@ class ZeroDataParallel(ParallelModule):
         cap = int(bucket_cap_mb * MiB)
         plan = plan_buckets(params, cap, cap, groups=[groups[id(p)] for p in params])
         self.buckets = [
-            _Bucket(
+            ShardedBucket(
                 [named[i][0] for i in idx], [params[i] for i in idx], self.world, self.rank, dtype
             )
             for idx in plan
@@ -165,7 +141,7 @@ class ZeroDataParallel(ParallelModule):
         self._gather_pending = False
         self._grads_used = True  # the last backward's gradients were stepped or cleared
         self._reset()
-        self._record_versions()
+        self._versions = parameter_versions(self.buckets)
 
     @property
     def shards(self) -> list[nn.Parameter]:
@@ -174,7 +150,7 @@ class ZeroDataParallel(ParallelModule):
 
     # -- forward and backward -----------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        self._check_optimizer_used()
+        check_optimizer_used(self.buckets, self._versions, self._grads_used)
         if self._gather_pending:
             self.gather_parameters()
         if torch.is_grad_enabled():
@@ -193,12 +169,6 @@ class ZeroDataParallel(ParallelModule):
         self.next_bucket = 0
         self.backward_started = False
         self.unused: list[nn.Parameter] = []
-
-    def _record_versions(self) -> None:
-        self._versions = parameter_versions(self.buckets)
-
-    def _check_optimizer_used(self) -> None:
-        check_optimizer_used(self.buckets, self._versions, self._grads_used)
 
     @torch.no_grad()
     def _on_grad_ready(self, param: torch.Tensor) -> None:
@@ -290,7 +260,7 @@ class ZeroDataParallel(ParallelModule):
         for w in works:
             w.wait()
         self._gather_pending = False
-        self._record_versions()
+        self._versions = parameter_versions(self.buckets)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale the sharded gradients so their global L2 norm is at most `max_norm`; returns
@@ -330,7 +300,7 @@ class ZeroDataParallel(ParallelModule):
         return out
 
     @torch.no_grad()
-    def _gathered(self, b: _Bucket, chunk: torch.Tensor) -> list[torch.Tensor]:
+    def _gathered(self, b: ShardedBucket, chunk: torch.Tensor) -> list[torch.Tensor]:
         full = torch.empty(b.layout.padded, dtype=torch.float32, device=chunk.device)
         comm.all_gather(full, chunk.detach().float(), group=self.group, tag="full-grads")
         return [v.clone() for v in b.layout.views(full)]
