@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from .plan import Plan, frontier
 
@@ -25,13 +25,15 @@ def plot_sweep(
             [p.time.total_s for p in group], [p.memory_per_rank / GIB for p in group], **style
         )
     front = frontier(fits) if fits else []
-    for i, p in enumerate(front):  # label the frontier only: a sweep has dozens of points
-        lay = p.layout
-        ax.annotate(
-            f"d{lay.dp} t{lay.tp} p{lay.pp} z{lay.zero}", (p.time.total_s, p.memory_per_rank / GIB),
-            fontsize=7, xytext=(6, -12 + 12 * (i % 3)), textcoords="offset points",
-            arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5),
-        )  # fmt: skip
+    names = []
+    for i, p in enumerate(front, 1):  # number the frontier's points, named beside the axes
+        lay = p.layout  # (a sweep has dozens of points; the frontier's sit close together)
+        ax.annotate(str(i), (p.time.total_s, p.memory_per_rank / GIB), fontsize=7, color="C3",
+                    xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        names.append(f"{i}: d{lay.dp} t{lay.tp} p{lay.pp} z{lay.zero}")
+    if names:
+        ax.text(1.02, 1.0, "feasible frontier\n" + "\n".join(names), transform=ax.transAxes,
+                va="top", fontsize=7, family="monospace")  # fmt: skip
     if front:
         ax.plot(
             [p.time.total_s for p in front], [p.memory_per_rank / GIB for p in front],
@@ -46,8 +48,9 @@ def plot_sweep(
         ax.axhline(memory_bytes / GIB, color="k", ls="--", lw=1, label="memory per device")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, no crowded minor labels
-        axis.set_major_formatter(ScalarFormatter())
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1, 2 and 5 of each decade, so a
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # range inside one decade
+        axis.set_major_formatter(ScalarFormatter())  # still has several labels
         axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("predicted step time (s)")
     ax.set_ylabel("memory per rank (GiB)")
