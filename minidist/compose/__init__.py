@@ -1,5 +1,6 @@
 """Lesson 17, every parallelism at once: one rank grid, one model, 5D training equal to one
-process. `python -m minidist train ...` runs a layout (`cli.py`).
+process. `python -m minidist train ...` runs a layout (`cli.py`). Notebook
+`notebooks/17_every_parallelism.ipynb`; exercises `exercises/17_every_parallelism.ipynb`.
 
 - `dims.py`: `ParallelDims` (torchtitan's names) and the grid every group comes from
 - `parallelize.py`: `parallelize(model, dims)`, the steps in order, the gradient table
@@ -7,6 +8,9 @@ process. `python -m minidist train ...` runs a layout (`cli.py`).
 - `attention.py`: the rank's heads, rotary at global positions, ring attention over cp
 - `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
 - `fixture.py`: the models, data and runs the tests, the CLI and the notebook share
+- `theory.py`, `tensor_bytes.py`: the planned model states and bytes per group kind;
+  `published.py`: Llama 3 405B's layouts planned; `plots.py`: the grid, planned vs measured
+- `check/`: the checkers of the lesson's exercises
 - `torch_native.py`: torch's own composition of a layout (FSDP2, DTensor TP/SP, pipelining),
   the other side of `bench compose`
 """

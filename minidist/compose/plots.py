@@ -42,3 +42,22 @@ def plot_grid(dims: ParallelDims, kinds: Sequence[str] = KINDS) -> Figure:
         ax.set_title(f"{kind}: {len(groups[kind])} groups of {size}", fontsize=9, loc="left")
     fig.tight_layout()
     return fig
+
+
+def plot_planned_measured(measured: dict, planned: dict) -> Figure:
+    """Two panels, bytes sent per step by group kind and model states by kind, each kind's
+    measured bar beside its planned one (`fixture.run_rank`'s `bytes` and `memory` against
+    `theory.planned`'s)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, what, unit in zip(axes, ("bytes", "memory"), ("bytes sent per step", "bytes held")):
+        kinds = [k for k in planned[what] if k in measured[what]]
+        xs = range(len(kinds))
+        ax.bar([x - 0.2 for x in xs], [measured[what][k] for k in kinds], 0.4, label="measured")
+        ax.bar([x + 0.2 for x in xs], [planned[what][k] for k in kinds], 0.4, label="planned")
+        ax.set_xticks(list(xs), kinds)
+        ax.set_ylabel(unit)
+        ax.set_title(f"{what} per group kind" if what == "bytes" else "model states per kind",
+                     fontsize=9, loc="left")  # fmt: skip
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
