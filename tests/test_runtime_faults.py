@@ -123,6 +123,8 @@ def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_p
         textwrap.dedent(
             f"""
             import os, signal, time, minidist
+            # a shell's background job (a sweep under nohup) inherits SIGINT ignored
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             def stubborn():
                 signal.signal(signal.SIGTERM, lambda *a: None)
                 open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
