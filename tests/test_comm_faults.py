@@ -1,8 +1,10 @@
 """Behaviours of minidist.comm that no other test pinned (issue 27): the aliasing check's
-byte ranges, exact to the element, and the all-to-all ledger for inputs of any rank."""
+byte ranges, exact to the element, the all-to-all ledger for inputs of any rank, and which
+devices each backend is checked to move."""
 
 import math
 
+import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings
@@ -60,3 +62,27 @@ def test_the_all_to_all_ledger_counts_every_trailing_dimension():
     for rank, pairs in enumerate(minidist.launch(_uneven_all_to_all_any_rank, 3)):
         for trailing, (recorded, sent) in zip(TRAILING, pairs):
             assert recorded == sent, (rank, trailing)
+
+
+OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send", "recv"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(OPS), st.sampled_from(["gloo", "nccl"]), st.sampled_from(["cpu", "cuda"]))
+def test_each_backend_is_checked_for_the_devices_it_moves(op, backend, kind):
+    """Without a GPU: a stand-in tensor on `kind`; gloo moves CUDA tensors only in all-reduce
+    and broadcast, NCCL only CUDA tensors."""
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(device=torch.device(kind, 0) if kind == "cuda" else torch.device(kind))
+    ok = kind == "cuda" if backend == "nccl" else kind == "cpu" or op in ("all_reduce", "broadcast")
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(backends, "group_backend", lambda group=None: backend)
+        if ok:
+            backends._check_devices(op, [fake], None, "t")
+        else:
+            with pytest.raises(ValueError, match=f"comm.{op}: the tensor tagged 't' is on {kind}"):
+                backends._check_devices(op, [fake], None, "t")
+    finally:
+        mp.undo()

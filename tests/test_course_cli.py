@@ -115,7 +115,7 @@ def test_the_time_limit_is_not_swallowed_by_except_exception():
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.floats(0.05, 5.0), st.floats(10.0, 100.0))
+@given(st.floats(1.0, 5.0), st.floats(10.0, 100.0))
 def test_an_interrupted_cell_restores_the_outer_timer_and_handler(seconds, outer):
     def outer_handler(signum, frame):
         raise AssertionError("the outer timer fired")

@@ -306,7 +306,9 @@ def test_interrupt_reaps_children(tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            import os, time, minidist
+            import os, signal, time, minidist
+            # a shell's background job (a sweep under nohup) inherits SIGINT ignored
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             def sleeper():
                 open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
                 time.sleep(600)

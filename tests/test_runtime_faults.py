@@ -26,55 +26,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("gap_s", [0.01, 0.05])
-def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_path, gap_s):
-    """The second Ctrl-C lands while launch waits for the ranks to stop: it must kill them
-    (they ignore SIGTERM) and still remove the world's folder, while the caller lives on."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    done = tmp_path / "done"
-    script = tmp_path / "interrupted.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import os, signal, time, minidist
-            def stubborn():
-                signal.signal(signal.SIGTERM, lambda *a: None)
-                open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
-                time.sleep(600)
-            try:
-                minidist.launch(stubborn, 2, timeout_s=600)
-            except KeyboardInterrupt:
-                pass
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            open({str(done)!r}, "w").close()
-            time.sleep(120)
-            """
-        )
-    )
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env)
-    try:
-        deadline = time.monotonic() + 300  # a loaded machine takes a while to import torch
-        while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
-        assert len(pids) == 2
-        proc.send_signal(signal.SIGINT)
-        time.sleep(gap_s)
-        proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 60
-        while not done.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done.exists(), "the caller did not come back from the interrupted launch"
-        assert proc.poll() is None  # the caller lives on (a notebook kernel would)
-        assert [pid for pid in pids if _alive(pid)] == []
-        assert [p.name for p in tmp.iterdir() if p.name.startswith("minidist-")] == []
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def nested():
     return minidist.launch(lambda: 1, 2)
 
@@ -158,3 +109,54 @@ def test_a_timeout_names_only_the_ranks_that_had_not_returned(returning):
     with pytest.raises(WorldTimeoutError) as info:
         minidist.launch(some_return, 3, returning, timeout_s=4)
     assert info.value.ranks == sorted({0, 1, 2} - returning)
+
+
+@pytest.mark.parametrize("gap_s", [0.01, 0.05])
+def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_path, gap_s):
+    """The second Ctrl-C lands while launch waits for the ranks to stop: it must kill them
+    (they ignore SIGTERM) and still remove the world's folder, while the caller lives on."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = tmp_path / "done"
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, time, minidist
+            # a shell's background job (a sweep under nohup) inherits SIGINT ignored
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            def stubborn():
+                signal.signal(signal.SIGTERM, lambda *a: None)
+                open(os.path.join({str(tmp_path)!r}, f"pid{{os.getpid()}}"), "w").close()
+                time.sleep(600)
+            try:
+                minidist.launch(stubborn, 2, timeout_s=600)
+            except KeyboardInterrupt:
+                pass
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            open({str(done)!r}, "w").close()
+            time.sleep(120)
+            """
+        )
+    )
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.monotonic() + 300  # a loaded machine takes a while to import torch
+        while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap_s)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.exists(), "the caller did not come back from the interrupted launch"
+        assert proc.poll() is None  # the caller lives on (a notebook kernel would)
+        assert [pid for pid in pids if _alive(pid)] == []
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("minidist-")] == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -38,12 +38,23 @@ def tests_of(package: str) -> list[str]:
         "fsdp": ["tests/test_checkpoint.py"],
         "pipeline": ["tests/test_bench_pp.py"],
         "parameter_server": ["tests/test_geeps_cache.py"],
+        # issue 27's modules outside the lessons: comm.py's backend checks, the simulator
+        "backends": ["tests/test_comm.py", "tests/test_comm_faults.py"],
+        "pipeline_simulate": ["tests/test_pipeline.py"],
+    }
+    # run first (pytest -x stops at the first failure): the fast tests that pin the module,
+    # before a suite that executes every notebook (course) or starts many worlds
+    first = {
+        "course": ["tests/test_course_cli.py", "tests/test_course_check.py"],
+        "runtime": ["tests/test_runtime_faults.py"],
+        "pipeline_simulate": ["tests/test_pipeline_simulate.py"],
         **getattr(catalogue, "TESTS", {}),
     }
     found = glob.glob(os.path.join(ROOT, f"tests/test_{package}*.py"))
     found += glob.glob(os.path.join(ROOT, f"tests/test_check_{package}.py"))
     found += [os.path.join(ROOT, p) for p in extra.get(package, [])]
-    return sorted(set(found))
+    head = [os.path.join(ROOT, p) for p in first.get(package, [])]
+    return head + sorted(set(found) - set(head))
 
 
 def run(package: str) -> bool:
