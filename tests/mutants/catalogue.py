@@ -222,8 +222,8 @@ MUTANTS = [
     (
         "recompute",
         "recompute/checkpoint.py",
-        "with torch.random.fork_rng(devices=devices):",
-        "if True:",
+        "    with torch.random.fork_rng(devices=list(range(len(cuda))) if cuda is not None else []):",
+        "    if True:",
         "the recomputation leaks the RNG state",
     ),
     (
@@ -250,7 +250,7 @@ MUTANTS = [
     (
         "recompute",
         "recompute/checkpoint.py",
-        "            torch.set_rng_state(ctx.cpu_rng)\n",
+        "        torch.set_rng_state(cpu)\n",
         "",
         "recomputed dropout draws new masks",
     ),
@@ -301,8 +301,8 @@ MUTANTS = [
     (
         "pipeline",
         "pipeline/schedules.py",
-        "postponed = min(r, m)",
-        "postponed = min(r + 1, m)",
+        "lag, pending, steps = min(r, m), [], []",
+        "lag, pending, steps = min(r + 1, m), [], []",
         "ZB-H1 postpones one W too many",
     ),
     (
@@ -664,8 +664,8 @@ MUTANTS = [
     (
         "context_parallel",
         "context_parallel/ring.py",
-        'kv = ring.pass_on(kv, "cp-kv-backward")',
-        'kv = ring.pass_on(kv, "cp-kv-forward")',
+        'nxt = ring.post(kv, "cp-kv-backward") if step < ring.c - 1 else None',
+        'nxt = ring.post(kv, "cp-kv-forward") if step < ring.c - 1 else None',
         "backward's K/V hops under the forward's tag",
     ),
     # -- expert parallel routing (lesson 16) --------------------------------------------------
@@ -1156,8 +1156,8 @@ MUTANTS = [
     (
         "runtime",
         "runtime/torchrun.py",
-        "dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))",
-        "dist.init_process_group(backend)",
+        "backend, timeout=timedelta(seconds=timeout_s), store=_attempt_store(timeout_s),",
+        "backend, store=_attempt_store(timeout_s),",
         "timeout_s not passed to init_process_group under torchrun",
     ),
     (
