@@ -8,8 +8,8 @@ import torch.nn as nn
 
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from .holdings import _kv_split, _owner, _sizes, _split, _style, chunks
 from .stage import family
-from .theory import _kv_split, _owner, _sizes, _split, _style, chunks
 
 
 def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):

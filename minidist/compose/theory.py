@@ -14,14 +14,12 @@ Every term is one lesson's, applied to what the rank holds after `parallelize`'s
   over dp_replicate; pp, one float32 activation per micro-batch and chunk edge that crosses
   ranks, each way (lesson 09), the loss's broadcast, the tied embedding's all-reduce
   (lesson 10); cp, ring attention's K/V blocks (`context_parallel.theory`); tp, each
-  module's collectives per micro-batch (`tensor_bytes`).
+  module's collectives per micro-batch (`tensor_bytes`; what a rank holds: `holdings`).
 `tests/test_compose_theory.py` checks every figure against the ledger and the tensors of a
 run, layouts sampled.
 """
 
 from __future__ import annotations
-
-from fnmatch import fnmatchcase
 
 import torch.nn as nn
 
@@ -31,76 +29,9 @@ from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
 from ..pipeline.schedules import virtual_stage
 from ..zero import theory as zero_theory
+from .holdings import _owner, _sizes, chunks, local_numel
 from .stage import family
-
-SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
-
-
-def chunks(dims, pp_rank: int, layers: int) -> list[tuple[int, range, bool, bool]]:
-    """(virtual stage, its layers, first, last) of each chunk of pipeline rank `pp_rank`."""
-    stages = dims.pp * dims.chunks
-    per = layers // stages
-    out = []
-    for c in range(dims.chunks):
-        vs = virtual_stage(dims.schedule, pp_rank, c, dims.pp)
-        out.append((vs, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1))
-    return out
-
-
-def _style(plan: dict, module: str) -> str | None:
-    return next((s for p, s in plan.items() if fnmatchcase(module, p)), None)
-
-
-def local_numel(model: nn.Module, name: str, numel: int, tp: int, plan: dict) -> int:
-    """Elements of parameter `name` on one tensor-parallel rank."""
-    module, _, kind = name.rpartition(".")
-    style = _style(plan, module)
-    if style == "colwise_kv":
-        sub = model.get_submodule(module)
-        head_dim = (
-            model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
-            // (_sizes(model)["heads"])
-        )
-        split = (sub.out_features // head_dim) % tp == 0
-        return numel // tp if split else numel
-    if style in SPLIT and not (style == "rowwise" and kind == "bias"):
-        return numel // tp
-    return numel
-
-
-def _sizes(model: nn.Module) -> dict:
-    from .parallelize import model_sizes
-
-    return model_sizes(model)
-
-
-def _kv_split(model: nn.Module, module: str, tp: int) -> bool:
-    """Whether tensor parallelism splits this K or V projection (t divides its heads)."""
-    head_dim = (
-        model.get_submodule(module.rpartition(".")[0]).q_proj.out_features
-        // (_sizes(model)["heads"])
-    )
-    return (model.get_submodule(module).out_features // head_dim) % tp == 0
-
-
-def _split(model: nn.Module, plan: dict, name: str, tp: int) -> bool:
-    """Whether parameter `name` is cut t ways (else every tp rank holds it whole)."""
-    module, _, kind = name.rpartition(".")
-    style = _style(plan, module)
-    if style == "colwise_kv":
-        return _kv_split(model, module, tp)
-    return style in SPLIT and not (style == "rowwise" and kind == "bias")
-
-
-def _owner(kind: str, name: str, first: bool, last: bool, layers: range) -> bool:
-    parts = name.split(".")
-    if kind == "gpt":
-        if parts[0] == "blocks":
-            return int(parts[1]) in layers
-        return first if parts[0] in ("tok_emb", "pos_emb") else last
-    if parts[:2] == ["model", "layers"]:
-        return int(parts[2]) in layers
-    return first if parts[1:2] == ["embed_tokens"] else last
+from .tensor_bytes import tp_bytes  # noqa: F401 (the tp group's count, planned here too)
 
 
 def rank_params(model: nn.Module, dims, pp_rank: int = 0, ep_rank: int = 0) -> dict:
@@ -222,13 +153,6 @@ def cp_bytes(
         forward = ring["forward"] * (2 if recompute else 1)
         total += len(layers) * (forward + again * backward)
     return microbatches * total
-
-
-def tp_bytes(*args, **kwargs) -> float:
-    """`tensor_bytes.tp_bytes` (the tp group's module by module count)."""
-    from .tensor_bytes import tp_bytes as count
-
-    return count(*args, **kwargs)
 
 
 def planned(model: nn.Module, dims, global_batch: int, micro_batch: int,
