@@ -1,0 +1,114 @@
+"""Lesson 18 on lesson 17's engine: `python -m minidist train --save/--resume`.
+
+Same layout: the resumed run's losses, parameters and Adam states equal the uninterrupted
+run's to the last bit (the same sums in the same order; the checkpoint holds the float32
+masters and the step count exactly). Another layout: the continuation equals the
+one-process run of the same steps within lesson 17's tolerances (tests/test_compose.py:
+losses 1e-5, parameters 1e-3: a different reduction order, a few ulps per step that Adam's
+1/√v amplifies where a gradient is near 0; bf16 1e-2 and 6e-2, tests/test_compose_layouts).
+A resume that did not load (fresh weights at step 2) misses the losses by > 0.1.
+"""
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import minidist
+from minidist.compose.fixture import reference
+from minidist.resilience import CheckpointLayoutError
+from minidist.resilience.cli import dims_of, parse
+from minidist.resilience.train import train_rank
+from minidist.training import max_abs_diff
+
+SAVE_AT, STEPS = 2, 4
+
+
+def _run(argv: list[str]) -> dict:
+    args = parse(argv)
+    return train_rank(args, dims_of(args))
+
+
+def _same_layout(ck: str, layout: list[str]) -> tuple[dict, dict]:
+    whole = _run(layout + ["--steps", str(STEPS)])
+    _run(layout + ["--steps", str(SAVE_AT), "--save", ck])
+    return whole, _run(layout + ["--steps", str(STEPS), "--resume", ck])
+
+
+def test_a_resume_on_the_same_layout_is_bit_for_bit(tmp_path):
+    layout = ["--model", "llama", "--dp-shard", "2", "--pp", "2", "--schedule", "interleaved",
+              "--virtual", "2", "--micro-batch", "2"]  # fmt: skip
+    whole, resumed = minidist.launch(_same_layout, 4, str(tmp_path / "ck"), layout,
+                                     timeout_s=600)[0]  # fmt: skip
+    assert resumed["resumed_from"] == SAVE_AT and resumed["step"] == STEPS
+    assert resumed["losses"] == whole["losses"][SAVE_AT:]  # exactly
+    for key in ("params", "optim"):
+        assert whole[key].keys() == resumed[key].keys()
+        for name, t in whole[key].items():
+            assert torch.equal(t, resumed[key][name]), name
+    assert resumed["params_sha256"] == whole["params_sha256"]
+
+
+CHANGES = {
+    "8 ranks to 4, tp 2 to 1, pp 2 to 1": (
+        "gpt", ["--dp-shard", "2", "--tp", "2", "--pp", "2"], ["--dp-shard", "4"]),
+    "pp 2 to 4, the blocks re-staged": (
+        "gpt", ["--dp-shard", "2", "--pp", "2"], ["--pp", "4"]),
+    "ep 2 to 4": (
+        "moe", ["--dp-shard", "2", "--ep", "2"], ["--dp-shard", "4", "--ep", "4"]),
+    "cp 2 to 1 in bf16": (
+        "llama", ["--cp", "2", "--tp", "2", "--precision", "bf16"],
+        ["--dp-shard", "2", "--precision", "bf16"]),
+}  # fmt: skip
+
+
+def _world(layout: list[str]) -> int:
+    dims = dims_of(parse(layout))
+    return minidist.compose.ParallelDims(**dims).world_size
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_resume_on_another_layout_goes_on_as_the_one_process_run(tmp_path, change):
+    model, before, after = CHANGES[change]
+    ck = str(tmp_path / "ck")
+    before = ["--model", model, *before, "--steps", str(SAVE_AT), "--save", ck]
+    after = ["--model", model, *after, "--steps", str(STEPS), "--resume", ck]
+    saved = minidist.launch(_run, _world(before), before, timeout_s=600)[0]
+    resumed = minidist.launch(_run, _world(after), after, timeout_s=600)
+    want = reference(model, STEPS)
+    loss_tol, param_tol = (1e-2, 6e-2) if "bf16" in change else (1e-5, 1e-3)
+    assert resumed[0]["resumed_from"] == SAVE_AT
+    assert saved["losses"] == pytest.approx(want["losses"][:SAVE_AT], abs=loss_tol)
+    assert resumed[0]["losses"] == pytest.approx(want["losses"][SAVE_AT:], abs=loss_tol)
+    assert max_abs_diff(resumed[0]["params"], want["params"]) < param_tol
+    if "bf16" not in change:
+        assert max_abs_diff(resumed[0]["optim"], want["optim"]) < 1e-5
+    # each rank read the rectangles it needed, not the whole state
+    whole = sum(p.numel() * 4 * 3 for p in want["params"].values())
+    assert all(r["read"][0] < whole for r in resumed) or len(resumed) == 1
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _refused(ck: str) -> str:
+    _run(["--layers", "2", "--dp-shard", "2", "--steps", "1", "--save", ck])
+    before = _digest(Path(ck))
+    try:
+        _run(["--dp-shard", "2", "--steps", "2", "--resume", ck, "--save", ck])
+    except CheckpointLayoutError as e:
+        assert _digest(Path(ck)) == before  # nothing changed on disk
+        return str(e)
+    return "not refused"
+
+
+def test_a_checkpoint_of_another_depth_is_refused_naming_both_layouts(tmp_path):
+    message = minidist.launch(_refused, 2, str(tmp_path / "ck"), timeout_s=600)[0]
+    assert "'layers': 2" in message and "'layers': 4" in message, message
+    assert "the checkpoint has 2 layers, the model 4" in message, message
