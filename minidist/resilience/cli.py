@@ -57,8 +57,12 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.save_every < 0 or (args.save_every and not args.save):
         raise ValueError(f"--save-every={args.save_every} needs --save DIR and must be >= 0")
-    if args.die_at is not None and not 0 <= args.die_rank:
-        raise ValueError(f"--die-rank={args.die_rank} must be >= 0")
+    if args.compare and args.layers != SIZES["layers"]:
+        raise ValueError(f"--compare: the one-process run has {SIZES['layers']} layers, "
+                         f"not --layers={args.layers}")  # fmt: skip
+    world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
+    if args.die_at is not None and not 0 <= args.die_rank < world:
+        raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
     return args
 
 
