@@ -38,18 +38,28 @@ def _same_layout(ck: str, layout: list[str]) -> tuple[dict, dict]:
     return whole, _run(layout + ["--steps", str(STEPS), "--resume", ck])
 
 
+SAME_LAYOUTS = [  # 4 ranks each: every kind of parallelism in one of them
+    ["--model", "llama", "--dp-shard", "2", "--pp", "2", "--schedule", "interleaved",
+     "--virtual", "2", "--micro-batch", "2"],
+    ["--model", "gpt", "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16"],
+    ["--model", "moe", "--dp-shard", "4", "--ep", "2"],
+]  # fmt: skip
+
+
+def _same_layouts(ck: str) -> list[tuple[dict, dict]]:
+    return [_same_layout(f"{ck}{i}", layout) for i, layout in enumerate(SAME_LAYOUTS)]
+
+
 def test_a_resume_on_the_same_layout_is_bit_for_bit(tmp_path):
-    layout = ["--model", "llama", "--dp-shard", "2", "--pp", "2", "--schedule", "interleaved",
-              "--virtual", "2", "--micro-batch", "2"]  # fmt: skip
-    whole, resumed = minidist.launch(_same_layout, 4, str(tmp_path / "ck"), layout,
-                                     timeout_s=600)[0]  # fmt: skip
-    assert resumed["resumed_from"] == SAVE_AT and resumed["step"] == STEPS
-    assert resumed["losses"] == whole["losses"][SAVE_AT:]  # exactly
-    for key in ("params", "optim"):
-        assert whole[key].keys() == resumed[key].keys()
-        for name, t in whole[key].items():
-            assert torch.equal(t, resumed[key][name]), name
-    assert resumed["params_sha256"] == whole["params_sha256"]
+    runs = minidist.launch(_same_layouts, 4, str(tmp_path / "ck"), timeout_s=600)[0]
+    for layout, (whole, resumed) in zip(SAME_LAYOUTS, runs):
+        assert resumed["resumed_from"] == SAVE_AT and resumed["step"] == STEPS
+        assert resumed["losses"] == whole["losses"][SAVE_AT:], layout  # exactly
+        for key in ("params", "optim"):
+            assert whole[key].keys() == resumed[key].keys()
+            for name, t in whole[key].items():
+                assert torch.equal(t, resumed[key][name]), (layout, name)
+        assert resumed["params_sha256"] == whole["params_sha256"]
 
 
 CHANGES = {
