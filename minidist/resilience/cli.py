@@ -76,7 +76,7 @@ def _rank(args: argparse.Namespace, dims: dict) -> dict:
     from .train import train_rank
 
     tokens = args.global_batch * SIZES["seq_len"]
-    return train_rank(args, dims, progress=compose_cli._progress(args.steps, tokens))
+    return train_rank(args, dims, lambda start: compose_cli._progress(args.steps - start, tokens))
 
 
 def run_train(args: argparse.Namespace) -> int:

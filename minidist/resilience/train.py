@@ -110,7 +110,8 @@ def _log(args, engine, grid, state, loss, seconds, ledger, psi, peak) -> None:
 
 
 def train_rank(args, dims: dict, progress=None) -> dict:
-    """On every rank of a world of `dims`' size: resume, train to `args.steps`, save."""
+    """On every rank of a world of `dims`' size: resume, train to `args.steps`, save.
+    `progress(start_step)`, when given, returns the per-step callback (loss, seconds)."""
     pdims = ParallelDims(**dims)
     model, batches = build(args.model, args.steps, args.global_batch, layers=args.layers)
     psi = active_parameters(model)
@@ -126,6 +127,7 @@ def train_rank(args, dims: dict, progress=None) -> dict:
     layout = layout_of(args, dims)
     state, report = _resume(args, engine, layout)
     resumed_from = state.step
+    show = progress(resumed_from) if progress is not None else None
     peak = args.peak_flops or (matmul_flops() if args.log else 0.0)
     if args.log:  # rank 0's measure for everyone
         everyone = [None] * pdims.world_size
@@ -151,8 +153,8 @@ def train_rank(args, dims: dict, progress=None) -> dict:
         state = TrainingState(state.step + 1, state.samples + args.global_batch)
         if args.log:
             _log(args, engine, grid, state, losses[-1], times[-1], ledger, psi, peak)
-        if progress is not None:
-            progress(losses[-1], times[-1])
+        if show is not None:
+            show(losses[-1], times[-1])
         due = args.save_every and state.step % args.save_every == 0
         if args.save and (due or state.step == args.steps):
             kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
