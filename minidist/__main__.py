@@ -47,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
-    train = sub.add_parser("train", help="train one layout of every parallelism (lesson 17)")
-    from .compose.cli import add_arguments as add_train_arguments
+    train = sub.add_parser("train", help="train one layout of every parallelism (lessons 17, 18)")
+    from .resilience.cli import add_arguments as add_train_arguments
 
     add_train_arguments(train)
 
     args = parser.parse_args(argv)
     if args.command == "train":
-        from .compose.cli import run_train
+        from .resilience.cli import run_train
 
         return run_train(args)
     if args.command == "gpucheck":

@@ -65,6 +65,7 @@ def test_every_lesson_registers_a_row_in_lesson_order():
         "parameter server (BSP)", "2D torus all-reduce", "hierarchical all-reduce", "GeePS cache",
         "planner", "sequence parallel", "context parallel", "expert parallel",
         "expert parallel GPT", "every parallelism at once",
+        "universal checkpoint, resumed on another layout",
     ]  # fmt: skip
 
 

@@ -88,7 +88,8 @@ def run_train(args: argparse.Namespace) -> int:
     if minidist.under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun every rank has every result: rank 0 reports
     first, tokens = results[0], args.global_batch * SIZES["seq_len"]
-    lines = {"world_size": world, "loss": first["losses"][-1], "step_s": first["step_s"],
+    lines = {"world_size": world, "step": args.steps, "loss": first["losses"][-1],
+             "step_s": first["step_s"],
              "tokens_per_s": tokens / first["step_s"]}  # fmt: skip
     plan = _planned(args, dims)
     for what in ("bytes", "memory"):  # each measured figure, its plan beside it
@@ -105,5 +106,6 @@ def run_train(args: argparse.Namespace) -> int:
         lines["loss_max_abs_diff"] = max(diffs)
         lines["params_max_abs_diff"] = max_abs_diff(first["params"], ref["params"])
     for name, value in lines.items():
-        print(f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}")
+        print(f"{name}={value!r}" if name == "loss" else  # every bit of the loss
+              f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}")  # fmt: skip
     return 0

@@ -1,5 +1,6 @@
 """Lesson 18's bench: how long a save blocks a training step, synchronous vs asynchronous,
-and what a resharding resume reads per rank.
+and what a resharding resume reads per rank; and its tour row (`resume_row`: the composed
+engine saved on one layout, resumed on another, against one process).
 
 `python -m minidist bench checkpoint --world-size 2` trains the course GPT (wider than the
 tests', so the write is not all framing) under FSDP and, interleaved over `rounds`, times
@@ -25,7 +26,7 @@ from ..data import shard_batch
 from ..data_parallel.fixture import build
 from ..fsdp import FullyShardedDataParallel
 from ..fsdp.fixture import UNITS
-from ..registry import bench
+from ..registry import TourRow, bench, tour_row
 from ..runtime import launch
 from ..training import train
 from ..zero.fixture import ADAM
@@ -111,3 +112,34 @@ def bench_checkpoint(world_size: int, rounds: int, steps: int) -> dict[str, floa
         out[f"resume_on_{len(resumed)}_rank{rank}_payload_bytes"] = r["payload"]
         out[f"resume_on_{len(resumed)}_rank{rank}_shard_bytes"] = r["shard"]
     return out
+
+
+@tour_row("universal checkpoint, resumed on another layout", lesson=18)
+def resume_row(world_size: int, out_dir: Path) -> TourRow:
+    """The Llama-style model saved at step 2 on dp_shard 2 · tp 2 (4 ranks), resumed on
+    dp_shard `world_size` to step 4, against one process (lesson 17's tolerances: losses
+    1e-5, parameters 1e-3). Memory and bytes: rank 0 of the resumed run, no theory."""
+    from ..compose.fixture import reference
+    from ..training import max_abs_diff
+    from .cli import dims_of, parse
+    from .train import train_rank
+
+    if world_size < 4:
+        raise ValueError(f"resume tour row: world_size={world_size} must be >= 4")
+    ck = str(Path(out_dir) / "resume-ck")
+    before = parse(["--model", "llama", "--dp-shard", "2", "--tp", "2", "--steps", "2",
+                    "--save", ck])  # fmt: skip
+    launch(train_rank, 4, before, dims_of(before), timeout_s=600)
+    d = max(k for k in (1, 2, 4, 8) if k <= world_size)
+    after = parse(["--model", "llama", "--dp-shard", str(d), "--steps", "4", "--resume", ck])
+    r0 = launch(train_rank, d, after, dims_of(after), timeout_s=600)[0]
+    want = reference("llama", 4)
+    loss = max(abs(a - b) for a, b in zip(r0["losses"], want["losses"][2:]))
+    diff = max_abs_diff(r0["params"], want["params"])
+    m = r0["memory"]
+    return TourRow(
+        f"universal checkpoint: dp_shard 2 · tp 2 resumed on dp_shard {d}",
+        r0["resumed_from"] == 2 and loss < 1e-5 and diff < 1e-3, diff,
+        memory_per_rank=m["params"] + m["grads"] + m["master"] + m["optimizer"],
+        memory_theory=None, bytes_per_rank=sum(r0["bytes"].values()), bytes_theory=None,
+    )  # fmt: skip
