@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from session import run_session
 
 import minidist
 from minidist.compose.fixture import LR, reference
@@ -147,7 +148,6 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
     and ends with the uninterrupted run's loss and parameters, bit for bit."""
     import json
     import os
-    import subprocess
     import sys
 
     layout = ["--model", "llama", "--tp", "2", "--sp"]
@@ -160,7 +160,7 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
            "--die-at", "3", "--die-rank", "1", "--die-once", str(tmp_path / "died")]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    done = run_session(cmd, 600, env=env, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     out = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert (tmp_path / "died").exists()

@@ -4,11 +4,11 @@ save interval and ends with the parameters of a run that never stopped, bit for 
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from session import run_session
 
 import minidist
 from minidist.resilience.run import main, parse, train_on_rank
@@ -41,7 +41,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_ends_as_if_it_never_stopped
            "-m", "minidist.resilience.run",
            *run_args(tmp_path)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    done = run_session(cmd, 600, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     out = lines(done.stdout)
     assert (tmp_path / "died").exists()  # rank 1 did die
