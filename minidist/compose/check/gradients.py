@@ -25,7 +25,7 @@ from ...expert_parallel.gpt import is_expert
 from ...megatron.plan import GPT_PLAN, LLAMA_PLAN
 from ..dims import ParallelDims, grid_groups
 from ..fixture import build
-from ..theory import _split, _style
+from ..holdings import _split, _style
 from ._shared import _and, call
 
 GRAD_CASES = (
