@@ -92,10 +92,13 @@ def test_timeout_s_reaches_init_process_group_under_torchrun(timeout_s):
         mp.setattr(torchrun.dist, "is_initialized", lambda: False)
         mp.setattr(torchrun.dist, "init_process_group", lambda *a, **k: seen.update(k))
         mp.setattr(torchrun.dist, "all_gather_object", lambda out, x: out.__setitem__(0, x))
+        # the attempt's store (a real TCPStore would wait for the launcher's): its timeout too
+        mp.setattr(torchrun, "_attempt_store", lambda t: seen.update(store_timeout=t))
         assert minidist.launch(lambda: 7, None, timeout_s=timeout_s) == [7]
     finally:
         mp.undo()
     assert seen["timeout"].total_seconds() == pytest.approx(timeout_s)
+    assert seen["store_timeout"] == pytest.approx(timeout_s)
 
 
 def some_return(returning):
