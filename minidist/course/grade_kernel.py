@@ -124,6 +124,9 @@ def sandbox_prefix(scratch: Path, notebook_dir: Path, hide: list[Path]) -> list[
     `sandbox_env` only."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
     args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in _needed():  # Python and minidist may live under /tmp (a clone there): again
+        if _within(path, Path("/tmp")):
+            args += ["--ro-bind", str(path), str(path)]
     for folder in hide:
         if folder.is_dir() and not any(_within(p, folder) for p in _needed()):
             args += ["--tmpfs", str(folder)]

@@ -78,15 +78,16 @@ class ExpertParallelGPT(nn.Module):
     def __init__(self, model: GPT, ep_group=None, dp_group=None, pad_to_capacity: bool = True):
         super().__init__()
         require_course_gpt(model, "ExpertParallelGPT", "minidist.expert_parallel.moe_gpt")
-        verify_same_model(model, None, "ExpertParallelGPT", {"pad_to_capacity": pad_to_capacity})
-        broadcast_parameters(model)  # ranks seeded differently still start from one model
-        self.module = copy.deepcopy(model)
-        for block in self.module.blocks:
+        for block in model.blocks:  # bad input first, before any collective
             if not isinstance(block.mlp, MoEMLP):
                 got = type(block.mlp).__name__
                 raise ValueError("ExpertParallelGPT: model must come from moe_gpt (every "
                                  f"block's mlp an MoEMLP), got {got}; for a model of your "
                                  "own, use minidist.parallelize (lesson 17)")  # fmt: skip
+        verify_same_model(model, None, "ExpertParallelGPT", {"pad_to_capacity": pad_to_capacity})
+        broadcast_parameters(model)  # ranks seeded differently still start from one model
+        self.module = copy.deepcopy(model)
+        for block in self.module.blocks:
             moe = ExpertParallelMoE(block.mlp.moe, ep_group, dp_group, pad_to_capacity)
             block.mlp = MoEMLP(moe, None)
         self.ep_group, self.dp_group = ep_group, dp_group
