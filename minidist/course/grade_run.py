@@ -1,15 +1,10 @@
 """Grade one notebook (`grade.grade_notebook`): read it, find its exercises, run it in a fresh
-kernel and turn each exercise into a row.
-
-- The exercises are those of the released exercise notebook of the same name (the
-  checkout's `exercises/`, or `released=`), so every exercise gets a row: a check cell the
-  learner deleted is a FAIL saying so. A notebook with no released twin is graded by its own
-  check cells.
-- Each check cell runs as released (a modified one is restored and flagged in the message),
-  through `grade_kernel`'s runner, whose verdict does not come from the learner's namespace.
-- A cell that failed before a failing check cell (a SyntaxError, a ModuleNotFoundError) is
-  named in that row: it is the cause, not the NameError that follows.
-- A file that is not a notebook is one ERROR row per exercise (or one row), never a crash.
+kernel and turn each exercise into a row. The exercises are the released exercise notebook's
+(`exercises/` or `released=`), so a deleted check cell is a FAIL; a notebook with no
+released twin is graded by its own check cells. Check cells run as released (a modified one
+restored and flagged) through `grade_kernel`'s runner, whose verdict does not come from the
+learner's namespace. An earlier failing cell (SyntaxError, ModuleNotFoundError) is named in
+the row it caused. A file that is not a notebook is ERROR rows, never a crash.
 """
 
 from __future__ import annotations

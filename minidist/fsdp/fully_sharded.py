@@ -2,11 +2,9 @@
 
 Zhao et al. 2023, "PyTorch FSDP" (VLDB), sections 3-4; Rajbhandari et al. 2020, "ZeRO",
 section 5.3 (P_os+g+p); hybrid sharding: section 3.2.2 of the FSDP paper, MiCS (Zhang et
-al. 2022) and Amazon SageMaker's sharded data parallelism.
-
-The model is cut into units (`wrap(module) -> bool`, e.g. every transformer block; the root
-takes the rest). Each unit is a `FlatParamUnit`: one flat parameter, padded, of which a rank
-keeps 1/F (F = ranks in a shard group, all of them by default).
+al. 2022) and Amazon SageMaker's sharded data parallelism. The model is cut into units
+(`wrap(module) -> bool`, e.g. every transformer block; the root takes the rest), each a
+`FlatParamUnit`: one flat parameter, padded, of which a rank keeps 1/F (F: the shard group).
 
 - forward: just before a unit runs, all-gather its full parameter (or wait for the gather
   that the previous unit prefetched) and prefetch the next unit's; just after, free it
@@ -20,11 +18,10 @@ keeps 1/F (F = ranks in a shard group, all of them by default).
   at once, which keeps peak memory at Σψ/N plus about two units.
 - `no_sync()`: gradients accumulate unsharded, reduce-scattered at the next synced backward.
 
-Per step each rank sends (N-1)/N of every unit's parameters in forward, again in backward
-for units resharded after forward, and its gradients: 3(N-1)/N·Ψ (2 without resharding).
-A parameter tied across units belongs to the smallest unit around all its uses
-(`_make_units`). Not here: CPU offload (a later lesson), parameters unused in forward.
-Native equivalent: `torch.distributed.fsdp.fully_shard` (FSDP2).
+Per step a rank sends (N-1)/N of every unit's parameters in forward, again in backward for
+units resharded after forward, and its gradients: 3(N-1)/N·Ψ (2 without resharding). A tied
+parameter belongs to the smallest unit around all its uses (`_make_units`). Not here: CPU
+offload (lesson 05), unused parameters. Native: `torch.distributed.fsdp.fully_shard`.
 """
 
 from __future__ import annotations

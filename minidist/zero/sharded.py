@@ -3,10 +3,8 @@
 Rajbhandari et al. 2020, "ZeRO", section 5.1 (P_os: optimizer states partitioned, stage 1)
 and 5.2 (P_os+g: gradients partitioned too, stage 2); Xu et al. 2020, "Automatic
 Cross-Replica Sharding of Weight Update in Data-Parallel Training" (arXiv:2004.13336),
-sections 3-4, the same idea seen from the all-reduce: replace it by its two halves.
-
-Every rank holds the whole model, runs forward and backward on its slice of the batch, then:
-
+sections 3-4, the same idea seen from the all-reduce: replace it by its two halves. Every
+rank holds the whole model, runs forward and backward on its slice of the batch, then:
 1. reduce-scatter: each bucket of gradients (DDP's buckets, `plan_buckets`) is summed over
    the ranks and rank r keeps only chunk r of it (`FlatShard`: flattened, padded to a
    multiple of N). Stage 1 keeps the full local gradient buffers; stage 2 launches each
@@ -18,16 +16,12 @@ Every rank holds the whole model, runs forward and backward on its slice of the 
    after the step or, with `gather_weights="before_forward"`, at the start of the next
    forward (Xu et al.: it lets the next forward overlap or use another precision).
 
-Per step a rank sends (N-1)/N·Ψ twice: what the all-reduce of plain DP sends. Elementwise
-optimizers need nothing more. A non-elementwise step (a global gradient norm, as in
-clipping or LAMB) sums partial results over the shards with one all-reduce, the padding
-masked out (`clip_grad_norm_`). The optimizer wrapper and the clipping live in
-`sharded_optimizer.py`.
-
-Parameters unused in forward need `find_unused_parameters=True` (as in DDP). Not here:
-`no_sync`, stage 3 (parameters sharded too: FSDP,
-notebook 03). Native equivalents: `torch.distributed.optim.ZeroRedundancyOptimizer` (stage
-1), DeepSpeed ZeRO stages 1-2.
+Per step a rank sends (N-1)/N·Ψ twice, as plain DP's all-reduce. A non-elementwise step (a
+global gradient norm: clipping, LAMB) sums partial results over the shards with one
+all-reduce, the padding masked out (`clip_grad_norm_`, in `sharded_optimizer.py` with the
+optimizer wrapper). Parameters unused in forward need `find_unused_parameters=True` (as in
+DDP). Not here: `no_sync`, stage 3 (FSDP, notebook 03). Native equivalents:
+`torch.distributed.optim.ZeroRedundancyOptimizer` (stage 1), DeepSpeed ZeRO stages 1-2.
 """
 
 from __future__ import annotations
