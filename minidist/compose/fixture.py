@@ -128,6 +128,26 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
     return out
 
 
+def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor):
+    """One step of `engine` on this rank's share of the global batch (x, y): its replica's
+    rows, its cp positions -> (the global batch's mean loss, seconds, the step's ledger)."""
+    dims = grid.dims
+    d = dims.dp_replicate * dims.dp_shard
+    data = grid.coord["dp_replicate"] * dims.dp_shard + grid.coord["dp_shard"]
+    per, pos = x.shape[0] // d, engine.ctx.positions
+    x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
+    engine.zero_grad()
+    start = time.perf_counter()
+    with comm.record() as ledger:
+        loss = engine.train_step((x, y))
+        engine.finish_gradient_sync()
+        engine.step()
+    seconds = time.perf_counter() - start
+    mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
+    comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
+    return float(mean) / grid.size("dp_cp"), seconds, ledger
+
+
 def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
              micro_batch: int = 1, precision: str = "fp32", recompute: bool = False,
              seed: int = 0, measure: bool = False, progress=None) -> dict:  # fmt: skip
@@ -143,24 +163,14 @@ def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
     engine = parallelize(model, pdims, grid=grid, microbatches=m, precision=precision,
                          recompute=recompute, lr=LR)  # fmt: skip
     engine.measure_activations = measure
-    data = grid.coord["dp_replicate"] * pdims.dp_shard + grid.coord["dp_shard"]
-    per, pos = global_batch // d, engine.ctx.positions
-    dp_cp, losses, times, ledgers = grid.group("dp_cp"), [], [], []
+    losses, times, ledgers = [], [], []
     for x, y in batches:
-        x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
-        engine.zero_grad()
-        start = time.perf_counter()
-        with comm.record() as ledger:
-            loss = engine.train_step((x, y))
-            engine.finish_gradient_sync()
-            engine.step()
-        times.append(time.perf_counter() - start)
+        loss, seconds, ledger = one_step(engine, grid, x, y)
+        losses.append(loss)
+        times.append(seconds)
         ledgers.append(ledger)
-        mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
-        comm.all_reduce(mean, group=dp_cp, tag="loss")
-        losses.append(float(mean) / grid.size("dp_cp"))
         if progress is not None:
-            progress(losses[-1], times[-1])
+            progress(loss, seconds)
     return {
         "losses": losses,
         "params": engine.full_parameters(),

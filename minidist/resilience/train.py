@@ -40,7 +40,7 @@ import torch
 from .. import comm
 from ..checkpoint_files import is_complete, recover
 from ..compose.dims import Grid, ParallelDims
-from ..compose.fixture import LR, SIZES, build, bytes_by_kind, memory_by_kind
+from ..compose.fixture import LR, SIZES, build, bytes_by_kind, memory_by_kind, one_step
 from ..compose.parallelize import parallelize
 from ..runtime.device import rank_device
 from .state import TrainingState, capture_rng, restore_rng
@@ -133,23 +133,13 @@ def train_rank(args, dims: dict, progress=None) -> dict:
         everyone = [None] * pdims.world_size
         comm.all_gather_object(everyone, peak, tag="log")
         peak = everyone[0]
-    data = grid.coord["dp_replicate"] * pdims.dp_shard + grid.coord["dp_shard"]
-    per, pos = args.global_batch // d, engine.ctx.positions
-    dp_cp, losses, times, ledgers = grid.group("dp_cp"), [], [], []
+    losses, times, ledgers = [], [], []
     while state.step < args.steps:
         x, y = batches[state.samples // args.global_batch]
-        x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
-        engine.zero_grad()
-        start = time.perf_counter()
-        with comm.record() as ledger:
-            loss = engine.train_step((x, y))
-            engine.finish_gradient_sync()
-            engine.step()
-        times.append(time.perf_counter() - start)
+        loss, seconds, ledger = one_step(engine, grid, x, y)  # lesson 17's step
+        losses.append(loss)
+        times.append(seconds)
         ledgers.append(ledger)
-        mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
-        comm.all_reduce(mean, group=dp_cp, tag="loss")
-        losses.append(float(mean) / grid.size("dp_cp"))
         state = TrainingState(state.step + 1, state.samples + args.global_batch)
         if args.log:
             _log(args, engine, grid, state, losses[-1], times[-1], ledger, psi, peak)
