@@ -53,13 +53,19 @@ from ..pipeline.schedules import schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
+from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
+from .model_parts import hf_sizes, is_hf
+from .split import StageContext, split_model
 from .stage import Chunk, family
 from .state import StatePieces
+from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
 
 
 def model_sizes(model: nn.Module) -> dict:
     """heads, kv_heads, layers, seq_len, hidden, rope_theta, experts: ours or HF's names."""
+    if is_hf(model):
+        return {**hf_sizes(model.config), "moes": [], "rope_theta": None, "seq_len": None}
     cfg = model.cfg if hasattr(model, "cfg") else model.config
     get = lambda *names: next(getattr(cfg, n) for n in names if hasattr(cfg, n))  # noqa: E731
     heads = get("heads", "num_attention_heads")
@@ -86,12 +92,20 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self, model: nn.Module, dims: ParallelDims, grid: Grid | None = None,
         microbatches: int = 1, precision: str = "fp32", recompute: bool = False,
         lr: float = 1e-2, pad_to_capacity: bool = False, plan: dict | None = None,
+        seq_len: int | None = None,
     ):  # fmt: skip
         ParallelModule.__init__(self)
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
-        family(model)  # the course GPT or Hugging Face's Llama layout, else refused
+        self.hf = is_hf(model)
+        if not self.hf:
+            family(model)  # the course GPT or Hugging Face's Llama layout, else refused
         sizes = model_sizes(model)
+        if self.hf:
+            if seq_len is None:
+                raise ValueError("parallelize: seq_len= (the batches' sequence length) is "
+                                 "needed for a transformers model")  # fmt: skip
+            sizes["seq_len"] = seq_len
         dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
         for moe in sizes["moes"]:
             if dims.tp > 1:
@@ -103,7 +117,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
                     f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
                     "routing groups, so on the layout"
                 )
-        if recompute and dims.schedule in ("zb-h1", "zb-v"):
+        if recompute and dims.schedule in ("zb-h1", "zb-v") and not self.hf:
             raise ValueError(f"parallelize: recompute with schedule={dims.schedule!r} is not "
                              "composed (the split backward would recompute twice)")  # fmt: skip
         grid = grid or Grid(dims)
@@ -118,9 +132,12 @@ class ComposedParallel(StatePieces, PipelineParallel):
         cp = grid.group("cp") if dims.cp > 1 else None
         stages = self.p * self.v
         per = sizes["layers"] // stages
-        plan = plan or (GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
+        self.transposed, self.tied_copy = [], {}
         self.chunks = []
-        for c in range(self.v):
+        if self.hf:
+            self._hf_chunks(model, sizes, tp, cp, recompute)
+        plan = plan or (None if self.hf else GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
+        for c in range(0 if self.hf else self.v):
             vs = virtual_stage(self.kind, self.stage_index, c, self.p)
             chunk = Chunk(
                 model, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1, self.ctx
@@ -154,6 +171,47 @@ class ComposedParallel(StatePieces, PipelineParallel):
             for chunk in self.chunks:
                 chunk.to(torch.bfloat16)
                 chunk.dtype = torch.bfloat16
+            self.ctx.dtype = torch.bfloat16
+
+    def _hf_chunks(self, model: nn.Module, sizes: dict, tp, cp, recompute: bool) -> None:
+        """Steps 1-5 on a transformers model: each chunk a copy of it, edited in place."""
+        seq = sizes["seq_len"]
+        self.ctx = StageContext(self.ctx.positions, seq)
+        # GPT-2's Conv1D weights are held as nn.Linear's (transposed): named for the edges
+        self.transposed = {f"{n}.weight" for n, m in model.named_modules()
+                           if type(m).__name__ == "Conv1D"}  # fmt: skip
+        stages = self.p * self.v
+        for c in range(self.v):
+            vs = virtual_stage(self.kind, self.stage_index, c, self.p)
+            stage = split_model(model, stages, vs, self.ctx)  # 1. the pipeline split
+            conv1d_to_linear(stage.model)
+            if tp is not None:  # 2. tensor and sequence parallelism
+                apply_tensor_parallel(stage, tp, self.dims.sp, sizes)
+            if cp is not None:  # 3. ring attention over cp
+                apply_context_parallel(stage, cp, seq)
+            if recompute:  # 5. (non-reentrant: HF's layers take keyword arguments)
+                for layer in stage.layers():
+                    recompute_module(layer, use_reentrant=False)
+            if stage.tied and stage.last and not stage.first:
+                head = f"{stage.parts.head}.weight"
+                emb = model.get_input_embeddings()
+                self.tied_copy[head] = next(
+                    n for n, p in model.named_parameters() if p is emb.weight
+                )
+            stage.kind = "hf"
+            self.chunks.append(stage)
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """Lesson 09's step; for a transformers model the loss is the model's: the mean over
+        the global batch's valid targets (≠ -100), counted with one all-reduce."""
+        if self.hf:
+            d = self.dims.dp_replicate * self.dims.dp_shard * self.dims.cp
+            count = (batch[1] != -100).sum().to(torch.float64).reshape(1)
+            if d > 1:
+                count = count.to(comm.group_device(self.grid.group("dp_cp")))
+                comm.all_reduce(count, group=self.grid.group("dp_cp"), tag="loss-tokens")
+            self.ctx.tokens, self.ctx.scale = max(float(count), 1.0), float(self.m * d)
+        return super().train_step(batch)
 
     def _attention(self, layer: nn.Module, sizes: dict, tp, cp) -> None:
         attr = "attn" if hasattr(layer, "attn") else "self_attn"
@@ -172,6 +230,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
         return out
 
     def _reference_name(self, chunk: Chunk, name: str) -> str:
+        if self.hf:
+            return name.removeprefix("model.")
         if ".experts." in name and self.dims.ep > 1:
             head, rest = name.split(".experts.", 1)
             i, tail = rest.split(".", 1)
@@ -201,12 +261,17 @@ class ComposedParallel(StatePieces, PipelineParallel):
         last = next((c for c in self.chunks if c.last), None)
         if not self.chunks[0].tied or self.p * self.v == 1:
             return
+        if self.hf:
+            embedding = lambda c: c.model.get_input_embeddings()  # noqa: E731
+            head = lambda c: getattr(c.model, c.parts.head)  # noqa: E731
+        else:
+            embedding, head = (lambda c: c.tok_emb), (lambda c: c.lm_head)
         if first is not None and last is not None:
-            a, b = first.tok_emb.weight, last.lm_head.weight
+            a, b = embedding(first).weight, head(last).weight
             a.grad += b.grad
             b.grad.copy_(a.grad)
         elif first is not None or last is not None:
-            tied = first.tok_emb.weight if first is not None else last.lm_head.weight
+            tied = embedding(first).weight if first is not None else head(last).weight
             comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
 
     def activation_shape(self, x: torch.Tensor) -> tuple[int, ...]:
@@ -237,6 +302,25 @@ class ComposedParallel(StatePieces, PipelineParallel):
     def step(self) -> None:
         for _, opt in self.optimizers:
             opt.update()
+
+    def _edges(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Whole tensors in the model's own layout (GPT-2's Conv1D weights transposed back)."""
+        out = {}
+        for key, t in full.items():
+            name = key.removeprefix("optim.")
+            for state in (".exp_avg_sq", ".exp_avg", ".step"):
+                name = name.removesuffix(state) if key.startswith("optim.") else name
+            out[key] = t.t().contiguous() if name in self.transposed and t.dim() == 2 else t
+        return out
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return self._edges(super().full_parameters())
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return self._edges(super().full_grads())
+
+    def full_optimizer_state(self) -> dict[str, torch.Tensor]:
+        return self._edges(super().full_optimizer_state())
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, **options) -> ComposedParallel:

@@ -27,11 +27,17 @@ from ..pieces import Piece
 class StatePieces:
     """Mixed into `ComposedParallel` (needs `optimizers`, `_named`, `grid`, `chunks`)."""
 
+    def _tied_copies(self) -> dict[str, str]:
+        """{the last stage's copy of a tied embedding: the embedding's name}."""
+        if self.chunks[0].kind == "hf":
+            return self.tied_copy
+        return {"lm_head.weight": "tok_emb.weight"} if self.chunks[0].kind == "gpt" else {}
+
     def _param_pieces(self, which: str) -> list[Piece]:
         named, out = self._named(), []
         tp_rank = self.grid.coord["tp"]
         replica0 = self.grid.coord["dp_replicate"] == 0
-        tied_copy = {"lm_head.weight"} if self.chunks[0].kind == "gpt" else set()
+        tied_copy = self._tied_copies()
         for names, opt in self.optimizers:
             lay, state = opt.layout, opt.inner.state[opt.shard]
             source = {
@@ -44,7 +50,7 @@ class StatePieces:
                 continue
             for i, n in enumerate(names):
                 p, off = named[n], lay.offsets[i]
-                name = "tok_emb.weight" if n in tied_copy else n
+                name = tied_copy.get(n, n)
                 split = getattr(p, "tp_split", None)
                 owner = replica0 and n not in tied_copy and (split is not None or tp_rank == 0)
                 for a, cnt, offsets, sizes, shape in _sections(p, split, tp_rank):
@@ -67,10 +73,10 @@ class StatePieces:
                 off, numel = lay.offsets[i], lay.numels[i]
                 if off + numel <= lay.start or off >= lay.start + lay.chunk:
                     continue
-                tied_copy = n == "lm_head.weight" and self.chunks[0].kind == "gpt"
+                tied_copy = self._tied_copies()
                 first_here = lay.start <= off < lay.start + lay.chunk
-                owner = replica0 and not tied_copy and first_here and tp_rank == 0
-                name = "tok_emb.weight" if tied_copy else n
+                owner = replica0 and n not in tied_copy and first_here and tp_rank == 0
+                name = tied_copy.get(n, n)
                 out.append(Piece(f"optim.{name}.step", (), (), (), None, step, owner))
         return out
 

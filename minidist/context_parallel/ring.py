@@ -34,11 +34,20 @@ from .. import comm
 from .split import check_split, chunks_of, positions, rank_chunks
 
 
-def block_attention(q, k, v, q_pos, k_pos, scale):
+def hidden(q_pos, k_pos, window: int | None = None) -> torch.Tensor:
+    """[queries, keys]: True where a query may not see a key: the key follows it, or (a
+    sliding window of w, Beltagy et al. 2020; Mistral's) lies w or more positions before."""
+    out = k_pos[None, :] > q_pos[:, None]
+    if window is not None:
+        out |= q_pos[:, None] - k_pos[None, :] >= window
+    return out
+
+
+def block_attention(q, k, v, q_pos, k_pos, scale, window: int | None = None):
     """(o, lse): causal attention of q on one key block alone; rows that see no key of the
     block get o = 0 and lse = -inf."""
     scores = (q @ k.transpose(-2, -1)) * scale
-    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    scores = scores.masked_fill(hidden(q_pos, k_pos, window), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     safe = lse.masked_fill(lse == float("-inf"), 0.0)
     return torch.exp(scores - safe.unsqueeze(-1)) @ v, lse
@@ -123,9 +132,9 @@ def _pairs(ring: _Ring, step: int, device):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, layout, seq):
+    def forward(ctx, q, k, v, group, layout, seq, scale, window):
         ring = _Ring(group, seq, layout)
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         o = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         kv = torch.stack([k, v])
@@ -136,7 +145,7 @@ class _RingAttention(torch.autograd.Function):
             computing = time.perf_counter()
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
                 blk, blk_lse = block_attention(
-                    q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], qp, kp, scale
+                    q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], qp, kp, scale, window
                 )
                 o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], blk, blk_lse)
                 pairs += 1
@@ -144,7 +153,7 @@ class _RingAttention(torch.autograd.Function):
             if nxt is not None:  # kv was only read meanwhile; the new block is a new buffer
                 kv = ring.wait(nxt)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.ring, ctx.scale = ring, scale
+        ctx.ring, ctx.scale, ctx.window = ring, scale, window
         ctx.mark_non_differentiable(lse)
         _WORK.append(pairs)
         return o, lse
@@ -162,7 +171,7 @@ class _RingAttention(torch.autograd.Function):
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
                 kb, vb = kv[0][..., ks, :], kv[1][..., ks, :]
                 scores = (q[..., qs, :] @ kb.transpose(-2, -1)) * scale
-                scores = scores.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
+                scores = scores.masked_fill(hidden(qp, kp, ctx.window), float("-inf"))
                 p = torch.exp(scores - lse[..., qs].unsqueeze(-1))
                 do = grad_o[..., qs, :]
                 dkv[1][..., ks, :] += p.transpose(-2, -1) @ do
@@ -174,19 +183,21 @@ class _RingAttention(torch.autograd.Function):
                 kv = ring.wait(nxt)
             if ring.c > 1:  # the accumulator follows its block; after c hops it is home
                 dkv = ring.pass_on(dkv, "cp-dkv-backward")
-        return dq, dkv[0], dkv[1], None, None, None
+        return dq, dkv[0], dkv[1], None, None, None, None, None
 
 
 _WORK: list[int] = []  # chunk pairs computed by each forward on this rank (for the lesson)
 
 
-def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None = None):
+def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None = None,
+                   scale: float | None = None, window: int | None = None):  # fmt: skip
     """Causal attention of this rank's queries over the whole sequence split across `group`.
 
     q, k, v: [batch, heads, s/c, head_dim], this rank's tokens in the `layout`'s order
     (`split.positions`); `seq` is the whole sequence's length (default c · s/c, after one
     small all-gather checks that every rank holds as many positions). Returns this rank's
-    rows of softmax(QKᵀ/√d + causal mask)·V.
+    rows of softmax(QKᵀ·scale + causal mask)·V (`scale` default 1/√d; `window`: keys
+    `window` or more positions before a query are hidden from it too).
     """
     c = dist.get_world_size(group)
     _check_qkv(q, k, v)
@@ -195,7 +206,7 @@ def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None 
         seq = _same_length(q.shape[-2], group) * c
     if q.shape[-2] * c != seq:
         raise ValueError(f"ring_attention: {q.shape[-2]} local positions × c={c} != seq={seq}")
-    return _RingAttention.apply(q, k, v, group, layout, seq)[0]
+    return _RingAttention.apply(q, k, v, group, layout, seq, scale, window)[0]
 
 
 def _check_qkv(q, k, v) -> None:

@@ -71,6 +71,7 @@ class ColumnParallelLinear(nn.Module):
     """y_r = f(x) W_rᵀ + b_r, W split by output rows (in `blocks` sections: 3 for Q, K, V)."""
 
     sequence_parallel = False  # lesson 14: the input is this rank's block of the sequence
+    entered = False  # True: f (or the sequence all-gather) ran at the enclosing module's input
 
     def __init__(self, dense: nn.Linear, group, blocks: int = 1):
         super().__init__()
@@ -82,6 +83,8 @@ class ColumnParallelLinear(nn.Module):
             self.bias = _param(_split(dense.bias.detach(), 0, blocks, group), dense.bias, split)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.entered:  # the input entered the region once, before the module's projections
+            return F.linear(x, self.weight, self.bias)
         if self.sequence_parallel:  # all-gather the sequence instead of f
             return linear_with_sequence_gather(x, self.weight, self.bias, self.group)
         return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
@@ -193,9 +196,14 @@ class VocabParallelEmbedding(nn.Module):
         return reduce(out, self.group)
 
 
+IGNORE_INDEX = -100  # the targets that count for nothing (padding), as in F.cross_entropy
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, group, start, vocab_size):
+    def forward(ctx, logits, targets, group, start, vocab_size, reduction):
+        valid = targets != IGNORE_INDEX
+        targets = targets.masked_fill(~valid, start)  # any column: its loss is masked out
         logits = logits.float()
         columns = start + torch.arange(logits.shape[-1], device=logits.device)
         logits = logits.masked_fill(columns >= vocab_size, float("-inf"))  # vocab padding
@@ -209,21 +217,30 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = (logits - peak.unsqueeze(-1)).gather(-1, local_t.unsqueeze(-1)).squeeze(-1)
         target_logit = target_logit.masked_fill(~inside, 0.0)
         comm.all_reduce(target_logit, group=group, tag="tp-ce-target")
-        ctx.save_for_backward(exp / total.unsqueeze(-1), local_t, inside)
-        return (total.log() - target_logit).mean()
+        ctx.save_for_backward(exp / total.unsqueeze(-1), local_t, inside, valid)
+        losses = (total.log() - target_logit) * valid
+        # the mean over the valid targets (F.cross_entropy's with ignore_index), or their sum
+        ctx.divisor = max(int(valid.sum()), 1) if reduction == "mean" else 1
+        return losses.sum() / ctx.divisor
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local_t, inside = ctx.saved_tensors
+        softmax, local_t, inside, valid = ctx.saved_tensors
         g = softmax.clone()
         hit = torch.zeros_like(g).scatter_(-1, local_t.unsqueeze(-1), 1.0)
         g -= hit * inside.unsqueeze(-1)
-        return g * (grad / local_t.numel()), None, None, None, None
+        g *= valid.unsqueeze(-1)
+        return g * (grad / ctx.divisor), None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, group, start: int, vocab_size: int
-) -> torch.Tensor:
-    """Mean cross entropy from this rank's logits columns [start, start + local); the full
-    logits are never formed. Equal to `F.cross_entropy` on the gathered logits."""
-    return _VocabParallelCrossEntropy.apply(logits, targets, group, start, vocab_size)
+    logits: torch.Tensor, targets: torch.Tensor, group, start: int, vocab_size: int,
+    reduction: str = "mean",
+) -> torch.Tensor:  # fmt: skip
+    """Cross entropy from this rank's logits columns [start, start + local); the full logits
+    are never formed. Equal to `F.cross_entropy(..., ignore_index=-100, reduction=)` on the
+    gathered logits: targets of -100 count for nothing ("mean": over the others)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"vocab_parallel_cross_entropy: reduction={reduction!r} must be "
+                         "'mean' or 'sum'")  # fmt: skip
+    return _VocabParallelCrossEntropy.apply(logits, targets, group, start, vocab_size, reduction)

@@ -99,6 +99,23 @@ class _LinearWithSequenceGather(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None
 
 
+class _ScatterToSequence(torch.autograd.Function):  # into the region from a replicated x
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return split_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return gather_sequence(grad, ctx.group, "sp-scatter-backward"), None
+
+
+def scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """Into the sequence-parallel region from an `x` every rank holds whole: keep this
+    rank's block, no communication; backward all-gathers the blocks' gradients."""
+    return _ScatterToSequence.apply(x, group)
+
+
 def gather_from_sequence(x: torch.Tensor, group) -> torch.Tensor:
     """Out of the sequence-parallel region: all-gather forward, reduce-scatter backward."""
     return _GatherFromSequence.apply(x, group)

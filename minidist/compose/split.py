@@ -1,0 +1,169 @@
+"""Step 1 of `parallelize` for any decoder model: the pipeline split, and the stage that runs
+the model's own forward.
+
+As torchtitan's `pipeline_module_split`: a stage is a **copy of the whole model** from
+which the layers it does not hold are removed (`HeldLayers` keeps the held ones under their
+indices in the whole model, so their names stay the one-process names) and the parts that
+belong elsewhere are made **absent** (`Absent`: no parameters, returns zeros of the shape the
+forward expects):
+- a stage that is not the first: the embeddings (token, GPT-2's positions); the activation
+  it receives enters at its first layer (a forward pre-hook replaces the layer's hidden-state
+  argument), so everything the model computes from the input's shape (the causal or
+  sliding-window mask, rotary cos/sin, Gemma's embedding scale) is computed as in one
+  process, on a zero tensor where it does not matter;
+- a stage that is not the last: the final norm and the head; what leaves the stage is its
+  last layer's output (a forward hook keeps it).
+`Stage.forward(x)` calls the model with `input_ids` (the first stage: the rank's tokens; the
+others: zeros of that shape), the tokens' **global** `position_ids` (under context
+parallelism a rank holds zig-zag chunks of the sequence) and `use_cache=False`: the model's
+keyword arguments (masks, position embeddings) reach each layer as the model passes them.
+
+`Stage.loss` is the sum of the valid tokens' cross entropy (targets -100 ignored) divided by
+the step's count of valid tokens over the global batch (`StageContext.tokens`), so the sum
+over micro-batches and data ranks is the global batch's token mean, the model's own loss;
+vocab-parallel under tensor parallelism (lesson 07).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..megatron.layers import vocab_parallel_cross_entropy
+from .model_parts import Parts, find_parts
+
+
+class StageContext:
+    """What a stage's hooks share within one forward: this rank's global positions, the
+    received activation, the kept output, the step's valid-token count."""
+
+    def __init__(self, positions: torch.Tensor, seq: int):
+        self.positions, self.seq = positions, seq
+        self.received: torch.Tensor | None = None
+        self.kept: torch.Tensor | None = None
+        self.batch = 0
+        self.tokens = 1.0  # valid tokens of the global batch this step (set by the engine)
+        self.scale = 1.0  # data ranks: the engine averages the ranks' gradients
+        self.dtype = torch.float32
+
+
+class HeldLayers(nn.ModuleList):
+    """The layers a stage holds, registered under their indices in the whole model."""
+
+    def __init__(self, layers=None):
+        super().__init__()
+        if isinstance(layers, dict):
+            for i, layer in layers.items():
+                self.add_module(str(i), layer)
+        elif layers is not None:
+            self.extend(layers)
+
+    def __getitem__(self, idx):  # by position, as a list: `layers[0]` is the first held
+        if isinstance(idx, int):
+            return list(self._modules.values())[idx]
+        return super().__getitem__(idx)
+
+
+class Absent(nn.Module):
+    """A part the stage does not hold: zeros [batch, local sequence, width] in the compute
+    dtype, whatever it is given (token ids, or a hidden state of a sequence block)."""
+
+    def __init__(self, ctx: StageContext, width: int):
+        super().__init__()
+        self.ctx, self.width = ctx, width
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        n = self.ctx.positions.numel()
+        return torch.zeros(x.shape[0], n, self.width, dtype=self.ctx.dtype, device=x.device)
+
+
+def _hidden_arg(args, kwargs):
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_hidden(args, kwargs, h):
+    if args:
+        return (h, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": h}
+
+
+def _first_output(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class Stage(nn.Module):
+    """Layers `held` of `model` (edited in place: call it on a copy), the embeddings if
+    `first`, the final norm and head if `last`."""
+
+    def __init__(self, model: nn.Module, held: range, first: bool, last: bool,
+                 ctx: StageContext, parts: Parts | None = None):  # fmt: skip
+        super().__init__()
+        self.first, self.last, self.ctx = first, last, ctx
+        self.parts = parts = parts or find_parts(model)
+        self.tp_group, self.vocab_start, self.vocab_size = None, 0, None
+        layers = getattr(parts.base, parts.layers_name)
+        kept = HeldLayers({i: layers[i] for i in held})
+        setattr(parts.base, parts.layers_name, kept)
+        hidden = model.config.hidden_size
+        if not first:
+            for name in parts.embeddings:
+                setattr(parts.base, name, Absent(ctx, hidden))
+            kept[0].register_forward_pre_hook(self._enter, with_kwargs=True)
+        if not last:
+            if parts.norm is not None:
+                setattr(parts.base, parts.norm, Absent(ctx, hidden))
+            if parts.head is not None:
+                setattr(model, parts.head, nn.Identity())
+            list(kept)[-1].register_forward_hook(self._keep)
+        self.model = model
+        self.tied = parts.tied
+
+    def _enter(self, module, args, kwargs):
+        return _with_hidden(args, kwargs, self.ctx.received.to(_hidden_arg(args, kwargs).dtype))
+
+    def _keep(self, module, args, out):
+        self.ctx.kept = _first_output(out)
+
+    def layers(self) -> list[nn.Module]:
+        return list(getattr(self.parts.base, self.parts.layers_name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        n = ctx.positions.numel()
+        if self.first:
+            ids = x
+        else:
+            ids = torch.zeros(x.shape[0], n, dtype=torch.long, device=x.device)
+            ctx.received = x
+        positions = ctx.positions.to(ids.device).unsqueeze(0).expand(ids.shape[0], -1)
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=False)
+        ctx.received = None
+        if not self.last:
+            h, ctx.kept = ctx.kept, None
+            return h.float()
+        return (out.logits if hasattr(out, "logits") else _first_output(out)).float()
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of the global batch's mean over valid tokens."""
+        if self.tp_group is None:
+            total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                    reduction="sum")  # fmt: skip
+        else:
+            total = vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_start,
+                                                 self.vocab_size, reduction="sum")  # fmt: skip
+        return total * (self.ctx.scale / self.ctx.tokens)
+
+
+def split_model(model: nn.Module, stages: int, index: int, ctx: StageContext) -> Stage:
+    """Virtual stage `index` of `stages` over a copy of `model` (equal runs of layers)."""
+    parts = find_parts(model)
+    n = len(getattr(parts.base, parts.layers_name))
+    if n % stages:
+        raise ValueError(f"parallelize: {n} layers do not split into {stages} pipeline stages")
+    per = n // stages
+    whole = copy.deepcopy(model)
+    return Stage(whole, range(index * per, (index + 1) * per), index == 0, index == stages - 1,
+                 ctx)  # fmt: skip

@@ -1,0 +1,268 @@
+"""Step 2 of `parallelize` for any decoder model: tensor and sequence parallelism, in place.
+
+Lesson 07's layers replace the model's projections, found by their names (the names every
+Hugging Face decoder uses; torchtitan writes the same plan for its Llama):
+
+| module (pattern)                                   | style                              |
+|----------------------------------------------------|------------------------------------|
+| `q_proj`, `gate_proj`, `up_proj`, `c_fc`           | column-parallel                    |
+| `k_proj`, `v_proj`                                 | column-parallel, or whole (t ∤ KV) |
+| `qkv_proj`, `c_attn` (fused Q, K, V)               | column-parallel per section        |
+| `gate_up_proj` (fused gate and up)                 | column-parallel per half           |
+| `o_proj`, `down_proj`, `c_proj`                    | row-parallel                       |
+| the token embedding / the head                     | vocab-parallel                     |
+
+Communication happens where Megatron-LM puts it (Shoeybi et al. 2019 §3; Korthikanti et al.
+2022 §4.2.2), **once per input**: the module holding the column-parallel projections (the
+attention, the MLP) receives its input through f (sequence parallelism: one all-gather of
+the sequence), its projections then run on it without communication, and each row-parallel
+output is all-reduced (g; or reduce-scattered to this rank's sequence block). Under sequence
+parallelism the first layer's input is cut to this rank's block and the final norm's output
+gathered. The attention module keeps its own forward: its head counts (`num_heads`,
+`num_key_value_heads`, `num_key_value_groups`, GPT-2's `split_size`, its config's) are set to
+the rank's. GPT-2's Conv1D projections become `nn.Linear` (the weight transposed), so one set
+of layers serves both; `transposed` names them for the edges (export, comparison).
+
+Gradients of replicated parameters that see only part of the work are summed over tp: under
+sequence parallelism everything the layers and the final norm hold whole (norms, row
+biases); K/V kept whole because t does not divide the KV heads (each rank uses the heads its
+queries need). Not composed (refused in one line): a fused Q, K, V with fewer KV heads than
+query heads (sections of unequal size); experts under tp.
+"""
+
+from __future__ import annotations
+
+import copy
+from fnmatch import fnmatchcase
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..megatron.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    _split,
+)
+from ..megatron.ops import copy_to_tp
+from ..megatron.sequence import (
+    allreduce_replicated_grad,
+    gather_from_sequence,
+    scatter_to_sequence,
+)
+from .split import Stage, _hidden_arg, _with_hidden
+
+HF_PLAN = {
+    "*.q_proj": "colwise",
+    "*.[kv]_proj": "colwise_kv",
+    "*.qkv_proj": "colwise_qkv",
+    "*.c_attn": "colwise_qkv",
+    "*.gate_up_proj": "colwise_2",
+    "*.gate_proj": "colwise",
+    "*.up_proj": "colwise",
+    "*.c_fc": "colwise",
+    "*.o_proj": "rowwise",
+    "*.down_proj": "rowwise",
+    "*.c_proj": "rowwise",
+}
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
+
+
+def conv1d_to_linear(model: nn.Module) -> list[str]:
+    """GPT-2's Conv1D (y = x W + b, W [in, out]) as nn.Linear (W transposed), in place; the
+    names of the transposed weights."""
+    out = []
+    for name, module in list(model.named_modules()):
+        if type(module).__name__ == "Conv1D":
+            w = module.weight
+            linear = nn.Linear(w.shape[0], w.shape[1], bias=module.bias is not None,
+                               device=w.device, dtype=w.dtype)  # fmt: skip
+            with torch.no_grad():
+                linear.weight.copy_(w.t())
+                if module.bias is not None:
+                    linear.bias.copy_(module.bias)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, linear)
+            out.append(f"{name}.weight")
+    return out
+
+
+class ReplicatedKV(nn.Module):
+    """K or V kept whole on every tp rank (t ∤ KV heads): the projection, then the KV head
+    each of this rank's query heads reads (so the attention sees one KV head per query
+    head); its gradient covers this rank's query heads only, summed over tp."""
+
+    def __init__(self, dense: nn.Linear, head_dim: int, index: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(dense.weight.detach().clone())
+        self.bias = None if dense.bias is None else nn.Parameter(dense.bias.detach().clone())
+        for p in self.parameters():
+            p.tp_partial = True
+        self.head_dim = head_dim
+        self.register_buffer("index", index, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        heads = y.view(*y.shape[:-1], -1, self.head_dim).index_select(-2, self.index)
+        return heads.flatten(-2)
+
+
+class VocabParallelHead(nn.Module):
+    """The head's rows of the (padded) vocabulary this rank's embedding slice holds:
+    logits for columns [start, start + V'/t), no communication (f ran before it)."""
+
+    def __init__(self, dense: nn.Linear, group, weight: nn.Parameter | None = None):
+        super().__init__()
+        n = dist.get_world_size(group)
+        vocab = dense.out_features
+        padded = -(-vocab // n) * n
+        self.start, self.vocab_size = dist.get_rank(group) * (padded // n), vocab
+        if weight is None:  # not tied to an embedding slice held here
+            w = dense.weight.detach()
+            weight = nn.Parameter(_split(w, 0, 1, group, pad_to=padded), dense.weight.requires_grad)
+            weight.tp_split = (0, 1, vocab)
+        self.weight = weight
+        self.bias = None
+        if dense.bias is not None:
+            self.bias = nn.Parameter(_split(dense.bias.detach(), 0, 1, group, pad_to=padded))
+            self.bias.tp_split = (0, 1, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
+    """An embedding that multiplies by `embed_scale` in its own forward (Gemma 3's)."""
+
+    def __init__(self, dense: nn.Embedding, group):
+        super().__init__(dense, group)
+        self.embed_scale = dense.embed_scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(ids)
+        return out * torch.as_tensor(self.embed_scale, dtype=out.dtype, device=out.device)
+
+
+def _enter_region(group, sp: bool):
+    """A forward pre-hook: the module's input enters the tp region once (f, or under
+    sequence parallelism the all-gather of the sequence)."""
+    enter = gather_from_sequence if sp else copy_to_tp
+
+    def hook(module, args, kwargs):
+        return _with_hidden(args, kwargs, enter(_hidden_arg(args, kwargs), group))
+
+    return hook
+
+
+def _localize(attn: nn.Module, sizes: dict, t: int, kv_whole: bool) -> None:
+    """The attention module's head counts, as this rank's (its forward reads them)."""
+    q, kv = sizes["heads"] // t, (sizes["kv_heads"] // t if not kv_whole else sizes["heads"] // t)
+    local = {"num_heads": q, "num_attention_heads": q, "num_key_value_heads": kv}
+    for name in HEAD_COUNTS:
+        if name in vars(attn):
+            setattr(attn, name, local[name])
+    if "num_key_value_groups" in vars(attn):
+        attn.num_key_value_groups = q // kv
+    if "split_size" in vars(attn):  # GPT-2: q, k, v split from the fused output by width
+        attn.split_size = q * sizes["head_dim"]
+    config = getattr(attn, "config", None)
+    if config is not None:
+        config = copy.copy(config)
+        config.num_attention_heads = q
+        if hasattr(config, "num_key_value_heads"):
+            config.num_key_value_heads = kv
+        attn.config = config
+
+
+def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[str, list[str]]:
+    """`stage`'s model made tensor parallel over `group` (sequence parallel if `sp`), in
+    place; {style: module names}."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    heads, kv, hd = sizes["heads"], sizes["kv_heads"], sizes["head_dim"]
+    kv_whole = kv % t != 0
+    model, parts = stage.model, stage.parts
+    layers = getattr(parts.base, parts.layers_name)
+    matched: dict[str, list[str]] = {}
+    regions, attentions = set(), set()
+    for lname, layer in layers.named_children():
+        for name, module in list(layer.named_modules()):
+            styles = [s for p, s in HF_PLAN.items() if fnmatchcase(f".{name}", p)]
+            if not styles or not isinstance(module, nn.Linear):
+                continue
+            style = styles[0]
+            parent_name, _, attr = name.rpartition(".")
+            parent = layer.get_submodule(parent_name)
+            if type(parent).__name__.endswith(("MoeBlock", "MoE", "SparseMoeBlock")) or (
+                "expert" in name
+            ):
+                raise ValueError(f"parallelize: experts with tp={t} are not composed here "
+                                 "(use ep, or tp = 1)")  # fmt: skip
+            matched.setdefault(style, []).append(f"{lname}.{name}")
+            if style == "rowwise":
+                new = RowParallelLinear(module, group)
+                new.sequence_parallel = sp
+            elif style == "colwise_kv" and kv_whole:
+                mine = torch.arange(r * (heads // t), (r + 1) * (heads // t),
+                                    device=module.weight.device)  # fmt: skip
+                new = ReplicatedKV(module, hd, mine // (heads // kv))
+            else:
+                if style == "colwise_qkv" and kv != heads and attr == "qkv_proj":
+                    raise ValueError(f"parallelize: a fused qkv_proj with {kv} KV heads for "
+                                     f"{heads} query heads is not split over tp={t} here "
+                                     "(its sections differ in size)")  # fmt: skip
+                blocks = {"colwise_qkv": 3, "colwise_2": 2}.get(style, 1)
+                new = ColumnParallelLinear(module, group, blocks=blocks)
+                new.entered = True
+            setattr(parent, attr, new)
+            regions.add(parent)
+            if style in ("colwise_qkv", "colwise_kv") or attr == "q_proj":
+                attentions.add(parent)
+    if not matched:
+        raise ValueError(f"parallelize: tp={t} found no projection of {type(model).__name__} "
+                         f"to split (patterns: {sorted(HF_PLAN)})")  # fmt: skip
+    for module in regions:
+        module.register_forward_pre_hook(_enter_region(group, sp), with_kwargs=True)
+    for attn in attentions:
+        _localize(attn, sizes, t, kv_whole)
+    _vocab(stage, group)
+    if sp:
+        first = next(iter(layers))
+        if stage.first:  # the embedding's output, whole on every rank: keep this rank's block
+            first.register_forward_pre_hook(
+                lambda m, a, k: _with_hidden(a, k, scatter_to_sequence(_hidden_arg(a, k), group)),
+                with_kwargs=True,
+            )
+    if stage.last and parts.norm is not None:
+        leave = gather_from_sequence if sp else copy_to_tp
+        getattr(parts.base, parts.norm).register_forward_hook(lambda m, a, out: leave(out, group))
+    region = [layers] + ([getattr(parts.base, parts.norm)] if stage.last and parts.norm else [])
+    for part in region:
+        for p in part.parameters():
+            if p.requires_grad and not hasattr(p, "tp_split"):
+                if sp or getattr(p, "tp_partial", False):
+                    p.register_hook(lambda g: allreduce_replicated_grad(g, group))
+    stage.tp_group = group
+    return matched
+
+
+def _vocab(stage: Stage, group) -> None:
+    """The token embedding and the head split over the vocabulary (tied: one slice)."""
+    model, parts = stage.model, stage.parts
+    emb = None
+    if stage.first:
+        dense = model.get_input_embeddings()
+        kind = (
+            ScaledVocabParallelEmbedding
+            if hasattr(dense, "embed_scale")
+            else VocabParallelEmbedding
+        )
+        emb = kind(dense, group)
+        name = next(n for n in parts.embeddings if getattr(parts.base, n) is dense)
+        setattr(parts.base, name, emb)
+    if stage.last and parts.head is not None:
+        dense = getattr(model, parts.head)
+        head = VocabParallelHead(dense, group, emb.weight if parts.tied and emb else None)
+        setattr(model, parts.head, head)
+        stage.vocab_start, stage.vocab_size = head.start, head.vocab_size

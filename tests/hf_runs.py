@@ -1,0 +1,61 @@
+"""Worlds that train real transformers models composed, and the same in one process."""
+
+from __future__ import annotations
+
+import hf_models
+import torch
+import torch.nn.functional as F
+
+from minidist.compose.dims import Grid, ParallelDims
+from minidist.compose.fixture import one_step
+from minidist.compose.parallelize import parallelize
+
+LR, STEPS, BATCH, SEQ = 1e-2, 3, 8, 16
+
+
+def shifted(labels: torch.Tensor) -> torch.Tensor:
+    """The model's causal shift: position i predicts label i + 1 (the last predicts none)."""
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
+
+
+def reference(name: str, steps: int = STEPS, seq: int = SEQ, **extra) -> dict:
+    """The untouched model trained in one process: its own loss, Adam at LR."""
+    model = hf_models.build(name, **extra)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for ids, labels in hf_models.batches(steps, BATCH, seq):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        for p in model.parameters():
+            if p.grad is None:  # as ZeRO's flat buffer: a zero gradient, still a step
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        losses.append(loss.item())
+    names = {p: n for n, p in model.named_parameters()}
+    optim = {f"optim.{names[p]}.{k}": v.detach().clone()
+             for p, state in opt.state.items() for k, v in state.items()}  # fmt: skip
+    return {"losses": losses, "optim": optim,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}  # fmt: skip
+
+
+def composed(name: str, dims: dict, steps: int = STEPS, seq: int = SEQ, micro_batch: int = 1,
+             precision: str = "fp32", recompute: bool = False, **extra) -> dict:  # fmt: skip
+    """On every rank of a world of `dims`' size: the same run, composed."""
+    pdims = ParallelDims(**dims)
+    grid = Grid(pdims)
+    model = hf_models.build(name, **extra)
+    m = BATCH // (pdims.dp_replicate * pdims.dp_shard * micro_batch)
+    engine = parallelize(model, pdims, grid=grid, microbatches=m, seq_len=seq, lr=LR,
+                         precision=precision, recompute=recompute)  # fmt: skip
+    losses = []
+    for ids, labels in hf_models.batches(steps, BATCH, seq):
+        loss, _, _ = one_step(engine, grid, ids, shifted(labels))
+        losses.append(loss)
+    return {"losses": losses, "params": engine.full_parameters(),
+            "optim": engine.full_optimizer_state()}  # fmt: skip
+
+
+def several(runs):
+    """Several (name, dims, options) runs one after the other on one world."""
+    return [composed(name, dims, **options) for name, dims, options in runs]
