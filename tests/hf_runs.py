@@ -59,3 +59,18 @@ def composed(name: str, dims: dict, steps: int = STEPS, seq: int = SEQ, micro_ba
 def several(runs):
     """Several (name, dims, options) runs one after the other on one world."""
     return [composed(name, dims, **options) for name, dims, options in runs]
+
+
+def sequence_parallel_records(name: str, tp: int, layers: int) -> list[tuple[str, float]]:
+    """(tag, ring bytes) of every collective of activations of one step under tp (sp)."""
+    from minidist import comm
+
+    pdims = ParallelDims(tp=tp, sp=True)
+    grid = Grid(pdims)
+    engine = parallelize(hf_models.build(name, layers=layers), pdims, grid=grid, microbatches=1,
+                         seq_len=SEQ, lr=LR)  # fmt: skip
+    ids, labels = hf_models.batches(1, BATCH, SEQ)[0]
+    with comm.record() as ledger:
+        engine.train_step((ids, shifted(labels)))
+    activations = ("sp-gather", "sp-reduce-scatter", "sp-scatter")  # not the norms' gradients
+    return [(r.tag, r.ring_bytes) for r in ledger.records if r.tag.startswith(activations)]

@@ -5,17 +5,21 @@ steps at lr 1e-2 on batches where a fifth of the labels are -100, composed on a 
 alone in one process with the model's own loss; the layouts cover dp_shard, dp_replicate,
 tp with and without sp (tp = 4 does not divide the 2 KV heads: K/V kept whole), pp (1F1B,
 interleaved, ZB-V), cp (ring attention in the model's attention interface) and their
-combinations. Tolerances as lesson 17's (tests/test_compose.py): losses 1e-5 (measured
+combinations, and ep (the model's experts module over ranks, its router kept).
+Tolerances as lesson 17's (tests/test_compose.py): losses 1e-5 (measured
 ≤ 1e-6), parameters 1e-3 (Adam's 1/√v magnifies summation-order noise where a gradient is
 near zero; measured ≤ 1.2e-4), Adam's moments 1e-5 (measured ≤ 4e-7). A wrong loss
 normalisation (each micro-batch's own mean over its valid tokens) moves the first loss by
 more than 1e-3, a lost sliding window by 2e-2.
 """
 
+import hf_models
 import hf_runs
 import pytest
 
 import minidist
+from minidist.compose.dims import ParallelDims
+from minidist.compose.parallelize import check_layout
 from minidist.training import max_abs_diff
 
 pytest.importorskip("transformers")
@@ -55,6 +59,7 @@ RUNS_2 = [
     ("gpt2", dict(tp=2), {}),
     ("phi3", dict(dp_shard=2), {}),
     ("mixtral", dict(pp=2, schedule="zb-v"), {}),
+    ("mixtral", dict(dp_shard=2, ep=2), {}),
 ]
 
 
@@ -75,6 +80,8 @@ RUNS_4 = [
     ("qwen2", dict(pp=2, schedule="zb-v", tp=2, sp=True), {}),
     ("phi3", dict(dp_replicate=2, dp_shard=2), {"micro_batch": 2}),
     ("mixtral", dict(cp=2, pp=2), {}),
+    ("mixtral", dict(dp_shard=2, cp=2, ep=4), {}),
+    ("mixtral", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),
 ]
 
 
@@ -86,8 +93,39 @@ RUNS_8 = [
     ("llama", dict(dp_shard=2, tp=2, sp=True, pp=2), {}),
     ("gpt2", dict(cp=2, tp=2, pp=2, schedule="zb-v"), {}),
     ("mistral", dict(dp_replicate=2, cp=2, tp=2, sp=True), {"recompute": True}),
+    ("mixtral", dict(dp_shard=2, ep=2, pp=2, tp=2), {}),
 ]
 
 
 def test_composed_layouts_of_8_ranks_equal_one_process():
     run_and_check(RUNS_8, 8)
+
+
+REFUSED = [
+    ("phi3", dict(tp=2), "fuses Q, K, V with 2 KV heads"),
+    ("llama", dict(tp=8), "tp=8 must divide the heads=4"),
+    ("llama", dict(pp=3), "must divide the layers=4"),
+    ("llama", dict(ep=2, dp_shard=2), "ep=2 needs a model with experts"),
+    ("mixtral", dict(ep=3, dp_shard=3), "ep=3 must divide the experts=4"),
+    ("llama", dict(cp=3), "sequence length 16 must divide by 2·cp"),
+]
+
+
+@pytest.mark.parametrize("name,dims,message", REFUSED)
+def test_what_cannot_be_composed_is_refused_in_the_parent_naming_the_feature(name, dims, message):
+    model = hf_models.build(name, layers=4)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        check_layout(model, ParallelDims(**dims), seq_len=16)
+
+
+def test_sequence_parallelism_sends_megatrons_bytes_one_gather_per_module_input():
+    """Korthikanti et al. 2022 §4.2.2: per layer and micro-batch, 4 all-gathers and 4
+    reduce-scatters of s·b·h (the attention's and the MLP's input gathered once each, their
+    outputs reduce-scattered, and the reverse in backward); plus the final norm's gather and
+    its backward, and the first layer's scatter's backward gather."""
+    t, layers = 2, 4
+    records = minidist.launch(hf_runs.sequence_parallel_records, t, "llama", t, layers)[0]
+    s, b, h = hf_runs.SEQ, hf_runs.BATCH, 32
+    one = (t - 1) / t * s * b * h * 4
+    assert len(records) == 8 * layers + 3
+    assert sum(bytes_ for _, bytes_ in records) == (8 * layers + 3) * one

@@ -55,7 +55,8 @@ from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
-from .model_parts import hf_sizes, is_hf
+from .experts import apply_expert_parallel, expert_modules
+from .model_parts import find_parts, hf_sizes, is_hf
 from .split import StageContext, split_model
 from .stage import Chunk, family
 from .state import StatePieces
@@ -82,6 +83,30 @@ def model_sizes(model: nn.Module) -> dict:
     )
 
 
+def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
+    """Refuse, in one line naming the model's feature and the layout, what `parallelize`
+    cannot compose for a transformers `model` (call it in the parent, before any rank
+    starts); its sizes otherwise."""
+    sizes = {**hf_sizes(model.config), "seq_len": seq_len}
+    dims.check_model(sizes["heads"], sizes["layers"], seq_len, sizes["experts"])
+    find_parts(model)
+    if dims.tp > 1 and sizes["kv_heads"] != sizes["heads"]:
+        fused = [n for n, _ in model.named_modules() if n.endswith(".qkv_proj")]
+        if fused:
+            raise ValueError(
+                f"parallelize: tp={dims.tp}: {fused[0]} fuses Q, K, V with "
+                f"{sizes['kv_heads']} KV heads for {sizes['heads']} query heads (sections of "
+                "unequal size are not split here); use tp = 1 for this model"
+            )
+    if dims.ep > 1:
+        expert_modules(model, sizes["experts"])
+    dropout = getattr(model.config, "attention_dropout", 0.0)
+    if dims.cp > 1 and dropout:
+        raise ValueError(f"parallelize: cp={dims.cp} with attention_dropout={dropout}: ring "
+                         "attention has no dropout")  # fmt: skip
+    return sizes
+
+
 class ComposedParallel(StatePieces, PipelineParallel):
     """This rank's chunks of `model` under `dims`, trained by lesson 09's engine; the
     optimizer is built in (`step()` after `finish_gradient_sync()`)."""
@@ -105,7 +130,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
             if seq_len is None:
                 raise ValueError("parallelize: seq_len= (the batches' sequence length) is "
                                  "needed for a transformers model")  # fmt: skip
-            sizes["seq_len"] = seq_len
+            sizes.update(check_layout(model, dims, seq_len))
         dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
         for moe in sizes["moes"]:
             if dims.tp > 1:
@@ -189,6 +214,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 apply_tensor_parallel(stage, tp, self.dims.sp, sizes)
             if cp is not None:  # 3. ring attention over cp
                 apply_context_parallel(stage, cp, seq)
+            if self.dims.ep > 1:  # 4. experts over ep
+                apply_expert_parallel(stage.model, sizes["experts"], self.grid.group("ep"))
             if recompute:  # 5. (non-reentrant: HF's layers take keyword arguments)
                 for layer in stage.layers():
                     recompute_module(layer, use_reentrant=False)

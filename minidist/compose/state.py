@@ -54,6 +54,10 @@ class StatePieces:
                 split = getattr(p, "tp_split", None)
                 owner = replica0 and n not in tied_copy and (split is not None or tp_rank == 0)
                 for a, cnt, offsets, sizes, shape in _sections(p, split, tp_rank):
+                    if hasattr(p, "ep_box"):  # this rank's experts of the stacked tensor
+                        start, experts = p.ep_box
+                        offsets = (start, *offsets[1:])
+                        shape = (experts, *shape[1:])
                     lo = max(off + a, lay.start)
                     hi = min(off + a + cnt, lay.start + lay.chunk)
                     if lo >= hi:
