@@ -74,3 +74,46 @@ def sequence_parallel_records(name: str, tp: int, layers: int) -> list[tuple[str
         engine.train_step((ids, shifted(labels)))
     activations = ("sp-gather", "sp-reduce-scatter", "sp-scatter")  # not the norms' gradients
     return [(r.tag, r.ring_bytes) for r in ledger.records if r.tag.startswith(activations)]
+
+
+def padded_batches(steps: int = STEPS, batch: int = BATCH, seq: int = SEQ):
+    """(ids, labels, attention mask): each row right-padded after a length drawn in [4, seq]."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for ids, labels in hf_models.batches(steps, batch, seq):
+        lengths = torch.randint(4, seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        out.append((ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100), mask))
+    return out
+
+
+def padded_reference(name: str) -> list[float]:
+    model = hf_models.build(name)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for ids, labels, mask in padded_batches():
+        opt.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def padded_composed(name: str, dims: dict) -> list[float]:
+    """The padded batches, this data rank's rows, through `train_step((ids, targets, mask))`."""
+    pdims = ParallelDims(**dims)
+    grid = Grid(pdims)
+    d = pdims.dp_replicate * pdims.dp_shard
+    engine = parallelize(hf_models.build(name), pdims, grid=grid, microbatches=BATCH // d,
+                         seq_len=SEQ, lr=LR)  # fmt: skip
+    rank = grid.coord["dp_replicate"] * pdims.dp_shard + grid.coord["dp_shard"]
+    losses = []
+    for ids, labels, mask in padded_batches():
+        rows = slice(rank * BATCH // d, (rank + 1) * BATCH // d)
+        engine.zero_grad()
+        loss = engine.train_step((ids[rows], shifted(labels)[rows], mask[rows]))
+        engine.finish_gradient_sync()
+        engine.step()
+        losses.append(loss)
+    return losses

@@ -230,8 +230,19 @@ class ComposedParallel(StatePieces, PipelineParallel):
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Lesson 09's step; for a transformers model the loss is the model's: the mean over
-        the global batch's valid targets (≠ -100), counted with one all-reduce."""
+        the global batch's valid targets (≠ -100), counted with one all-reduce. A third
+        tensor in `batch` is the attention mask ([b, s], 0 at padding), passed to the model."""
         if self.hf:
+            if len(batch) == 3:  # (ids, targets, attention mask): padding the model masks
+                if self.dims.cp > 1:
+                    raise ValueError("parallelize: an attention mask with cp > 1 is not "
+                                     "composed (ring attention is causal only)")  # fmt: skip
+                self.ctx.masks = list(batch[2].to(self.device).chunk(self.m))
+                batch = batch[:2]
+                for chunk in self.chunks:
+                    chunk.seen = 0
+            else:
+                self.ctx.masks = None
             d = self.dims.dp_replicate * self.dims.dp_shard * self.dims.cp
             count = (batch[1] != -100).sum().to(torch.float64).reshape(1)
             if d > 1:

@@ -44,7 +44,7 @@ class StageContext:
         self.positions, self.seq = positions, seq
         self.received: torch.Tensor | None = None
         self.kept: torch.Tensor | None = None
-        self.batch = 0
+        self.masks: list[torch.Tensor] | None = None  # per micro-batch, or None
         self.tokens = 1.0  # valid tokens of the global batch this step (set by the engine)
         self.scale = 1.0  # data ranks: the engine averages the ranks' gradients
         self.dtype = torch.float32
@@ -104,6 +104,7 @@ class Stage(nn.Module):
         self.first, self.last, self.ctx = first, last, ctx
         self.parts = parts = parts or find_parts(model)
         self.tp_group, self.vocab_start, self.vocab_size = None, 0, None
+        self.seen = 0  # micro-batches run this step (they run in order on every stage)
         layers = getattr(parts.base, parts.layers_name)
         kept = HeldLayers({i: layers[i] for i in held})
         setattr(parts.base, parts.layers_name, kept)
@@ -139,7 +140,11 @@ class Stage(nn.Module):
             ids = torch.zeros(x.shape[0], n, dtype=torch.long, device=x.device)
             ctx.received = x
         positions = ctx.positions.to(ids.device).unsqueeze(0).expand(ids.shape[0], -1)
-        out = self.model(input_ids=ids, position_ids=positions, use_cache=False)
+        extra = {}
+        if ctx.masks is not None:  # the schedule runs each stage's micro-batches in order
+            extra["attention_mask"] = ctx.masks[self.seen % len(ctx.masks)]
+            self.seen += 1
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=False, **extra)
         ctx.received = None
         if not self.last:
             h, ctx.kept = ctx.kept, None
