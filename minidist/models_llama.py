@@ -110,8 +110,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -124,7 +124,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """`model` (embeddings, layers, norm) and an untied `lm_head`; forward(ids) -> logits."""
+    """`model` (embeddings, layers, norm) and an untied `lm_head`; forward(ids) -> logits
+    (`position_ids`, [s] or Hugging Face's [b, s] of equal rows: the tokens' positions)."""
 
     def __init__(self, cfg: LlamaConfig | None = None):
         super().__init__()
@@ -136,8 +137,14 @@ class LlamaForCausalLM(nn.Module):
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.model.embed_tokens(ids)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                use_cache: bool = False) -> torch.Tensor:  # fmt: skip
+        positions = (
+            position_ids[0]
+            if position_ids is not None and position_ids.dim() == 2
+            else (position_ids)
+        )
+        x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x)
+            x = layer(x, positions)
         return self.lm_head(self.model.norm(x))

@@ -3,6 +3,8 @@ compose`, trains the Llama-style model as one process does, on gloo and CPUs."""
 
 import types
 
+import hf_models
+import hf_runs
 import pytest
 import torch
 
@@ -79,4 +81,57 @@ def test_torch_composition_equals_one_process(dims):
 
 def test_context_parallelism_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="context parallelism"):
-        torch_native.build(_model(), types.SimpleNamespace(cp=2, ep=1), lm_loss, 2, None)
+        torch_native.build(_model(), types.SimpleNamespace(cp=2, ep=1), lm_loss, 2, None, 16)
+
+
+def _hf_rank(name, dims):
+    batches = [
+        (ids, hf_runs.shifted(labels)) for ids, labels in hf_models.batches(STEPS, BATCH, 16)
+    ]
+    return torch_native.train_on_rank(hf_models.build(name), dims, batches, MICRO)
+
+
+def _hf_reference(name):
+    model = hf_models.build(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for ids, labels in hf_models.batches(STEPS, BATCH, 16):
+        loss = model(input_ids=ids, labels=labels).loss  # the untouched model's own loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+HF_LAYOUTS = [
+    ("llama", _dims(dp_shard=2, tp=2, sp=True)),
+    ("mistral", _dims(tp=2, sp=True, pp=2, schedule="zb-v")),
+    ("qwen2", _dims(dp_replicate=2, pp=2)),
+    ("gemma", _dims(dp_shard=2, dp_replicate=2)),
+]
+
+
+@pytest.mark.parametrize("name,dims", HF_LAYOUTS, ids=[n for n, _ in HF_LAYOUTS])
+def test_torch_composition_runs_the_transformers_models_own_forward(name, dims):
+    """The same stages (`compose.split`) under torch's FSDP2 × DTensor × pipelining, on real
+    transformers models with -100 labels, equal the untouched model (tolerances above)."""
+    pytest.importorskip("transformers")
+    world = dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp
+    results = minidist.launch(_hf_rank, world, name, dims, timeout_s=300)
+    ref_losses, ref_params = _hf_reference(name)
+    replicas = [r[0] for r in results if r[0] is not None]
+    losses = [sum(r[i] for r in replicas) / len(replicas) for i in range(STEPS)]
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-5, (losses, ref_losses)
+    seen = set()
+    for _, full in results:
+        for n, p in full.items():
+            assert (p - ref_params[n]).abs().max() < 5e-4, n
+            seen.add(n)
+    assert seen == set(ref_params)
+
+
+def test_a_tied_head_under_tp_is_refused_by_torchs_composition():
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="tied head"):
+        torch_native.build(hf_models.build("gemma"), _dims(tp=2), None, 2, None, 16)

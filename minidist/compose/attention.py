@@ -55,7 +55,9 @@ class ComposedAttention(nn.Module):
         # the KV head each of this rank's query heads reads, as an index into what it holds
         self.register_buffer("kv_index", query // (heads // kv_heads) - kv_first, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        # `positions` (a Llama layer passes its own): ignored, the tokens' global positions
+        # are `ctx.positions`
         if self.fused:
             qkv = self.qkv(x)
             q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)

@@ -54,10 +54,10 @@ def _on_rank(dims: dict, rounds: int, steps: int) -> dict:
         engine.finish_gradient_sync()
         engine.step()
 
-    mods, schedule, _ = torch_native.build(theirs, pdims, lm_loss, m, torch.device("cpu"))
+    mods, schedule, _ = torch_native.build(theirs, pdims, lm_loss, m, torch.device("cpu"),
+                                           x.shape[1])  # fmt: skip
     opt = torch.optim.Adam([p for mod in mods for p in mod.parameters()], lr=1e-2)
-    first = any(mod.embed is not None for mod in mods)
-    last = any(mod.lm_head is not None for mod in mods)
+    first, last = any(mod.first for mod in mods), any(mod.last for mod in mods)
 
     def torchs():
         schedule.step(*((x,) if first else ()), **({"target": y} if last else {}))

@@ -7,8 +7,8 @@ own model; here any Hugging Face causal LM, `transformers` 4.x or 5.x):
   GPT-2's `transformer.h`); its parent is the base model;
 - the **embeddings**: the base model's `nn.Embedding` children (tokens; GPT-2's positions);
 - the **final norm**: the base model's child whose name or class says norm (`norm`, `ln_f`);
-- the **head**: `get_output_embeddings()` (`lm_head`), tied when its weight is the token
-  embedding's;
+- the **head**: `get_output_embeddings()` (else an `nn.Linear` named `lm_head`), tied when
+  its weight is the token embedding's;
 - the **sizes** from the config: heads, KV heads, head_dim (explicit or hidden/heads),
   layers, hidden, vocabulary, routed experts.
 """
@@ -43,11 +43,13 @@ def find_parts(model: nn.Module) -> Parts:
     embeddings = [n for n, m in base.named_children() if isinstance(m, nn.Embedding)]
     norms = [n for n, m in base.named_children()
              if n in NORM_NAMES or "norm" in type(m).__name__.lower()]  # fmt: skip
-    head = None
+    head = "lm_head" if isinstance(getattr(model, "lm_head", None), nn.Linear) else None
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
         out = model.get_output_embeddings()
         head = next(n for n, m in model.named_children() if m is out)
-    tok = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tok = getattr(base, embeddings[0]) if embeddings else None
+    if hasattr(model, "get_input_embeddings"):
+        tok = model.get_input_embeddings()
     tied = head is not None and tok is not None and getattr(model, head).weight is tok.weight
     return Parts(base, layers_name, embeddings, norms[-1] if norms else None, head, tied)
 

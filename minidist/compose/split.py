@@ -108,7 +108,7 @@ class Stage(nn.Module):
         layers = getattr(parts.base, parts.layers_name)
         kept = HeldLayers({i: layers[i] for i in held})
         setattr(parts.base, parts.layers_name, kept)
-        hidden = model.config.hidden_size
+        hidden = getattr(parts.base, parts.embeddings[0]).embedding_dim
         if not first:
             for name in parts.embeddings:
                 setattr(parts.base, name, Absent(ctx, hidden))

@@ -3,46 +3,33 @@
 What torch 2.13 composes on gloo and CPUs (checked by `tests/test_compose_torch_native.py`
 against one process): FSDP2's `fully_shard` over the dp mesh dimension (a 2-D
 (dp_replicate, dp_shard) mesh for HSDP), DTensor tensor parallelism with sequence parallelism
-(`parallelize_module` with torchtitan's Llama plan: `ColwiseParallel`, `RowwiseParallel`,
-`SequenceParallel`, `PrepareModuleInput(Shard(1) -> Replicate())`), and
+(`parallelize_module` with torchtitan's Llama plan as torchtitan ships it: `ColwiseParallel`,
+`RowwiseParallel`, `SequenceParallel`, `PrepareModuleInput(Shard(1) -> Replicate())` with
+`use_local_output=False`, so each module input is gathered once), and
 `torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B and
 ZB-V, on one `init_device_mesh("cpu", ...)`. What it does not: `context_parallel`
 (`torch.distributed.tensor.experimental`) dispatches SDPA to CUDA-only ring kernels and has
-no CPU rule, so cp = 1 here; and expert parallelism has no torch-native module.
+no CPU rule, so cp = 1 here; expert parallelism has no torch-native module; DTensor's plan
+has no style for a fused Q, K, V (Phi3, GPT-2), and a tied head (Gemma, GPT-2) is refused
+with pp or tp (pipelining keeps no tied copies; the plan makes two tensors of it).
 
-The model is any Hugging Face-layout Llama (`model.embed_tokens`, `model.layers`,
-`model.norm`, `lm_head`; `minidist.models_llama` or a user's), cut into stages whole blocks
-at a time as torchtitan's `pipeline_module_split` does.
+The model is lesson 17's Llama (`minidist.models_llama`) or any transformers causal LM with
+separate projections; each stage is `compose.split`'s edited copy of it, so the model's own
+forward runs here too (torchtitan's `pipeline_module_split`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+from .model_parts import find_parts, hf_sizes, is_hf
+from .split import Stage, StageContext, split_model
+from .tensor_parallel import _localize
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
              "interleaved": "ScheduleInterleaved1F1B", "zb-v": "ScheduleZBVZeroBubble"}  # fmt: skip
-
-
-class LlamaStage(nn.Module):
-    """Blocks `lo:hi` of an HF-layout Llama, with the embedding first and the head last."""
-
-    def __init__(self, model: nn.Module, lo: int, hi: int):
-        super().__init__()
-        n = len(model.model.layers)
-        self.embed = model.model.embed_tokens if lo == 0 else None
-        self.layers = nn.ModuleList(model.model.layers[lo:hi])
-        self.norm = model.model.norm if hi == n else None
-        self.lm_head = model.lm_head if hi == n else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        if self.lm_head is not None:
-            x = self.lm_head(self.norm(x))
-        return x
 
 
 def stage_indices(pp: int, chunks: int, schedule: str, pp_rank: int) -> list[int]:
@@ -52,8 +39,9 @@ def stage_indices(pp: int, chunks: int, schedule: str, pp_rank: int) -> list[int
     return [pp_rank + c * pp for c in range(chunks)]
 
 
-def tensor_parallel(stage: LlamaStage, mesh, sequence_parallel: bool) -> None:
-    """torchtitan's Llama plan on one stage (`parallelize_llama`'s `apply_tp`)."""
+def tensor_parallel(stage: Stage, mesh, sequence_parallel: bool, sizes: dict) -> None:
+    """torchtitan's Llama plan (`parallelize_llama`'s `apply_tp`) on one stage, in the
+    projections' Hugging Face names; the attention's head counts made the rank's."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -64,12 +52,12 @@ def tensor_parallel(stage: LlamaStage, mesh, sequence_parallel: bool) -> None:
     )
 
     seq = Shard(1) if sequence_parallel else Replicate()
-
-    def enter():
-        return PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                  use_local_output=True)  # fmt: skip
-
-    for layer in stage.layers:
+    t, hf = mesh.size(), is_hf(stage.model)
+    if sizes["kv_heads"] % t:
+        raise ValueError(f"torch_native: tp={t} must divide the KV heads={sizes['kv_heads']} "
+                         "(ColwiseParallel splits K and V by rows)")  # fmt: skip
+    for layer in stage.layers():
+        attn = layer.self_attn
         plan = {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
@@ -78,24 +66,47 @@ def tensor_parallel(stage: LlamaStage, mesh, sequence_parallel: bool) -> None:
             "mlp.down_proj": RowwiseParallel(output_layouts=seq),
         }  # fmt: skip
         if sequence_parallel:
-            norms = {"input_layernorm": SequenceParallel(), "self_attn": enter()}
-            norms.update({"post_attention_layernorm": SequenceParallel(), "mlp": enter()})
-            plan.update(norms)
+            plan.update({
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(  # transformers pass hidden_states by name
+                    input_layouts=None if hf else (seq, None),
+                    desired_input_layouts=None if hf else (Replicate(), None),
+                    input_kwarg_layouts={"hidden_states": seq} if hf else None,
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()} if hf else None,
+                ),
+                "mlp": PrepareModuleInput(input_layouts=(seq,),
+                                          desired_input_layouts=(Replicate(),)),
+            })  # fmt: skip
         parallelize_module(layer, mesh, plan)
-    top = {}
-    if stage.embed is not None:
-        top["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if stage.lm_head is not None:
+        _localize(attn, sizes, t, kv_whole=False)
+    parts, model = stage.parts, stage.model
+    if stage.first:
+        embed = f"{_base_name(model, parts)}{parts.embeddings[0]}"
+        whole = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        parallelize_module(model, mesh, {embed: whole})
+        if sequence_parallel:  # this rank's block of the sequence, without communication
+            rest = () if hf else (None,)  # lesson 17's Llama passes the positions too
+            parallelize_module(stage.layers()[0], mesh, PrepareModuleInput(
+                input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest),
+                use_local_output=True))  # fmt: skip
+    if stage.last:
+        top = {parts.head: ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
         if sequence_parallel:
-            top["norm"] = SequenceParallel()
-        top["lm_head"] = enter()
-    if top:
-        parallelize_module(stage, mesh, top)
+            top[f"{_base_name(model, parts)}{parts.norm}"] = SequenceParallel()
+        parallelize_module(model, mesh, top)
 
 
-def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.device):
-    """(stage modules of this rank, torch's schedule) for `dims` (a `ParallelDims`-like object:
-    dp_replicate, dp_shard, tp, sp, pp, schedule, virtual; cp must be 1) on this rank."""
+def _base_name(model: nn.Module, parts) -> str:
+    name = next(n for n, m in model.named_modules() if m is parts.base)
+    return f"{name}." if name else ""
+
+
+def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.device,
+          seq_len: int):  # fmt: skip
+    """(stage modules of this rank, torch's schedule, the mesh) for `dims` (a
+    `ParallelDims`-like object: dp_replicate, dp_shard, tp, sp, pp, schedule, virtual; cp
+    and ep must be 1) on this rank, for sequences of `seq_len`."""
     import torch.distributed.pipelining as pipelining
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -106,20 +117,26 @@ def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.devi
     if dims.schedule not in SCHEDULES:
         raise ValueError(f"torch_native.build: schedule={dims.schedule!r} is not one of "
                          f"{tuple(SCHEDULES)}")  # fmt: skip
+    if (dims.pp > 1 or dims.tp > 1) and find_parts(model).tied:
+        raise ValueError("torch_native.build: a tied head with pp > 1 or tp > 1 (torch's "
+                         "pipelining keeps no tied copies; DTensor's plan splits the "
+                         "embedding by rows and the head by columns, two tensors)")  # fmt: skip
     shape = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
     mesh = init_device_mesh(
         device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp")
     )
     chunks = 2 if dims.schedule == "zb-v" else dims.virtual
-    n, virtual = len(model.model.layers), dims.pp * chunks
+    virtual = dims.pp * chunks
+    ctx = StageContext(torch.arange(seq_len, device=device), seq_len)
+    sizes = _sizes(model)
     mods, stages = [], []
     for s in stage_indices(dims.pp, chunks, dims.schedule, mesh["pp"].get_local_rank()):
-        mod = LlamaStage(model, s * n // virtual, (s + 1) * n // virtual)
+        mod = split_model(model, virtual, s, ctx)
         if dims.tp > 1:
-            tensor_parallel(mod, mesh["tp"], dims.sp)
+            tensor_parallel(mod, mesh["tp"], dims.sp, sizes)
         if dims.dp_replicate * dims.dp_shard > 1:
             dp = mesh["dp_replicate", "dp_shard"]
-            for layer in mod.layers:
+            for layer in mod.layers():
                 fully_shard(layer, mesh=dp, reshard_after_forward=False)
             fully_shard(mod, mesh=dp, reshard_after_forward=False)
         mods.append(mod)
@@ -132,46 +149,50 @@ def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.devi
     return mods, schedule, mesh
 
 
-def global_name(mod: LlamaStage, name: str, lo: int) -> str:
-    """A stage parameter's name in the whole HF-layout model."""
-    head, _, rest = name.partition(".")
-    if head == "layers":
-        i, _, rest = rest.partition(".")
-        return f"model.layers.{lo + int(i)}.{rest}"
-    return {"embed": "model.embed_tokens", "norm": "model.norm"}.get(head, head) + "." + rest
+def _sizes(model: nn.Module) -> dict:
+    if is_hf(model):
+        return hf_sizes(model.config)
+    cfg = model.cfg  # lesson 17's Llama
+    return {"heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.hidden // cfg.heads}
 
 
 def train_on_rank(model: nn.Module, dims, batches, microbatches: int, lr: float = 1e-2):
     """Train torch's composition of `model` (built alike on every rank) on the global
-    `batches` [(x, y)]; -> (this replica's mean loss per step on the last stage, else None;
-    every parameter this rank's stages hold, whole, under the model's names)."""
-    from ..models import lm_loss
-
+    `batches` [(ids, targets)] (targets shifted, -100 ignored); -> (this replica's loss per
+    step on the last stage, else None; every parameter this rank's stages hold, whole,
+    under the model's names). The loss of a step is the global batch's mean over its valid
+    targets, as the model's own."""
     device = torch.device("cpu")
-    n = len(model.model.layers)
-    mods, schedule, mesh = build(model, dims, lm_loss, microbatches, device)
+    replicas = dims.dp_replicate * dims.dp_shard
+    tokens = [1.0]
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                ignore_index=-100, reduction="sum")  # fmt: skip
+        # torch's schedule divides the gradients by the micro-batches, FSDP by the replicas
+        return total * (microbatches * replicas / tokens[0])
+
+    seq = batches[0][0].shape[1]
+    mods, schedule, mesh = build(model, dims, loss_fn, microbatches, device, seq)
     params = [p for m in mods for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=lr)
     dp_rank = mesh["dp_replicate", "dp_shard"].get_coordinate()
     replica = dp_rank[0] * dims.dp_shard + dp_rank[1]
-    replicas = dims.dp_replicate * dims.dp_shard
-    first = any(m.embed is not None for m in mods)
-    last = any(m.lm_head is not None for m in mods)
+    first, last = any(m.first for m in mods), any(m.last for m in mods)
     losses = []
     for x, y in batches:
+        tokens[0] = max(float((y != -100).sum()), 1.0)
         xb, yb = x.chunk(replicas)[replica], y.chunk(replicas)[replica]
         out: list[torch.Tensor] = []
         schedule.step(*((xb,) if first else ()), **({"target": yb, "losses": out} if last else {}))
         opt.step()
         opt.zero_grad()
-        if last:
-            losses.append(float(torch.stack([o.detach() for o in out]).mean()))
+        if last:  # this replica's share, times the replicas: their mean is the batch's loss
+            share = float(torch.stack([o.detach() for o in out]).sum()) / microbatches
+            losses.append(share)
     full = {}
-    chunks = 2 if dims.schedule == "zb-v" else dims.virtual
-    indices = stage_indices(dims.pp, chunks, dims.schedule, mesh["pp"].get_local_rank())
-    for mod, s in zip(mods, indices):
-        lo = s * n // (dims.pp * chunks)
+    for mod in mods:
         for name, p in mod.named_parameters():
             whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-            full[global_name(mod, name, lo)] = whole.detach().clone()
+            full[name.removeprefix("model.")] = whole.detach().clone()
     return (losses if last else None), full
