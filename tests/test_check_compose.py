@@ -23,11 +23,12 @@ def stub(*args):
 
 def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", "dp_shard", "cp"),
                 ep_from="dp_shard_cp", ep_strided=False, drop_ones=False, base=0,
-                leave_out=()):  # fmt: skip
+                leave_out=(), shifts=False, ep_scale=1):  # fmt: skip
     """A learner's `build_groups`, with the named parts changed: the grid's axis `order`
-    (outermost first), the axes of dp_shard_cp and dp_cp, the kind ep is cut from and
-    whether its blocks are strided, size-1 kinds dropped, ranks counted from `base`, kinds
-    left out."""
+    (outermost first), ranks packed with bit shifts, the axes of dp_shard_cp and dp_cp, the
+    kind ep is cut from (or "cp_outer": dp_shard × cp listed cp outermost), whether its
+    blocks are strided and their size, size-1 kinds dropped, ranks counted from `base`,
+    kinds left out."""
 
     def build_groups(pp, dp_replicate, dp_shard, cp, tp, ep):
         sizes = dict(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp)
@@ -35,7 +36,10 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         def rank(coord):
             r = 0
             for axis in order:
-                r = r * sizes[axis] + coord[axis]
+                if shifts:
+                    r = r << (sizes[axis] - 1).bit_length() | coord[axis]
+                else:
+                    r = r * sizes[axis] + coord[axis]
             return r + base
 
         def groups(moving):
@@ -50,7 +54,8 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         out = {a: groups((a,)) for a in AXES}
         out["dp_shard_cp"] = groups(shard_cp)
         out["dp_cp"] = groups(dp_cp)
-        src = out[ep_from]
+        src = groups(("cp", "dp_shard")) if ep_from == "cp_outer" else out[ep_from]
+        ep *= ep_scale
         if ep_strided:
             out["ep"] = [g[i :: len(g) // ep] for g in src for i in range(len(g) // ep)]
         else:
@@ -60,6 +65,13 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         return {k: v for k, v in out.items() if k not in leave_out}
 
     return build_groups
+
+
+def _two_ep_slips(pp, dp_replicate, dp_shard, cp, tp, ep):
+    """ep cut from dp_shard alone when there is cp, strided when not: each catalogued slip
+    explains only some of the wrong layouts."""
+    how = dict(ep_from="dp_shard") if cp > 1 else dict(ep_strided=True)
+    return make_groups(**how)(pp, dp_replicate, dp_shard, cp, tp, ep)
 
 
 def _index_past_the_end(pp, dp_replicate, dp_shard, cp, tp, ep):
@@ -112,6 +124,25 @@ GROUP_MISTAKES = [
         r"ep is drawn across dp_replicate",
     ),  # fmt: skip
     Mistake("ep_strided", (make_groups(ep_strided=True),), r"ep groups are strided"),
+    Mistake("ep_cp_outermost", (make_groups(ep_from="cp_outer"),), r"ep is cut with cp outermost"),
+    Mistake(
+        "ep_from_dp_shard", (make_groups(ep_from="dp_shard"),), r"ep is cut from dp_shard alone"
+    ),
+    Mistake("ep_twice_too_big", (make_groups(ep_scale=2),), r"an ep group has e = \d ranks"),
+    Mistake("bit_shifts", (make_groups(shifts=True),), r"bit shifts.*power of two"),
+    Mistake(
+        "shard_group_without_dp_shard",
+        (make_groups(shard_cp=("cp",)),),
+        r"dp_shard_cp forgot dp_shard",
+    ),  # fmt: skip
+    Mistake(
+        "dense_copies_with_tp",
+        (make_groups(dp_cp=("dp_replicate", "dp_shard", "cp", "tp")),),
+        r"dp_cp includes tp",
+    ),  # fmt: skip
+    Mistake(
+        "no_single_slip", (_two_ep_slips,), r"ep: the group of rank \d+ is \[.*\], want \[.*\]\.$"
+    ),
     Mistake("size_one_kinds_dropped", (make_groups(drop_ones=True),), r"even of one rank"),
     Mistake("ranks_from_one", (make_groups(base=1),), r"ranks \[0\] are in none"),
     Mistake("ep_left_out", (make_groups(leave_out=("ep",)),), r"no ep in your dict"),
