@@ -7,7 +7,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from minidist.compose.check import check_build_groups, check_reduced_over
+from minidist.compose.check import GRAD_CASES, check_build_groups, check_reduced_over
 from minidist.course.check import Mistake, catalogue_messages, names_mistake
 from minidist.megatron.plan import GPT_PLAN, LLAMA_PLAN
 
@@ -158,7 +158,7 @@ SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
 
 def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too=False,
                  kv_rule=True, embedding=True, embedding_untied=False, expert="expert_dp",
-                 router_is_expert=False, extra=()):  # fmt: skip
+                 router_is_expert=False, extra=(), full_name=False):  # fmt: skip
     """A learner's `reduced_over` with the named parts changed."""
 
     def reduced_over(model_name, name, dims):
@@ -168,7 +168,8 @@ def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too
         kinds = set(dense) | set(extra)
         plan = LLAMA_PLAN if model_name == "llama" else GPT_PLAN
         module, _, kind = name.rpartition(".")
-        style = next((s for p, s in plan.items() if fnmatchcase(module, p)), None)
+        looked_up = name if full_name else module
+        style = next((s for p, s in plan.items() if fnmatchcase(looked_up, p)), None)
         if style == "colwise_kv" and kv_rule:
             split = 2 % dims.tp == 0
         else:
@@ -186,6 +187,12 @@ def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too
         return kinds
 
     return reduced_over
+
+
+def _two_dense_slips(model_name, name, dims):
+    """cp forgotten on the GPT, dp_replicate on the Llama model: no one slip explains both."""
+    dense = ("dp_replicate", "dp_shard") if model_name == "gpt" else ("dp_shard_cp",)
+    return make_reduced(dense=dense)(model_name, name, dims)
 
 
 def _plan_lookup(model_name, name, dims):
@@ -219,6 +226,22 @@ REDUCED_MISTAKES = [
     Mistake("experts_over_ep", (make_reduced(expert="ep"),), r"hold different experts"),
     Mistake("router_as_expert", (make_reduced(router_is_expert=True),), r"router.*dense"),
     Mistake("pp_in_dense", (make_reduced(extra=("pp",)),), r"stages hold different layers"),
+    Mistake("forgets_dp_shard", (make_reduced(dense=("dp_replicate", "cp")),), r"forgot dp_shard"),
+    Mistake(
+        "plan_on_full_name",
+        (make_reduced(full_name=True),),
+        r"module-name patterns.*not the parameter's",
+    ),
+    Mistake(
+        "experts_without_replicas",
+        (make_reduced(expert="ep_shard"),),
+        r"every replica's \(expert_dp\)",
+    ),
+    Mistake(
+        "no_single_slip",
+        (_two_dense_slips,),
+        r"rank 0 sums .* with ranks \[.*\]; the ranks holding a copy of it are \[.*\]\.$",
+    ),
     Mistake("unknown_kind", (lambda m, n, d: {"dp"},), r"'?dp'? is not a group kind"),
     Mistake("returns_none", (lambda m, n, d: None,), r"returned None.*set of group kinds"),
     Mistake("key_error", (_plan_lookup,), r"KeyError.*dictionary key"),
@@ -247,6 +270,17 @@ def test_build_groups_names_the_mistake(mistake, group_messages):
 @pytest.mark.parametrize("mistake", REDUCED_MISTAKES, ids=[m.name for m in REDUCED_MISTAKES])
 def test_reduced_over_names_the_mistake(mistake, reduced_messages):
     assert names_mistake(mistake, reduced_messages[mistake.name]) is None
+
+
+def test_the_catalogue_without_a_slip_is_the_engine_rule():
+    """`mistaken_kinds` with no slip gives `right_kinds` on every parameter and layout."""
+    from minidist.compose.check.gradients import mistaken_kinds, model_of, right_kinds
+    from minidist.compose.dims import ParallelDims
+
+    for model_name, sizes in GRAD_CASES:
+        dims = ParallelDims(**sizes)
+        for name, _ in model_of(model_name).named_parameters():
+            assert mistaken_kinds(model_name, name, dims) == right_kinds(model_name, name, dims)
 
 
 def test_right_answers_pass(capsys):

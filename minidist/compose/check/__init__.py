@@ -12,10 +12,14 @@
 2. `check_reduced_over(reduced_over)`: `reduced_over(model_name, name, dims)` returns the
    group kinds a parameter's gradient is summed over, compared (as sets of ranks) with
    `parallelize.py`'s table for every parameter of the GPT, its MoE form and the Llama model
-   on sampled layouts. Named mistakes: cp, dp_shard or dp_replicate forgotten, sp norms not
-   summed over tp, split or (without sp) replicated weights summed over tp, replicated K/V
-   not summed over tp, the tied embedding without its first and last stage, pp added,
-   experts over all of dp or the ep group, the router taken for an expert.
+   on sampled layouts. Named mistakes: cp, dp_shard or dp_replicate forgotten, the plan
+   matched against the parameter's name, sp norms not summed over tp, split or (without sp)
+   replicated weights summed over tp, replicated K/V not summed over tp, the tied embedding
+   without its first and last stage, the Llama embedding taken as tied, pp added, experts
+   over all of dp, the ep group or ep_shard alone, the router taken for an expert.
+
+Both ask every case first and name a mistake only when it gives the learner's answer on
+every case the learner got wrong; otherwise the message shows the first wrong case.
 
 A learner's exception becomes a message (`course.failures.call_learner`: what was raised,
 where in their code, the likely cause).
