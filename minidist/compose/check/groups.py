@@ -286,5 +286,5 @@ def check_build_groups(build_groups) -> None:
     worlds = sorted({dims_of(s).world_size for s in GROUP_CASES})
     passed(
         f"build_groups equals grid_groups for every kind ({_and(KINDS)}) on "
-        f"{len(GROUP_CASES)} layouts of {_and(worlds)} ranks, sizes of 1 included"
+        f"{len(GROUP_CASES)} layouts of {_and(worlds)} ranks, sizes of 1, 3 and 5 included"
     )
