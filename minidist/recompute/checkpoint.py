@@ -155,7 +155,7 @@ def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):
 # layers get the model's K/V cache (`cache=`, `past_key_values=`, GPT-2's second positional
 # argument) and append this step's K/V to it; recomputed in backward, they would append it
 # again and attend over both copies: with the reentrant form k_proj/v_proj got zero
-# gradients (the first copy, made under no_grad, has no graph; loss off by 1e-3 to 2e-2
+# gradients (the first copy, made under no_grad, has no graph; loss off by 8e-4 to 1.8e-2
 # after 3 steps), with either form a padding mask or a sliding window no longer matched the
 # keys' length (torch's checkpoint crashes there too). Refusing would break every plain
 # `model(ids, labels=...)` call (configs default to use_cache=True); HF's own
@@ -163,11 +163,11 @@ def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):
 # (`use_cache=False`, `cache=None`), and so does `recompute`: the layer then computes what
 # it computes from an empty cache, the case of a training step. A cache that already holds
 # this layer's earlier tokens would change the result if dropped: that is refused.
-_CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
 def _is_cache(x) -> bool:
-    """A transformers `Cache` (by class name, so transformers is not imported)."""
+    """A transformers `Cache` (by class name, so transformers is not imported). Legacy tuple
+    caches are values the layer returns, not state it changes: they are left as they are."""
     return any(c.__name__ == "Cache" for c in type(x).__mro__)
 
 
@@ -180,26 +180,24 @@ def _layer_index(module: nn.Module) -> int:
 
 
 def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """`args`, `kwargs` with any K/V cache replaced by None and use_cache=False."""
+    """`args`, `kwargs` with any transformers Cache replaced by None (and use_cache=False),
+    refused when it already holds this layer's earlier tokens."""
     found = [(i, a) for i, a in enumerate(args) if _is_cache(a)]
-    found += [
-        (k, v) for k, v in kwargs.items() if _is_cache(v) or (k in _CACHE_NAMES and v is not None)
-    ]
-    if not found and not kwargs.get("use_cache"):
+    found += [(k, v) for k, v in kwargs.items() if _is_cache(v)]
+    if not found:
         return args, kwargs
-    name = type(module).__name__
     for where, cache in found:
-        held = cache.get_seq_length(_layer_index(module)) if _is_cache(cache) else None
-        if held != 0:
+        held = cache.get_seq_length(_layer_index(module))
+        if held:
             arg = f"argument {where}" if isinstance(where, int) else f"{where}="
-            what = f"holds {held} earlier tokens" if held else "is not an empty transformers Cache"
             raise ValueError(
-                f"recompute({name}): its {arg} {what}; a recomputed layer runs without the "
-                "cache (the recomputation would append to it again), so dropping it would "
-                "change the result: call the model with use_cache=False and no past cache"
+                f"recompute({type(module).__name__}): its {arg} holds {held} earlier tokens; a "
+                "recomputed layer runs without the cache (the recomputation would append to "
+                "it again), so dropping it would change the result: call the model with "
+                "use_cache=False and no past cache"
             )
     args = tuple(None if _is_cache(a) else a for a in args)
-    kwargs = {k: None if any(k == w for w, _ in found) else v for k, v in kwargs.items()}
+    kwargs = {k: None if _is_cache(v) else v for k, v in kwargs.items()}
     if "use_cache" in kwargs:
         kwargs["use_cache"] = False
     return args, kwargs
