@@ -59,3 +59,12 @@ def batches(steps: int, batch: int, seq: int, seed: int = 0, ignore: float = 0.2
         labels[torch.rand(batch, seq, generator=g) < ignore] = -100
         out.append((ids, labels))
     return out
+
+
+BUILDERS = {name: (lambda seed=0, name=name, **kw: build(name, seed, **kw)) for name in MODELS}
+
+
+def decoder_layers(model) -> list:
+    """The model's decoder layers (`model.model.layers`, GPT-2's `transformer.h`), in order."""
+    base = getattr(model, "model", None) or model.transformer
+    return list(getattr(base, "layers", None) or base.h)

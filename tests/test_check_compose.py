@@ -7,7 +7,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from minidist.compose.check import check_build_groups, check_reduced_over
+from minidist.compose.check import GRAD_CASES, check_build_groups, check_reduced_over
 from minidist.course.check import Mistake, catalogue_messages, names_mistake
 from minidist.megatron.plan import GPT_PLAN, LLAMA_PLAN
 
@@ -23,11 +23,12 @@ def stub(*args):
 
 def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", "dp_shard", "cp"),
                 ep_from="dp_shard_cp", ep_strided=False, drop_ones=False, base=0,
-                leave_out=()):  # fmt: skip
+                leave_out=(), shifts=False, ep_scale=1):  # fmt: skip
     """A learner's `build_groups`, with the named parts changed: the grid's axis `order`
-    (outermost first), the axes of dp_shard_cp and dp_cp, the kind ep is cut from and
-    whether its blocks are strided, size-1 kinds dropped, ranks counted from `base`, kinds
-    left out."""
+    (outermost first), ranks packed with bit shifts, the axes of dp_shard_cp and dp_cp, the
+    kind ep is cut from (or "cp_outer": dp_shard × cp listed cp outermost), whether its
+    blocks are strided and their size, size-1 kinds dropped, ranks counted from `base`,
+    kinds left out."""
 
     def build_groups(pp, dp_replicate, dp_shard, cp, tp, ep):
         sizes = dict(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp)
@@ -35,7 +36,10 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         def rank(coord):
             r = 0
             for axis in order:
-                r = r * sizes[axis] + coord[axis]
+                if shifts:
+                    r = r << (sizes[axis] - 1).bit_length() | coord[axis]
+                else:
+                    r = r * sizes[axis] + coord[axis]
             return r + base
 
         def groups(moving):
@@ -50,7 +54,8 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         out = {a: groups((a,)) for a in AXES}
         out["dp_shard_cp"] = groups(shard_cp)
         out["dp_cp"] = groups(dp_cp)
-        src = out[ep_from]
+        src = groups(("cp", "dp_shard")) if ep_from == "cp_outer" else out[ep_from]
+        ep *= ep_scale
         if ep_strided:
             out["ep"] = [g[i :: len(g) // ep] for g in src for i in range(len(g) // ep)]
         else:
@@ -60,6 +65,13 @@ def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", 
         return {k: v for k, v in out.items() if k not in leave_out}
 
     return build_groups
+
+
+def _two_ep_slips(pp, dp_replicate, dp_shard, cp, tp, ep):
+    """ep cut from dp_shard alone when there is cp, strided when not: each catalogued slip
+    explains only some of the wrong layouts."""
+    how = dict(ep_from="dp_shard") if cp > 1 else dict(ep_strided=True)
+    return make_groups(**how)(pp, dp_replicate, dp_shard, cp, tp, ep)
 
 
 def _index_past_the_end(pp, dp_replicate, dp_shard, cp, tp, ep):
@@ -112,6 +124,25 @@ GROUP_MISTAKES = [
         r"ep is drawn across dp_replicate",
     ),  # fmt: skip
     Mistake("ep_strided", (make_groups(ep_strided=True),), r"ep groups are strided"),
+    Mistake("ep_cp_outermost", (make_groups(ep_from="cp_outer"),), r"ep is cut with cp outermost"),
+    Mistake(
+        "ep_from_dp_shard", (make_groups(ep_from="dp_shard"),), r"ep is cut from dp_shard alone"
+    ),
+    Mistake("ep_twice_too_big", (make_groups(ep_scale=2),), r"an ep group has e = \d ranks"),
+    Mistake("bit_shifts", (make_groups(shifts=True),), r"bit shifts.*power of two"),
+    Mistake(
+        "shard_group_without_dp_shard",
+        (make_groups(shard_cp=("cp",)),),
+        r"dp_shard_cp forgot dp_shard",
+    ),  # fmt: skip
+    Mistake(
+        "dense_copies_with_tp",
+        (make_groups(dp_cp=("dp_replicate", "dp_shard", "cp", "tp")),),
+        r"dp_cp includes tp",
+    ),  # fmt: skip
+    Mistake(
+        "no_single_slip", (_two_ep_slips,), r"ep: the group of rank \d+ is \[.*\], want \[.*\]\.$"
+    ),
     Mistake("size_one_kinds_dropped", (make_groups(drop_ones=True),), r"even of one rank"),
     Mistake("ranks_from_one", (make_groups(base=1),), r"ranks \[0\] are in none"),
     Mistake("ep_left_out", (make_groups(leave_out=("ep",)),), r"no ep in your dict"),
@@ -127,7 +158,7 @@ SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
 
 def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too=False,
                  kv_rule=True, embedding=True, embedding_untied=False, expert="expert_dp",
-                 router_is_expert=False, extra=()):  # fmt: skip
+                 router_is_expert=False, extra=(), full_name=False):  # fmt: skip
     """A learner's `reduced_over` with the named parts changed."""
 
     def reduced_over(model_name, name, dims):
@@ -137,7 +168,8 @@ def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too
         kinds = set(dense) | set(extra)
         plan = LLAMA_PLAN if model_name == "llama" else GPT_PLAN
         module, _, kind = name.rpartition(".")
-        style = next((s for p, s in plan.items() if fnmatchcase(module, p)), None)
+        looked_up = name if full_name else module
+        style = next((s for p, s in plan.items() if fnmatchcase(looked_up, p)), None)
         if style == "colwise_kv" and kv_rule:
             split = 2 % dims.tp == 0
         else:
@@ -155,6 +187,12 @@ def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too
         return kinds
 
     return reduced_over
+
+
+def _two_dense_slips(model_name, name, dims):
+    """cp forgotten on the GPT, dp_replicate on the Llama model: no one slip explains both."""
+    dense = ("dp_replicate", "dp_shard") if model_name == "gpt" else ("dp_shard_cp",)
+    return make_reduced(dense=dense)(model_name, name, dims)
 
 
 def _plan_lookup(model_name, name, dims):
@@ -188,6 +226,22 @@ REDUCED_MISTAKES = [
     Mistake("experts_over_ep", (make_reduced(expert="ep"),), r"hold different experts"),
     Mistake("router_as_expert", (make_reduced(router_is_expert=True),), r"router.*dense"),
     Mistake("pp_in_dense", (make_reduced(extra=("pp",)),), r"stages hold different layers"),
+    Mistake("forgets_dp_shard", (make_reduced(dense=("dp_replicate", "cp")),), r"forgot dp_shard"),
+    Mistake(
+        "plan_on_full_name",
+        (make_reduced(full_name=True),),
+        r"module-name patterns.*not the parameter's",
+    ),
+    Mistake(
+        "experts_without_replicas",
+        (make_reduced(expert="ep_shard"),),
+        r"every replica's \(expert_dp\)",
+    ),
+    Mistake(
+        "no_single_slip",
+        (_two_dense_slips,),
+        r"rank 0 sums .* with ranks \[.*\]; the ranks holding a copy of it are \[.*\]\.$",
+    ),
     Mistake("unknown_kind", (lambda m, n, d: {"dp"},), r"'?dp'? is not a group kind"),
     Mistake("returns_none", (lambda m, n, d: None,), r"returned None.*set of group kinds"),
     Mistake("key_error", (_plan_lookup,), r"KeyError.*dictionary key"),
@@ -216,6 +270,17 @@ def test_build_groups_names_the_mistake(mistake, group_messages):
 @pytest.mark.parametrize("mistake", REDUCED_MISTAKES, ids=[m.name for m in REDUCED_MISTAKES])
 def test_reduced_over_names_the_mistake(mistake, reduced_messages):
     assert names_mistake(mistake, reduced_messages[mistake.name]) is None
+
+
+def test_the_catalogue_without_a_slip_is_the_engine_rule():
+    """`mistaken_kinds` with no slip gives `right_kinds` on every parameter and layout."""
+    from minidist.compose.check.gradients import mistaken_kinds, model_of, right_kinds
+    from minidist.compose.dims import ParallelDims
+
+    for model_name, sizes in GRAD_CASES:
+        dims = ParallelDims(**sizes)
+        for name, _ in model_of(model_name).named_parameters():
+            assert mistaken_kinds(model_name, name, dims) == right_kinds(model_name, name, dims)
 
 
 def test_right_answers_pass(capsys):

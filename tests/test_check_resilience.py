@@ -31,14 +31,25 @@ def interval(young=None, daly=None, swap=False):
 
 def series(**flags):
     def daly(d, m):
-        if flags.get("cap", True) and d >= 2 * m:
+        if flags.get("cap", True) and d >= flags.get("cap_at", 2) * m:
             return m
         x = d / (2 * m) if flags.get("half", True) else d / m
-        third = (math.sqrt(x) if flags.get("sqrt", True) else x) / 3 * flags.get("third", 1)
-        t = math.sqrt(2 * d * m) * (1 + third + x / 9 * flags.get("ninth", 1))
+        if flags.get("slash_times"):
+            x = d / 2 * m  # the learner's d/2*m
+        if flags.get("floor"):
+            x = d // (2 * m)
+        root = (lambda v: v**1 / 2) if flags.get("slip") else math.sqrt  # the learner's ** 1/2
+        third = (root(x) if flags.get("sqrt", True) else x) / 3 * flags.get("third", 1)
+        t = root(2 * d * m) * (1 + third + x / 9 * flags.get("ninth", 1))
         return t - d * flags.get("minus", 1)
 
     return daly
+
+
+def both_wrong(d, m):
+    """Young without its 2 on small δ, without its root on large δ: no one slip explains it."""
+    y = math.sqrt(d * m) if d < 100 else 2 * d * m
+    return y, daly_interval(d, m)
 
 
 def raises(d, m):
@@ -51,6 +62,11 @@ INTERVAL_MISTAKES = [
     Mistake("δ/M", (interval(young=lambda d, m: math.sqrt(2 * d / m)),), "δ divided by M"),
     Mistake("hours", (interval(young=lambda d, m: young_interval(d, m) / 3600),), "hours"),
     Mistake("minutes", (interval(young=lambda d, m: young_interval(d, m) / 60),), "minutes"),
+    Mistake(
+        "M in hours, young",
+        (interval(young=lambda d, m: math.sqrt(2 * d * m / 3600)),),
+        "M taken in hours",
+    ),
     Mistake("swapped", (interval(swap=True),), "swapped"),
     Mistake("no -δ", (interval(daly=series(minus=0)),), "without its −δ"),
     Mistake("no third", (interval(daly=series(third=0)),), "without its ⅓"),
@@ -60,6 +76,19 @@ INTERVAL_MISTAKES = [
     Mistake("daly = young", (interval(daly=young_interval),), "Young's interval for Daly's"),
     Mistake("no cap", (interval(daly=series(cap=False)),), "δ ≥ 2M not handled"),
     Mistake("a single number", (young_interval,), "return a pair"),
+    Mistake("** 1/2 in young", (interval(young=lambda d, m: (2 * d * m) ** 1 / 2),), r"\*\* 1/2"),
+    Mistake("** 1/2 in daly", (interval(daly=series(slip=True)),), r"√ written \*\* 1/2"),
+    Mistake("d/2*M", (interval(daly=series(slash_times=True)),), r"\(δ/2\)·M.*bracket"),
+    Mistake("integer division", (interval(daly=series(floor=True)),), "integer .floor. division"),
+    Mistake(
+        "M in hours", (interval(daly=lambda d, m: daly_interval(d, m / 3600)),), "M taken in hours"
+    ),
+    Mistake("round young", (interval(young=lambda d, m: round(young_interval(d, m))),), "rounded"),
+    Mistake("round daly", (interval(daly=lambda d, m: round(daly_interval(d, m))),), "rounded"),
+    Mistake("cap at δ ≥ M", (interval(daly=series(cap_at=1)),), r"cap at δ ≥ M.*δ ≥ 2M"),
+    Mistake(
+        "no single slip", (both_wrong,), r"young = [\d.e+]+ s; want .*Young 1974: √\(2·δ·M\)\)$"
+    ),
     Mistake("math domain", (raises,), "δ ≥ 2M"),
 ]
 
@@ -102,10 +131,18 @@ def floor_div(n, d, d2, r2):
     return reshard_reference(n, d, d2, r2)
 
 
+def stop_short_then_past(n, d, d2, r2):
+    """Stops one short on even new ranks, one past on odd ones: no one slip explains it."""
+    return _pieces(n, d, d2, r2, stop_shift=-1 if r2 % 2 == 0 else 1)
+
+
 RESHARD_MISTAKES = [
     Mistake("floor", (reading(chunk=lambda a, b: a // b),), r"numel // world"),
     Mistake("swapped worlds", (reading(swap=True),), "worlds swapped"),
+    Mistake("round", (reading(chunk=lambda a, b: round(a / b)),), r"round\(numel / world\)"),
     Mistake("global offsets", (reading(local=False),), "offsets in the whole flat buffer"),
+    Mistake("modulo the new shard", (reading(modulo_new=True),), "modulo the new shard size"),
+    Mistake("no single slip", (stop_short_then_past,), r"returned .*, want .*read each overlap"),
     Mistake("stop short", (reading(stop_shift=-1),), "one short"),
     Mistake("stop past", (reading(stop_shift=1),), "one past"),
     Mistake("padding", (reading(pad=True),), "padding read"),

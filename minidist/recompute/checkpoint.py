@@ -12,19 +12,20 @@ CUDA) random state at the segment's start is saved and restored for the recomput
 
 Two forms, with torch's names (`torch.utils.checkpoint.checkpoint(..., use_reentrant=)`):
 
-- reentrant (`use_reentrant=True`, the lesson's default: the inputs are what autograd saves,
-  so `SavedActivations` counts them): an autograd `Function` whose backward runs the
-  recomputation and a backward of its own inside the outer one. Gradients of parameters in
-  the segment reach their `.grad` (or an FSDP unit's flat parameter) from that inner
-  backward; the output must be a tensor or a tuple and require grad.
-- non-reentrant (`use_reentrant=False`, torch's default): the forward runs under
-  `saved_tensors_hooks` that keep an index instead of each saved tensor; the first unpack in
-  backward recomputes the segment and hands back the recomputed tensors, and the outer
-  backward goes on through the forward's own graph. Any output structure works, and state a
-  block changes as it runs (a cache) never feeds a second, inner backward.
+- reentrant (`use_reentrant=True`, `checkpoint`'s default and the lesson's: the inputs are
+  what autograd saves, so `SavedActivations` counts them): an autograd `Function` whose
+  backward runs the recomputation and a backward of its own inside the outer one. Gradients
+  of parameters in the segment reach their `.grad` (or an FSDP unit's flat parameter) from
+  that inner backward; the output must be a tensor or a tuple and require grad.
+- non-reentrant (`use_reentrant=False`, `recompute`'s default, the form torch recommends):
+  the forward runs under `saved_tensors_hooks` that keep an index instead of each saved
+  tensor; the first unpack in backward recomputes the segment and hands back the recomputed
+  tensors, and the outer backward goes on through the forward's own graph. Any output
+  structure works, and state a block changes as it runs never feeds a second, inner backward.
 
 Both take keyword arguments (`block(h, attention_mask=m)`), tensors nested in any structure
-included (`position_embeddings=(cos, sin)`).
+included (`position_embeddings=(cos, sin)`). A Hugging Face layer's K/V cache is left out
+of a recomputed layer, as HF's own gradient checkpointing does (see `_without_cache`).
 """
 
 from __future__ import annotations
@@ -150,7 +151,59 @@ def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):
     return _checkpoint_non_reentrant(fn, args, kwargs)
 
 
-def recompute(module: nn.Module, use_reentrant: bool = True) -> nn.Module:
+# A recomputation must have no side effect on state the forward already changed. HF decoder
+# layers get the model's K/V cache (`cache=`, `past_key_values=`, GPT-2's second positional
+# argument) and append this step's K/V to it; recomputed in backward, they would append it
+# again and attend over both copies: with the reentrant form k_proj/v_proj got zero
+# gradients (the first copy, made under no_grad, has no graph; loss off by 8e-4 to 1.8e-2
+# after 3 steps), with either form a padding mask or a sliding window no longer matched the
+# keys' length (torch's checkpoint crashes there too). Refusing would break every plain
+# `model(ids, labels=...)` call (configs default to use_cache=True); HF's own
+# `GradientCheckpointingLayer` instead runs a checkpointed layer without the cache
+# (`use_cache=False`, `cache=None`), and so does `recompute`: the layer then computes what
+# it computes from an empty cache, the case of a training step. A cache that already holds
+# this layer's earlier tokens would change the result if dropped: that is refused.
+
+
+def _is_cache(x) -> bool:
+    """A transformers `Cache` (by class name, so transformers is not imported). Legacy tuple
+    caches are values the layer returns, not state it changes: they are left as they are."""
+    return any(c.__name__ == "Cache" for c in type(x).__mro__)
+
+
+def _layer_index(module: nn.Module) -> int:
+    """The `layer_idx` HF gives a layer's attention (the slot it writes in the cache)."""
+    for m in module.modules():
+        if isinstance(getattr(m, "layer_idx", None), int):
+            return m.layer_idx
+    return 0
+
+
+def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`args`, `kwargs` with any transformers Cache replaced by None (and use_cache=False),
+    refused when it already holds this layer's earlier tokens."""
+    found = [(i, a) for i, a in enumerate(args) if _is_cache(a)]
+    found += [(k, v) for k, v in kwargs.items() if _is_cache(v)]
+    if not found:
+        return args, kwargs
+    for where, cache in found:
+        held = cache.get_seq_length(_layer_index(module))
+        if held:
+            arg = f"argument {where}" if isinstance(where, int) else f"{where}="
+            raise ValueError(
+                f"recompute({type(module).__name__}): its {arg} holds {held} earlier tokens; a "
+                "recomputed layer runs without the cache (the recomputation would append to "
+                "it again), so dropping it would change the result: call the model with "
+                "use_cache=False and no past cache"
+            )
+    args = tuple(None if _is_cache(a) else a for a in args)
+    kwargs = {k: None if _is_cache(v) else v for k, v in kwargs.items()}
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    return args, kwargs
+
+
+def recompute(module: nn.Module, use_reentrant: bool = False) -> nn.Module:
     """Make `module`'s forward recomputed in backward, in place; names and hooks unchanged.
 
     The module's class is swapped for a subclass whose `forward` runs the original one
@@ -158,7 +211,9 @@ def recompute(module: nn.Module, use_reentrant: bool = True) -> nn.Module:
     way `torch.distributed.fsdp.fully_shard` extends a module's class. Its hooks run once,
     around the first forward. Composes with an FSDP unit on the same module: its
     pre-backward hook re-gathers the parameters before the recomputation, into the storage
-    the forward's views still point at.
+    the forward's views still point at. Non-reentrant by default, as torch recommends; a
+    Hugging Face K/V cache passed to the module is left out while grad is enabled (as
+    HF's own gradient checkpointing does, see `_without_cache`).
     """
     cls = type(module)
     if getattr(cls, "_minidist_recompute", False):
@@ -169,6 +224,7 @@ def recompute(module: nn.Module, use_reentrant: bool = True) -> nn.Module:
         if not torch.is_grad_enabled():
             return plain(*args, **kwargs)
         reentrant = self._minidist_reentrant
+        args, kwargs = _without_cache(self, args, kwargs)
         if reentrant and not any(t.requires_grad for t in tree_tensors((args, kwargs))):
             if any(p.requires_grad for p in self.parameters()):
                 raise ValueError(

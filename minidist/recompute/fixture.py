@@ -11,6 +11,11 @@ its blocks run plainly, recomputed one by one, or in segments of k.
   one process; `fsdp_on_rank`: the same under FSDP on a rank, with or without recompute.
 - `timings`: forward and backward seconds and the peak of saved bytes, with and without
   recomputation; `cuda_peaks`: `torch.cuda.max_memory_allocated` where a GPU exists.
+
+Blocks are recomputed in the reentrant form (`use_reentrant=True`, Chen et al.'s Function,
+as `checkpoint` and `checkpoint_sequential` run by default): its saved inputs are what
+`SavedActivations` and `LiveActivations` see, where the non-reentrant form (`recompute`'s
+default) keeps them in a closure, out of autograd's sight.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def _dropout_gpt(how: str = "plain", **sizes):
     model.train()
     if how == "recompute":
         for block in model.blocks:
-            recompute(block)
+            recompute(block, use_reentrant=True)
     return model, batches, loss_fn
 
 
@@ -154,7 +159,7 @@ def train_recomputed(name: str = "gpt") -> TrainTrace:
 
     model, batches, loss_fn = build(name)
     for block in model.blocks:
-        recompute(block)
+        recompute(block, use_reentrant=True)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
     return train(model, batches, loss_fn, opt)
 
@@ -183,7 +188,7 @@ def fsdp_on_rank(recomputed: bool) -> dict:
     model, batches, loss_fn = build("gpt")
     if recomputed:
         for block in model.blocks:
-            recompute(block)
+            recompute(block, use_reentrant=True)
     fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"])
     opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
     local = [shard_batch(b, rank, world) for b in batches]
@@ -238,7 +243,7 @@ def _timings(settings: dict, rounds: int, warmup: int, sizes: dict) -> dict:
         model.train()
         if how == "recompute":
             for block in model.blocks:
-                recompute(block)
+                recompute(block, use_reentrant=True)
         x, y = batches[0]
         k = segment if how == "segments" else None
         step = lambda m=model, k=k, x=x, y=y, f=loss_fn: f(gpt_forward(m, x, k), y)
@@ -277,7 +282,7 @@ def cuda_peaks(repeats: int = 3, **sizes) -> dict[str, int] | None:
         model.cuda().train()
         if how == "recompute":
             for block in model.blocks:
-                recompute(block)
+                recompute(block, use_reentrant=True)
         x, y = (t.cuda() for t in batches[0])
         for _ in range(repeats):  # gradients exist after the first step
             model.zero_grad(set_to_none=False)

@@ -29,10 +29,16 @@ def _sample(world_sizes: tuple[int, ...], count: int, seed: int, ep: bool) -> li
     return out
 
 
-# every axis of size 2 (32 ranks) first: a misplaced axis shows in its first case
+# every axis of size 2 (32 ranks) first: a misplaced axis shows in its first case; sizes of
+# 3 and 5 on every axis, so that ranks packed with bit shifts (right for powers of two) fail
 GROUP_CASES = [
     dict(pp=2, dp_replicate=2, dp_shard=2, cp=2, tp=2, ep=2),
     *_sample((8, 16), 10, 17, ep=True),
+    dict(pp=1, dp_replicate=3, dp_shard=2, cp=1, tp=1, ep=2),
+    dict(pp=5, dp_replicate=1, dp_shard=1, cp=3, tp=1, ep=3),
+    dict(pp=1, dp_replicate=1, dp_shard=3, cp=2, tp=3, ep=3),
+    dict(pp=3, dp_replicate=1, dp_shard=5, cp=1, tp=2, ep=5),
+    dict(pp=1, dp_replicate=2, dp_shard=6, cp=1, tp=1, ep=3),
     dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1),
 ]
 

@@ -32,7 +32,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _pieces(numel, d, d2, r2, chunk=_ceil, swap=False, local=True, stop_shift=0, pad=False,
-            first_only=False, reverse=False, rank_shift=0) -> list:  # fmt: skip
+            first_only=False, reverse=False, rank_shift=0, modulo_new=False) -> list:  # fmt: skip
     """The right answer, or one reading of it with a named part changed."""
     if swap:
         d, d2 = d2, d
@@ -42,7 +42,9 @@ def _pieces(numel, d, d2, r2, chunk=_ceil, swap=False, local=True, stop_shift=0,
     out = []
     for r in range(d):
         a, b = max(lo, r * c), min(hi, (r + 1) * c if pad else min((r + 1) * c, numel))
-        if a < b:
+        if a < b and modulo_new:
+            out.append((r, a % c2, a % c2 + b - a))
+        elif a < b:
             base = r * c if local else 0
             out.append((r, a - base, b - base + stop_shift))
     out = out[:1] if first_only else out
@@ -57,10 +59,14 @@ def reshard_reference(numel: int, saved_world: int, new_world: int, new_rank: in
 READINGS = {
     "a shard of numel // world elements (floor): a shard is ceil(numel / world), the last "
     "padded": dict(chunk=lambda a, b: a // b),
+    "a shard of round(numel / world) elements: a shard is ceil(numel / world) (rounding "
+    "down would leave the last elements in no shard)": dict(chunk=lambda a, b: round(a / b)),
     "the worlds swapped: the saved shards are ceil(numel / saved_world), the new ones "
     "ceil(numel / new_world)": dict(swap=True),
     "offsets in the whole flat buffer: start and stop are inside the saved rank's shard "
     "(subtract saved_rank · its shard size)": dict(local=False),
+    "offsets taken modulo the new shard size c': they are inside the saved rank's shard, "
+    "whose size is c = ceil(numel / saved_world) (subtract saved_rank · c)": dict(modulo_new=True),
     "each stop one short: stop is exclusive, as in a Python slice": dict(stop_shift=-1),
     "each stop one past the end: stop is exclusive, as in a Python slice": dict(stop_shift=1),
     "padding read: a checkpoint holds no padding; stop at numel": dict(pad=True),
@@ -110,19 +116,15 @@ def _diagnose(numel: int, d: int, d2: int, r2: int, got, reading: str | None) ->
 
 
 def _consistent(got: dict) -> str | None:
-    """The reading that explains the most of the learner's answers (at least the first
-    wrong one), as a message on that answer."""
+    """The reading that gives the learner's answer on every case it got wrong, as a message
+    on the first; with none, the first wrong case and the rule, no guessed cause."""
     wrong = [k for k, v in got.items() if _shape(v) or _clean(v) != reshard_reference(*k)]
     if not wrong:
         return None
     first = wrong[0]
-    best, count = None, 0
-    for reading, flags in READINGS.items():
-        if _shape(got[first]) or _clean(got[first]) != _pieces(*first, **flags):
-            continue
-        n = sum(not _shape(v) and _clean(v) == _pieces(*k, **flags) for k, v in got.items())
-        if n > count:
-            best, count = reading, n
+    best = next((reading for reading, flags in READINGS.items()
+                 if all(not _shape(got[k]) and _clean(got[k]) == _clean(_pieces(*k, **flags))
+                        for k in wrong)), None)  # fmt: skip
     return _diagnose(*first, got[first], best)
 
 
