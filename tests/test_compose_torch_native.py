@@ -65,10 +65,12 @@ def test_torch_composition_equals_one_process(dims):
     gradient is near ε = 1e-8 a rounding-size change in it moves the element by a good part
     of lr (the largest seen: 7e-5, always in elements whose gradient is below 1e-6)."""
     world = dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp
-    results = minidist.launch(_rank, world, dims, timeout_s=300)
-    ref_losses, ref_params = _reference()
+    _check(minidist.launch(_rank, world, dims, timeout_s=300), world // dims.pp, *_reference())
+
+
+def _check(results, last_ranks, ref_losses, ref_params):
     replicas = [r[0] for r in results if r[0] is not None]  # every tp rank of a last stage
-    assert len(replicas) == world // dims.pp
+    assert len(replicas) == last_ranks
     losses = [sum(r[i] for r in replicas) / len(replicas) for i in range(STEPS)]
     assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-5, (losses, ref_losses)
     seen = set()
@@ -119,16 +121,7 @@ def test_torch_composition_runs_the_transformers_models_own_forward(name, dims):
     pytest.importorskip("transformers")
     world = dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp
     results = minidist.launch(_hf_rank, world, name, dims, timeout_s=300)
-    ref_losses, ref_params = _hf_reference(name)
-    replicas = [r[0] for r in results if r[0] is not None]
-    losses = [sum(r[i] for r in replicas) / len(replicas) for i in range(STEPS)]
-    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-5, (losses, ref_losses)
-    seen = set()
-    for _, full in results:
-        for n, p in full.items():
-            assert (p - ref_params[n]).abs().max() < 5e-4, n
-            seen.add(n)
-    assert seen == set(ref_params)
+    _check(results, world // dims.pp, *_hf_reference(name))
 
 
 def test_a_tied_head_under_tp_is_refused_by_torchs_composition():
