@@ -1,5 +1,14 @@
 """`parallelize(model, dims)`: every parallelism at once, as steps from the lessons.
 
+A transformers causal LM (any: `check_layout` refuses what is not composed, in the parent)
+goes through functions that edit a copy of it in place, and its own forward runs: the
+pipeline split (`split`), tensor and sequence parallelism (`tensor_parallel`), ring
+attention as its attention kernel (`context_parallel`), its experts over ep (`experts`),
+non-reentrant recomputation of its layers (any schedule), then steps 6-8 below; its loss is
+its own (the mean over labels ≠ -100 of the global batch). The course's three models take
+the path below (their chunks re-walk the model: `Chunk`, `ComposedAttention`), which the
+theory of `theory.py` plans to the byte.
+
 The whole model is built on every rank (the same seed, so the same weights), then each
 rank keeps and transforms its part, in this order (torchtitan's `parallelize_llama` order;
 each later step works on what the earlier ones left):
