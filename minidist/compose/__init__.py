@@ -3,8 +3,13 @@ process. `python -m minidist train ...` runs a layout (`cli.py`). Notebook
 `notebooks/17_every_parallelism.ipynb`; exercises `exercises/17_every_parallelism.ipynb`.
 
 - `dims.py`: `ParallelDims` (torchtitan's names) and the grid every group comes from
-- `parallelize.py`: `parallelize(model, dims)`, the steps in order, the gradient table
-- `stage.py`: a pipeline chunk of the GPT, its MoE form or a Hugging Face-layout Llama
+- `parallelize.py`: `parallelize(model, dims)`, the steps in order, the gradient table;
+  `check_layout` (what a transformers model cannot be composed into, before any rank starts)
+- for any transformers model, functions that edit a copy of it in place: `model_parts.py`
+  (which module is which), `split.py` (the pipeline stage running the model's own forward),
+  `tensor_parallel.py`, `context_parallel.py` (ring attention as its attention kernel),
+  `experts.py` (its experts over ep)
+- `stage.py`: a pipeline chunk of the course GPT, its MoE form or lesson 17's Llama
 - `attention.py`: the rank's heads, rotary at global positions, ring attention over cp
 - `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
 - `fixture.py`: the models, data and runs the tests, the CLI and the notebook share
@@ -16,6 +21,6 @@ process. `python -m minidist train ...` runs a layout (`cli.py`). Notebook
 """
 
 from .dims import Grid, ParallelDims, grid_groups
-from .parallelize import ComposedParallel, parallelize
+from .parallelize import ComposedParallel, check_layout, parallelize
 
-__all__ = ["ParallelDims", "Grid", "grid_groups", "ComposedParallel", "parallelize"]
+__all__ = ["ParallelDims", "Grid", "grid_groups", "ComposedParallel", "parallelize", "check_layout"]
