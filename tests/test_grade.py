@@ -163,6 +163,57 @@ def test_table_and_usage_errors(tmp_path, capsys):
     assert f"warning: {plain} holds no exercises" in err and "nothing graded" in err
 
 
+def test_outputs_never_overwrite_a_submission(tmp_path, capsys, monkeypatch):
+    """--feedback that is, holds or lies inside the class folder, or that would put an
+    executed copy over a graded notebook, and --csv into a missing folder: one line, status 2,
+    before any notebook runs, every submission as it was."""
+    klass = tmp_path / "class"
+    for who in ("alice", "bob"):
+        (klass / who).mkdir(parents=True)
+        _notebook(klass / who / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    single = _notebook(tmp_path / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    (tmp_path / "other").mkdir()
+    twin = _notebook(tmp_path / "other" / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    graded = []
+
+    def fake_grade_one(path, *args):
+        graded.append(path)
+        executed = nbformat.read(path, as_version=4)
+        executed.cells.append(new_code_cell("executed"))
+        return [grade.Result(str(path), "x", "FAIL", "no", 0.0)], executed
+
+    monkeypatch.setattr(grade, "grade_one", fake_grade_one)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")}
+    c = ["--class", str(klass)]
+    refused = {
+        (*c, "--feedback", str(klass)): "is the class folder",
+        (*c, "--feedback", str(tmp_path)): "holds the class folder",
+        (*c, "--feedback", str(klass / "alice")): "lies inside the class folder",
+        (*c, "--feedback", str(klass / "new")): "lies inside the class folder",
+        (str(single), "--feedback", str(tmp_path)): "would overwrite the graded notebook",
+        ("--all", str(tmp_path), "--feedback", str(tmp_path)): "would overwrite the graded",
+        (str(single), str(twin), "--feedback", str(tmp_path / "fb")): "would both be written",
+        (str(single), "--feedback", str(single)): "exists and is not a folder",
+        (*c, "--csv", str(tmp_path / "missing" / "g.csv")): "does not exist",
+        (*c, "--csv", str(tmp_path)): "is a folder",
+        (str(single), "--csv", str(single)): "is a notebook being graded",
+    }
+    for args, said in refused.items():
+        assert main(["grade", *args]) == grade.EXIT_USAGE, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minidist grade: error: "), (args, err)
+        assert said in err[0], (args, err)
+    assert graded == []  # refused before any notebook ran
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")} == before
+    feedback = tmp_path / "feedback"
+    assert main(["grade", *c, "--feedback", str(feedback), "--csv", str(tmp_path / "g.csv")]) == 1
+    assert sorted(p.relative_to(feedback).as_posix() for p in feedback.rglob("*.ipynb")) == [
+        "alice/lab.ipynb",
+        "bob/lab.ipynb",
+    ]
+    assert {p: p.read_bytes() for p in before} == before
+
+
 LABCHECK = """
 def check_add(add):
     got = add(1, 2)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import traceback
 from dataclasses import asdict
@@ -123,7 +124,66 @@ def _jobs(args) -> list[tuple[str, Path]]:
         jobs += [(who, p) for who, notebooks in found for p in notebooks or [folder / who]]
     if not jobs:
         raise UsageError("give notebooks to grade, --all DIR or --class DIR")
+    _check_outputs(args, jobs)
     return jobs
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
+    """--feedback and --csv are written only where they overwrite nothing that is graded
+    (a submission is never replaced by its executed copy) and only where they can be
+    written, checked before the first notebook runs: a class graded for an hour must not
+    end in a lost table."""
+    sources = {p.resolve() for _, p in jobs if p.is_file()}
+    if args.feedback is not None:
+        feedback = Path(args.feedback).resolve()
+        if feedback.exists() and not feedback.is_dir():
+            raise UsageError(f"--feedback {args.feedback}: exists and is not a folder")
+        if args.class_dir is not None:
+            klass = Path(args.class_dir).resolve()
+            if _within(feedback, klass) or _within(klass, feedback):
+                how = "is" if feedback == klass else "lies inside"
+                how = "holds" if feedback != klass and _within(klass, feedback) else how
+                raise UsageError(
+                    f"--feedback {args.feedback}: {how} the class folder {args.class_dir}; "
+                    "the executed copies would overwrite or mix with the submissions: "
+                    "give a folder outside it"
+                )
+        targets: dict[Path, Path] = {}
+        for student, path in jobs:
+            target = (feedback / student if student else feedback) / path.name
+            target = target.resolve()
+            if target in sources:
+                raise UsageError(
+                    f"--feedback {args.feedback}: would overwrite the graded notebook "
+                    f"{path} with its executed copy; give another folder"
+                )
+            if target in targets and path.is_file():
+                raise UsageError(
+                    f"--feedback {args.feedback}: {targets[target]} and {path} would both be "
+                    f"written to {target}; grade them with separate --feedback folders"
+                )
+            targets[target] = path
+        _writable("--feedback", args.feedback, feedback)
+    if args.csv is not None:
+        table = Path(args.csv).resolve()
+        if table.is_dir():
+            raise UsageError(f"--csv {args.csv}: is a folder; give a file name")
+        if table in sources:
+            raise UsageError(f"--csv {args.csv}: is a notebook being graded")
+        if not table.parent.is_dir():
+            raise UsageError(f"--csv {args.csv}: the folder {table.parent} does not exist")
+        _writable("--csv", args.csv, table if table.exists() else table.parent)
+
+
+def _writable(option: str, given: str, path: Path) -> None:
+    """`path`, or the nearest folder above it that exists, can be written."""
+    here = next(p for p in [path, *path.parents] if p.exists())
+    if not os.access(here, os.W_OK | (os.X_OK if here.is_dir() else 0)):
+        raise UsageError(f"{option} {given}: cannot be written ({here} is not writable)")
 
 
 def _grader(args, released: Path | None, sandbox: dict | None):
