@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +45,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import comm
-from ..checkpoint_files import (
-    CHECKSUMS,
-    CheckpointError,
-    is_complete,
-    put_in_place,
-    recover,
-    unfinished_path,
-)
-from ..checkpoint_pin import pin
+from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, is_complete, unfinished_path
+from ..checkpoint_pin import pin, raise_everywhere
 from ..fsdp.checkpoint_safe import read_metadata, write_checksums
-from ..parallel import first_rank
 from ..pieces import Piece
 from .chunks import Chunk, piece_chunks, piece_nbytes
 from .planners import ChunkLoadPlanner, ChunkSavePlanner, VerifyingReader
@@ -117,40 +108,43 @@ def _whole(name: str, t: torch.Tensor) -> Chunk:
 
 
 def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
-    """Write `chunks` (every rank its own) as the checkpoint `path`, atomically."""
+    """Write `chunks` (every rank its own) as the checkpoint `path`, atomically.
+
+    Rank 0 claims the staging folder (`checkpoint_files.Staging`, the lock every format
+    takes): a second save to `path` while one runs is refused on every rank of the second
+    world, and no rank returns before this save's own files are in place."""
     path = Path(path)
     if path.exists() and not is_complete(path):
         raise FileExistsError(
             f"save: {path} exists and is not a checkpoint (no {CHECKSUMS}): refusing to replace it"
         )
-    unfinished = unfinished_path(path)
-    rank0 = dist.get_rank(group) == 0
-    if rank0:
-        recover(path)  # a complete save stopped between its renames is not thrown away
-        shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
-    comm.barrier(group, tag="checkpoint")
-    try:
-        dcp.save({}, checkpoint_id=unfinished, planner=ChunkSavePlanner(chunks),
-                 process_group=group)  # fmt: skip
-    except CheckpointException as e:  # a BaseException, on every rank: made ordinary
-        raise RuntimeError(
-            f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
-            f"({next(iter(e.failures.values()), '')!r})"
-        ) from e
-    comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
-    failure = None
-    if rank0:
+    staging, error = None, None
+    if dist.get_rank(group) == 0:
         try:
-            write_checksums(unfinished, FORMAT)  # written last: the save is complete
-            put_in_place(unfinished, path)
-        except OSError as e:
-            failure = e
-    ok = torch.tensor([failure is None], dtype=torch.uint8, device=comm.group_device(group))
-    comm.broadcast(ok, src=first_rank(group), group=group, tag="checkpoint")
-    if failure is not None:
-        raise failure
-    if not ok.item():
-        raise RuntimeError(f"save: rank 0 could not put {unfinished} in place as {path}")
+            staging = Staging(path, "save")
+        except (CheckpointError, OSError) as e:
+            error = str(e)
+    try:
+        raise_everywhere(group, error)
+        try:
+            dcp.save({}, checkpoint_id=unfinished_path(path),
+                     planner=ChunkSavePlanner(chunks), process_group=group)  # fmt: skip
+        except CheckpointException as e:  # a BaseException, on every rank: made ordinary
+            raise RuntimeError(
+                f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
+                f"({next(iter(e.failures.values()), '')!r})"
+            ) from e
+        comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
+        if staging is not None:
+            try:
+                write_checksums(staging.folder, FORMAT)  # written last: the save is complete
+                staging.put_in_place()
+            except Exception as e:  # every rank gets the same error, none dies in gloo
+                error = f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+        raise_everywhere(group, error)  # nobody returns before `path` is in place
+    finally:
+        if staging is not None:
+            staging.release()
 
 
 def save(path, pieces: list[Piece], state: TrainingState | None = None,
