@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -212,6 +213,74 @@ def test_outputs_never_overwrite_a_submission(tmp_path, capsys, monkeypatch):
         "bob/lab.ipynb",
     ]
     assert {p: p.read_bytes() for p in before} == before
+
+
+NAMELESS = (
+    "from IPython import get_ipython\n"
+    "k = get_ipython().kernel  # a stream message with no 'name', sent by hand\n"
+    "k.session.send(k.iopub_socket, 'stream', {'text': 'x'}, parent=k.get_parent())"
+)
+DEEP = (
+    "import os\nfrom ipykernel import get_connection_file\n"
+    "os.chdir(os.path.dirname(get_connection_file()))  # the grader's scratch folder\n"
+    "for _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nos.chdir('/')"
+)
+
+
+def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch):
+    """Whatever a learner's notebook does, every other student is graded and every row is
+    one row: a malformed kernel message, a folder tree 3,000 deep left in the grader's
+    scratch folder, a 1 MB message (capped, the whole text in the executed notebook), names
+    that are formulas, hold a newline or differ only in Unicode normalisation."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    klass = tmp_path / "class"
+    right = ("code", "check_add(lambda a, b: a + b)")
+    huge = ("code", "check_add(lambda a, b: 'x' * 1_000_000)")
+    learners = {
+        "=HYPERLINK(1)": [CHECKER, ("code", NAMELESS), right],
+        "nameless check": [CHECKER, ("code", "check_add(lambda a, b: a + b)\n" + NAMELESS)],
+        "deep": [CHECKER, ("code", DEEP), right],
+        "huge": [CHECKER, huge],
+        "two\nlines": [CHECKER, right],
+        "caf\u00e9": [CHECKER, right],
+        "cafe\u0301": [CHECKER, right],
+    }
+    for who, cells in learners.items():
+        (klass / who).mkdir(parents=True)
+        _notebook(klass / who / "lab.ipynb", *cells)
+    table_csv, feedback = tmp_path / "g.csv", tmp_path / "feedback"
+    argv = ["grade", "--class", str(klass), "--csv", str(table_csv), "--feedback", str(feedback)]
+    assert main([*argv, "-j", "2", "--timeout", "60"]) == grade.EXIT_FAILED
+    out = capsys.readouterr().out.splitlines()
+    with open(table_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    by = {r["student"]: r for r in rows}
+    assert sorted(by) == sorted(["'=HYPERLINK(1)", *list(learners)[1:]])  # every student
+    assert len(rows) == len(learners)
+    assert by["'=HYPERLINK(1)"]["status"] == "PASS"  # the malformed message is ignored
+    assert by["nameless check"]["status"] == "FAIL"
+    assert "MalformedKernelMessage" in by["nameless check"]["message"]
+    assert by["deep"]["status"] == "PASS"
+    assert by["huge"]["status"] == "FAIL" and len(by["huge"]["message"]) < 2200
+    assert "more characters: see the executed notebook" in by["huge"]["message"]
+    executed = (feedback / "huge" / "lab.ipynb").read_text()
+    assert "x" * 1_000_000 in executed  # the whole message, where the row points
+    assert list((tmp_path / "tmp").iterdir()) == []  # every scratch folder, at any depth, gone
+    table = out[1 : 1 + len(learners)]
+    assert all(" PASS " in line or " FAIL " in line for line in table)  # one line per row
+    assert any(line.startswith("'two\\nlines'/lab.ipynb") for line in table)
+    assert any(line.startswith("'cafe\\u0301'/lab.ipynb") for line in table)
+    assert any(line.startswith("caf\u00e9/lab.ipynb") for line in table)
+
+
+def test_csv_fields_are_neutralised_as_owasp_says():
+    from minidist.course.grade_class import spreadsheet_safe
+
+    for text in ("=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"):
+        assert spreadsheet_safe(text) == "'" + text
+    for text in ("AssertionError: -1", "PASSED: 3", "", "'quoted"):
+        assert spreadsheet_safe(text) == text
 
 
 LABCHECK = """

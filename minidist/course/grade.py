@@ -19,8 +19,8 @@ Two things would stop a plain "Run all" and do not stop the grader:
 
 Exit status: 0 every exercise passed; 1 some exercise failed or could not be graded (the
 table says which); 2 a usage error (one line on stderr, before anything runs) or nothing to
-grade; 3 an internal error of the grader (a bug: its traceback on stderr, the rows so far
-printed).
+grade; 3 an internal error of the grader (a bug: its traceback on stderr; when it happened while
+grading one notebook, that notebook gets an ERROR row and every other one is still graded).
 """
 
 from __future__ import annotations
@@ -34,8 +34,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import grade_kernel
-from .grade_class import grade_all, students, totals, write_csv
-from .grade_run import CHECK_CALL, EXERCISE_HEADING, Result, find_exercises, grade_one
+from .grade_class import grade_all, shown, students, totals, write_csv
+from .grade_run import (
+    CHECK_CALL,
+    EXERCISE_HEADING,
+    Result,
+    find_exercises,
+    grade_one,
+    unreadable,
+)
 
 __all__ = ["CHECK_CALL", "EXERCISE_HEADING", "Result", "find_exercises", "grade_notebook"]
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -67,7 +74,7 @@ def format_table(results: list[Result]) -> str:
     """The table `grade` prints: one row per exercise, then a one-line summary."""
     rows = [("notebook", "exercise", "result", "time", "message")]
     for r in results:
-        where = f"{r.student}/{Path(r.notebook).name}" if r.student else r.notebook
+        where = f"{shown(r.student)}/{Path(r.notebook).name}" if r.student else r.notebook
         message = " ⏎ ".join(line.strip() for line in r.message.strip().splitlines())
         rows.append((where, r.exercise, r.status, f"{r.seconds:.1f} s", message))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -186,12 +193,23 @@ def _writable(option: str, given: str, path: Path) -> None:
         raise UsageError(f"{option} {given}: cannot be written ({here} is not writable)")
 
 
-def _grader(args, released: Path | None, sandbox: dict | None):
+def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path]):
+    """grade(student, notebook) -> rows; a notebook the grader fails on is appended to
+    `failed` and gets an ERROR row."""
+
     def grade(student: str, path: Path) -> list[Result]:
         if path.is_dir():  # a student with no notebooks
             why = f"no .ipynb notebooks in {path}"
             return [Result("", "(no notebooks)", "ERROR", why, 0.0, student)]
-        rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+        try:
+            rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+        except Exception as exc:  # one notebook never stops the class: ERROR rows, go on
+            failed.append(path)
+            print(f"minidist grade: internal error grading {path} (a bug in the grader; "
+                  "grading goes on):", file=sys.stderr)  # fmt: skip
+            traceback.print_exc()
+            why = f"the grader failed on it ({type(exc).__name__}: {exc})"
+            return unreadable(path, [], why, student)
         if not rows:
             print(
                 f"warning: {path} holds no exercises (no check cell): nothing graded",
@@ -224,14 +242,17 @@ def run_grade(args) -> int:
         print(f"minidist grade: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     results: list[Result] = []
+    failed: list[Path] = []
     try:
-        results = grade_all(jobs, _grader(args, released, sandbox), args.jobs)
+        results = grade_all(jobs, _grader(args, released, sandbox, failed), args.jobs)
     except Exception:
         _report(results, args)
         print("minidist grade: internal error (a bug in the grader):", file=sys.stderr)
         traceback.print_exc()
         return EXIT_INTERNAL
     _report(results, args)
+    if failed:
+        return EXIT_INTERNAL
     if not results:
         print("minidist grade: warning: no exercises found: nothing graded", file=sys.stderr)
         return EXIT_USAGE

@@ -9,6 +9,7 @@ the row it caused. A file that is not a notebook is ERROR rows, never a crash.
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import time
@@ -23,6 +24,16 @@ from .grade_kernel import check_cell_runner, end_processes, read_verdict
 CHECK_CALL = re.compile(r"^\s*(check_\w+)\(", re.MULTILINE)
 EXERCISE_HEADING = re.compile(r"^#+\s*(Exercise\b.*)$", re.MULTILINE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MESSAGE_CHARS = 2000  # a row's message; the whole output stays in the executed notebook
+
+
+def cap(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """`message`, cut to `limit` characters saying how much was cut (a learner's 50 MB print
+    would otherwise become a 50 MB cell of the CSV and of the table)."""
+    if len(message) <= limit:
+        return message
+    more = len(message) - limit
+    return f"{message[:limit]} [... {more:,} more characters: see the executed notebook]"
 
 
 @dataclass
@@ -36,6 +47,9 @@ class Result:
     message: str
     seconds: float
     student: str = ""
+
+    def __post_init__(self):
+        self.message = cap(self.message)
 
     @property
     def passed(self) -> bool:
@@ -171,7 +185,7 @@ class Run:
         marker = uuid.uuid4().hex
         results: dict[int, Result] = {}
         abandoned = None
-        with tempfile.TemporaryDirectory(prefix="minidist-grade-") as scratch:
+        with _scratch() as scratch:
             client, env = client_for(self.nb, self.path, self.timeout_s, self.sandbox, scratch)
             env[grade_kernel.RUN_MARKER] = marker
             pgid = None
@@ -247,6 +261,54 @@ class Run:
         mine = [e for e in self.errors if since < e[0] < index]
         setup = [e for e in self.errors if e[0] < (min(checks) if checks else index)]
         return (mine or setup or [None])[0]
+
+
+@contextmanager
+def _scratch():
+    """The kernel's own folder (its sockets; under `--sandbox` also its HOME and TMPDIR),
+    removed afterwards whatever the learner left in it (`remove_tree`)."""
+    scratch = tempfile.mkdtemp(prefix="minidist-grade-")
+    try:
+        yield scratch
+    finally:
+        remove_tree(Path(scratch))
+
+
+def remove_tree(top: Path) -> None:
+    """Remove `top` and everything in it, at any depth, without recursion and without long
+    paths: each folder met is first moved up to lie directly in `top` (a learner's tree
+    3,000 folders deep stops `shutil.rmtree` with a RecursionError, and its paths pass
+    PATH_MAX); symlinks are removed, never followed; folders made unreadable are opened
+    again."""
+    pending, moved, tag = [top], 0, uuid.uuid4().hex
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except PermissionError:
+            os.chmod(folder, 0o700)
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                moved += 1
+                flat = top / f".minidist-remove-{tag}-{moved}"
+                try:
+                    os.rename(entry.path, flat)
+                except PermissionError:
+                    os.chmod(folder, 0o700)
+                    os.rename(entry.path, flat)
+                pending.append(flat)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except PermissionError:
+                    os.chmod(folder, 0o700)
+                    os.unlink(entry.path)
+        if folder != top:
+            os.rmdir(folder)
+    os.rmdir(top)
 
 
 class KernelStartError(RuntimeError):
