@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -227,13 +228,16 @@ DEEP = (
 )
 
 
-def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch):
+def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch, request):
     """Whatever a learner's notebook does, every other student is graded and every row is
     one row: a malformed kernel message, a folder tree 3,000 deep left in the grader's
     scratch folder, a 1 MB message (capped, the whole text in the executed notebook), names
     that are formulas, hold a newline or differ only in Unicode normalisation."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    # Whatever the grader leaves, GNU rm removes at any depth (pytest's own cleanup of old
+    # temporary folders would meet the RecursionError otherwise, in every later session).
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(tmp_path / "tmp")]))
     klass = tmp_path / "class"
     right = ("code", "check_add(lambda a, b: a + b)")
     huge = ("code", "check_add(lambda a, b: 'x' * 1_000_000)")
@@ -305,6 +309,9 @@ RELEASED = (
 )
 RIGHT = "def add(a, b):\n    return a + b"
 SLEEPER = f"sleep 4321.{os.getpid()}"  # a detached process the grader must end
+# An orphan in the kernel's process group that dropped its environment (no run marker, and
+# the kernel no longer knows it as a child): only killing the kernel's group ends it.
+GROUPED = f"sleep 4322.{os.getpid()}"
 
 
 def _lab(folder: Path, *replace: tuple[int, str], drop: int | None = None) -> Path:
@@ -346,6 +353,10 @@ def graded_class(tmp_path_factory):
         + RIGHT
     )
     _lab(klass / "gina", (2, detach), late_ok)
+    silence = "import IPython.display\nIPython.display.display = lambda *a, **k: None\n"
+    _lab(klass / "ivan", (2, silence + RIGHT), late_ok)  # the verdict never comes back
+    orphan = [shutil.which("sh"), "-c", f"{shutil.which('sleep')} {GROUPED.split()[1]} &"]
+    _lab(klass / "judy", (2, f"import subprocess\nsubprocess.run({orphan!r}, env={{}})\n" + RIGHT))
     (klass / "henry").mkdir()  # submitted nothing
     csv_path, feedback = root / "grades.csv", root / "feedback"
     argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
@@ -384,7 +395,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("dave", "broken", "(the whole notebook)")][0] == "ERROR"
     assert "not JSON" in rows[("dave", "broken", "(the whole notebook)")][1]
     assert rows[("henry", "", "(no notebooks)")][0] == "ERROR"
-    assert len(rows) == 2 * 7 + 2  # every exercise of every lab, the broken file, henry
+    assert len(rows) == 2 * 9 + 2  # every exercise of every lab, the broken file, henry
     executed = json.loads((feedback / "alice" / "lab.ipynb").read_text())
     outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
     assert any("PASSED: add(1, 2) == 3" in "".join(o.get("text", "")) for o in outputs)
@@ -401,6 +412,9 @@ def test_class_forged_passes_fail(graded_class):
     carol = rows[("carol", "lab", "Exercise 1: add")]
     assert carol[0] == "FAIL", carol
     assert carol[1].startswith("[check cell modified: graded with the released one] ")
+    for exercise in ("Exercise 1: add", "Exercise 2: late"):  # PASSED printed, no verdict
+        ivan = rows[("ivan", "lab", exercise)]
+        assert ivan == ("FAIL", "the check cell gave no verdict (its output was altered)"), ivan
 
 
 def test_class_earlier_errors(graded_class):
@@ -414,9 +428,11 @@ def test_class_earlier_errors(graded_class):
 
 
 def test_class_leaves_no_process(graded_class):
-    """A learner's detached process (a new session) does not outlive the grader."""
-    alive = subprocess.run(["pgrep", "-f", SLEEPER], capture_output=True, text=True).stdout
-    assert alive == "", f"the learner's detached process outlived the grader: {alive}"
+    """A learner's detached process (a new session), or one left in the kernel's process
+    group without the run's marker, does not outlive the grader."""
+    for sleeper in (SLEEPER, GROUPED):
+        alive = subprocess.run(["pgrep", "-f", sleeper], capture_output=True, text=True).stdout
+        assert alive == "", f"the learner's process {sleeper!r} outlived the grader: {alive}"
 
 
 SANDBOX_CHECK = (
