@@ -357,6 +357,9 @@ def graded_class(tmp_path_factory):
     _lab(klass / "ivan", (2, silence + RIGHT), late_ok)  # the verdict never comes back
     orphan = [shutil.which("sh"), "-c", f"{shutil.which('sleep')} {GROUPED.split()[1]} &"]
     _lab(klass / "judy", (2, f"import subprocess\nsubprocess.run({orphan!r}, env={{}})\n" + RIGHT))
+    forged = "from labcheck import check_add\n\ncheck_add(lambda a, b: a + b)"
+    wrong = "def add(a, b):\n    return a * b"
+    _lab(klass / "kate", (2, wrong), (3, forged)).rename(klass / "kate" / "my lab.ipynb")
     (klass / "henry").mkdir()  # submitted nothing
     csv_path, feedback = root / "grades.csv", root / "feedback"
     argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
@@ -395,7 +398,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("dave", "broken", "(the whole notebook)")][0] == "ERROR"
     assert "not JSON" in rows[("dave", "broken", "(the whole notebook)")][1]
     assert rows[("henry", "", "(no notebooks)")][0] == "ERROR"
-    assert len(rows) == 2 * 9 + 2  # every exercise of every lab, the broken file, henry
+    assert len(rows) == 2 * 10 + 2  # every exercise of every lab, the broken file, henry
     executed = json.loads((feedback / "alice" / "lab.ipynb").read_text())
     outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
     assert any("PASSED: add(1, 2) == 3" in "".join(o.get("text", "")) for o in outputs)
@@ -404,7 +407,8 @@ def test_class_rows_csv_and_feedback(graded_class):
 
 def test_class_forged_passes_fail(graded_class):
     """Rebinding the checker (the name and the module's attribute), a check cell wrapped in
-    try/except printing PASSED, a checker that printed PASSED and then raised: all FAIL."""
+    try/except printing PASSED, a checker that printed PASSED and then raised, a renamed
+    notebook whose check cell checks something else, a verdict that never came: all FAIL."""
     rows = _rows(graded_class[1])
     bob1, bob2 = rows[("bob", "lab", "Exercise 1: add")], rows[("bob", "lab", "Exercise 2: late")]
     assert bob1[0] == "FAIL" and "add(1, 2) gave -1, expected 3" in bob1[1], bob1
@@ -412,6 +416,10 @@ def test_class_forged_passes_fail(graded_class):
     carol = rows[("carol", "lab", "Exercise 1: add")]
     assert carol[0] == "FAIL", carol
     assert carol[1].startswith("[check cell modified: graded with the released one] ")
+    kate = rows[("kate", "my lab", "Exercise 1: add")]  # renamed: graded by its exercises
+    assert kate[0] == "FAIL", kate
+    assert kate[1].startswith("[check cell modified: graded with the released one] ")
+    assert "add(1, 2) gave 2, expected 3" in kate[1]
     for exercise in ("Exercise 1: add", "Exercise 2: late"):  # PASSED printed, no verdict
         ivan = rows[("ivan", "lab", exercise)]
         assert ivan == ("FAIL", "the check cell gave no verdict (its output was altered)"), ivan

@@ -4,10 +4,11 @@
 Each notebook runs headless in a fresh kernel (nbclient), every code cell in order, as a
 learner's "Run all" would, except that an error does not stop the run: a wrong answer in
 exercise 1 still lets exercise 2 be graded. Its exercises are those of the released
-exercise notebook of the same name (`exercises/` of this checkout, or `--released DIR`):
-each gets a row, PASS or FAIL with the checker's message; a file that cannot be graded gets
-ERROR rows and grading goes on (`grade_run`). Check cells run as released, and their verdict
-comes from outside the learner's namespace (`grade_kernel`).
+exercise notebook it answers, found by its exercises rather than its file name
+(`exercises/` of this checkout, or `--released DIR`): each gets a row, PASS or FAIL with
+the checker's message; a file that cannot be graded gets ERROR rows and grading goes on
+(`grade_run`). Check cells run as released, and their verdict comes from outside the
+learner's namespace (`grade_kernel`).
 
 Two things would stop a plain "Run all" and do not stop the grader:
 

@@ -1,14 +1,18 @@
 """Grade one notebook (`grade.grade_notebook`): read it, find its exercises, run it in a fresh
 kernel and turn each exercise into a row. The exercises are the released exercise notebook's
-(`exercises/` or `released=`), so a deleted check cell is a FAIL; a notebook with no
-released twin is graded by its own check cells. Check cells run as released (a modified one
-restored and flagged) through `grade_kernel`'s runner, whose verdict does not come from the
-learner's namespace. An earlier failing cell (SyntaxError, ModuleNotFoundError) is named in
-the row it caused. A file that is not a notebook is ERROR rows, never a crash.
+(`exercises/` or `released=`): the released notebook it shares the most exercises with
+(headings, checkers called), so a renamed notebook is still graded by the released check
+cells and a deleted check cell is a FAIL; a notebook that shares none with any released
+one (and has no namesake) is graded by its own check cells. Check cells run as released
+(a modified one restored and flagged) through `grade_kernel`'s runner, whose verdict does
+not come from the learner's namespace. An earlier failing cell (SyntaxError,
+ModuleNotFoundError) is named in the row it caused. A file that is not a notebook is ERROR
+rows, never a crash.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -83,12 +87,44 @@ def find_exercises(nb) -> list[tuple[int, Exercise]]:
     return out
 
 
-def released_twin(path: Path, released: Path | None) -> Path | None:
-    """The released exercise notebook of the same name, when there is one."""
+def released_twin(path: Path, released: Path | None, nb=None) -> Path | None:
+    """The released exercise notebook this one answers, decided by its exercises (their
+    headings and the checkers its cells call) before its file name: a renamed notebook is
+    still graded against the released check cells, never by its own. The released notebook
+    sharing the most exercises (ties: the one of the same name); the one of the same name
+    when none shares any; None for a released notebook itself, or no released folder."""
     if released is None:
         return None
-    twin = released / path.name
-    return twin if twin.is_file() and twin.resolve() != path.resolve() else None
+    candidates = _released_keys(str(released.resolve()))
+    if any(candidate.resolve() == path.resolve() for candidate, _ in candidates):
+        return None
+    mine = _exercise_keys(nb) if nb is not None else set()
+    scored = [(len(mine & keys), candidate.name == path.name, candidate)
+              for candidate, keys in candidates]  # fmt: skip
+    shared, same_name, best = max(scored, key=lambda s: s[:2], default=(0, False, None))
+    return best if shared or same_name else None
+
+
+def _exercise_keys(nb) -> set[str]:
+    """What identifies a notebook's exercises: their headings and the checkers called."""
+    keys = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            keys |= {f"heading:{h.strip()}" for h in EXERCISE_HEADING.findall(_source(cell))}
+        elif cell["cell_type"] == "code":
+            keys |= {f"check:{c}" for c in CHECK_CALL.findall(_source(cell))}
+    return keys
+
+
+@functools.lru_cache(maxsize=8)
+def _released_keys(released: str) -> tuple[tuple[Path, frozenset[str]], ...]:
+    out = []
+    for candidate in sorted(Path(released).glob("*.ipynb")):
+        try:
+            out.append((candidate, frozenset(_exercise_keys(read_notebook(candidate)))))
+        except ValueError:
+            continue
+    return tuple(out)
 
 
 def _match(nb, exercises: list[Exercise]) -> list[int | None]:
@@ -154,12 +190,14 @@ def plan(path: Path, released: Path | None):
     modified)]) for a notebook to grade."""
     import nbformat
 
-    twin = released_twin(path, released)
-    exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
     try:
         nb = read_notebook(path)
     except ValueError as exc:
+        twin = released_twin(path, released)  # by name only: the file cannot be read
+        exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
         return str(exc), [(None, ex, False) for ex in exercises]
+    twin = released_twin(path, released, nb)
+    exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
     if twin is None:
         return nb, [(i, ex, False) for i, ex in find_exercises(nb)]
     matched = _match(nb, exercises)
