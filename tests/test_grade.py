@@ -360,6 +360,8 @@ def graded_class(tmp_path_factory):
     forged = "from labcheck import check_add\n\ncheck_add(lambda a, b: a + b)"
     wrong = "def add(a, b):\n    return a * b"
     _lab(klass / "kate", (2, wrong), (3, forged)).rename(klass / "kate" / "my lab.ipynb")
+    mention = "# my answer; the cell below runs check_add(add) on it\n" + RIGHT
+    _lab(klass / "liam", (2, mention), late_ok)
     (klass / "henry").mkdir()  # submitted nothing
     csv_path, feedback = root / "grades.csv", root / "feedback"
     argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
@@ -389,6 +391,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("alice", "lab", ex1)] == ("PASS", "PASSED: add(1, 2) == 3")
     assert rows[("alice", "lab", ex2)] == ("PASS", "PASSED: looks right so far")
     assert rows[("gina", "lab", ex1)][0] == "PASS"
+    assert rows[("liam", "lab", ex1)] == ("PASS", "PASSED: add(1, 2) == 3")  # a mention
     # the checker's multi-line message, whole
     assert rows[("carol", "lab", ex1)][1].endswith(
         "AssertionError: add(1, 2) gave 2, expected 3\n(check the operator)"
@@ -398,7 +401,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("dave", "broken", "(the whole notebook)")][0] == "ERROR"
     assert "not JSON" in rows[("dave", "broken", "(the whole notebook)")][1]
     assert rows[("henry", "", "(no notebooks)")][0] == "ERROR"
-    assert len(rows) == 2 * 10 + 2  # every exercise of every lab, the broken file, henry
+    assert len(rows) == 2 * 11 + 2  # every exercise of every lab, the broken file, henry
     executed = json.loads((feedback / "alice" / "lab.ipynb").read_text())
     outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
     assert any("PASSED: add(1, 2) == 3" in "".join(o.get("text", "")) for o in outputs)

@@ -128,21 +128,38 @@ def _released_keys(released: str) -> tuple[tuple[Path, frozenset[str]], ...]:
 
 
 def _match(nb, exercises: list[Exercise]) -> list[int | None]:
-    """For each released exercise, the learner's cell that calls its checker (None: gone)."""
+    """For each released exercise, the learner's check cell (None: gone): the first cell
+    after the previous exercise's that is the released check cell unchanged, else the first
+    that calls its checker in code (a mention in a comment, as in an answer cell's "then
+    run check_add(add)", is not a call)."""
     found, start = [], 0
     for ex in exercises:
         calls = re.compile(r"\b(" + "|".join(map(re.escape, ex.checks)) + r")\(")
-        index = next(
-            (
-                i
-                for i in range(start, len(nb.cells))
-                if nb.cells[i].cell_type == "code" and calls.search(nb.cells[i].source)
-            ),
-            None,
-        )
+        code = [i for i in range(start, len(nb.cells)) if nb.cells[i].cell_type == "code"]
+        same = (i for i in code if nb.cells[i].source.strip() == ex.source.strip())
+        calling = (i for i in code if _calls(nb.cells[i].source, ex.checks, calls))
+        index = next(same, None)
+        index = next(calling, None) if index is None else index
         found.append(index)
         start = index + 1 if index is not None else start
     return found
+
+
+def _calls(source: str, checks: list[str], pattern: re.Pattern) -> bool:
+    """Whether `source` calls one of `checks` in its code (a name then `(`; comments and
+    strings do not count); text that is not Python is searched as it is."""
+    import io
+    import tokenize
+
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]  # fmt: skip
+    except (tokenize.TokenError, SyntaxError):
+        return bool(pattern.search(source))
+    return any(
+        a.type == tokenize.NAME and a.string in checks and b.string == "("
+        for a, b in zip(tokens, tokens[1:])
+    )
 
 
 def _error_text(out) -> str:
