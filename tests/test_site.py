@@ -312,6 +312,7 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("years of work")
     (tmp_path / "afile").write_text("")
+    (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     refused = {
@@ -330,6 +331,8 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
         assert len(err) == 1 and said in err[0], (out, err)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing touched
     (tmp_path / "notebooks" / "01_b.ipynb").write_text(nb.replace("00 · A", "01 · B"))
+    assert main(["site", "--out", "empty"]) == 0  # an empty folder is a new one
+    assert (tmp_path / "empty" / "00_a.html").is_file()
     assert main(["site", "--out", "build/site"]) == 0
     built = tmp_path / "build/site"
     assert (built / "01_b.html").is_file()

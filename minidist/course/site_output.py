@@ -126,7 +126,9 @@ def swap_in(built: Path, target: Path) -> None:
 
 def read_manifest(target: Path) -> set[str]:
     """The files a previous build says it wrote (relative, inside `target`: a forged line
-    that climbs out, or is absolute, is not ours and is ignored)."""
+    that climbs out, or is absolute, is not ours and is ignored); none for an empty folder."""
+    if not (target / MARKER).is_file():
+        return set()
     lines = (target / MARKER).read_text(errors="replace").splitlines()[1:]
     clean = (PurePosixPath(line) for line in lines if line)
     return {str(p) for p in clean if not p.is_absolute() and ".." not in p.parts}
