@@ -495,6 +495,31 @@ def test_sandbox(tmp_path, capsys, monkeypatch):
         listener.close()
 
 
+def test_the_sandbox_hides_the_home_even_when_python_lives_in_it(tmp_path, monkeypatch):
+    """The sandbox's mounts, read without bubblewrap: the home is hidden even when the venv,
+    pyenv and minidist live under it (each shown again, read-only, and nothing beside them),
+    a class folder inside a shown checkout is hidden again, and /run (the host's sockets:
+    docker's, D-Bus's) is hidden."""
+    home, klass = tmp_path / "home", tmp_path / "home" / "minidist" / "class"
+    venv, checkout = home / ".venv", home / "minidist"
+    for folder in (venv, klass / "alice", home / ".ssh"):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(grade_kernel, "_needed", lambda: [venv, checkout])
+    args = grade_kernel.sandbox_prefix(tmp_path / "scratch", klass / "alice", [home, klass])
+    mounts = [tuple(args[i : i + 3]) for i, a in enumerate(args) if a == "--ro-bind"]
+    tmpfs = [i for i, a in enumerate(args) if a == "--tmpfs"]
+    hidden = {args[i + 1]: i for i in tmpfs}  # the last time each is hidden
+    assert str(home) in hidden and str(klass) in hidden
+    assert ("--ro-bind", str(venv), str(venv)) in mounts
+    assert ("--ro-bind", str(checkout), str(checkout)) in mounts
+    assert args.index(str(venv)) > args.index(str(home))  # shown again after the home hid it
+    assert hidden[str(klass)] > args.index(str(checkout))  # the class hidden again after that
+    assert args.index(str(klass / "alice")) > hidden[str(klass)]  # the learner's own folder
+    if Path("/run").is_dir():
+        assert "/run" in hidden
+    assert not any(str(home / ".ssh") in a for a in args)
+
+
 def test_checker_time_limits_stretched(tmp_path, capsys, monkeypatch):
     """A checker's own time limit is stretched by --slack (3 by default) for a loaded
     machine: an answer taking 2 s against a 1 s limit passes, and fails at --slack 1."""
