@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     site = sub.add_parser("site", help="build the course website from notebooks/")
     site.add_argument(
-        "--out", default="build/site", help="output folder (a previous build is replaced)"
+        "--out",
+        default="build/site",
+        help="output folder (a previous build's files are replaced; others stay)",
     )
 
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")

@@ -26,6 +26,8 @@ from minidist.embedding import checkpoint as embedding_checkpoint
 from minidist.embedding.distributed import DistributedSlotSparseEmbeddingHash, key_owner
 from minidist.embedding.layers import HashEmbeddingBag
 from minidist.fsdp import FullyShardedDataParallel, checkpoint
+from minidist.pieces import Piece
+from minidist.resilience import TrainingState, universal
 
 VERSIONS = 40  # saves while the reader loops (before the fix: ~1 mixed read per 4 saves)
 
@@ -197,7 +199,23 @@ def embedding_save_or_error(path, patch=None):
     return "saved"
 
 
-@pytest.mark.parametrize("save", [save_or_error, embedding_save_or_error])
+def universal_save_or_error(path, patch=None):
+    """Lesson 18's universal format: each rank owns half of one tensor."""
+    rank = dist.get_rank()
+    mine = torch.full((2, 4), float(rank))
+    pieces = [Piece("w", (4, 4), (2 * rank, 0), (2, 4), None, mine)]
+    _fail_on_rank0(patch)
+    try:
+        universal.save(path, pieces, TrainingState(step=3), {"dp": 2})
+    except CheckpointError as e:
+        return str(e)
+    return "saved"
+
+
+SAVES = [save_or_error, embedding_save_or_error, universal_save_or_error]
+
+
+@pytest.mark.parametrize("save", SAVES)
 def test_a_second_save_to_one_path_is_refused_on_every_rank(tmp_path, save):
     path = tmp_path / "ckpt"
     other = Staging(path)  # another world's save, running
@@ -217,6 +235,8 @@ def test_a_second_save_to_one_path_is_refused_on_every_rank(tmp_path, save):
         (embedding_save_or_error, "minidist.embedding.checkpoint.read_json"),
         (embedding_save_or_error, "minidist.checkpoint_files.Staging.put_in_place"),
         (embedding_save_or_error, "minidist.embedding.checkpoint._write"),  # its own file
+        (universal_save_or_error, "minidist.resilience.universal.write_checksums"),
+        (universal_save_or_error, "minidist.checkpoint_files.Staging.put_in_place"),
     ],
 )
 def test_a_seal_that_fails_raises_the_same_error_on_every_rank(tmp_path, save, patch):

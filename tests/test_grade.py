@@ -10,8 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -163,6 +165,128 @@ def test_table_and_usage_errors(tmp_path, capsys):
     assert f"warning: {plain} holds no exercises" in err and "nothing graded" in err
 
 
+def test_outputs_never_overwrite_a_submission(tmp_path, capsys, monkeypatch):
+    """--feedback that is, holds or lies inside the class folder, or that would put an
+    executed copy over a graded notebook, and --csv into a missing folder: one line, status 2,
+    before any notebook runs, every submission as it was."""
+    klass = tmp_path / "class"
+    for who in ("alice", "bob"):
+        (klass / who).mkdir(parents=True)
+        _notebook(klass / who / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    single = _notebook(tmp_path / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    (tmp_path / "other").mkdir()
+    twin = _notebook(tmp_path / "other" / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    graded = []
+
+    def fake_grade_one(path, *args):
+        graded.append(path)
+        executed = nbformat.read(path, as_version=4)
+        executed.cells.append(new_code_cell("executed"))
+        return [grade.Result(str(path), "x", "FAIL", "no", 0.0)], executed
+
+    monkeypatch.setattr(grade, "grade_one", fake_grade_one)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")}
+    c = ["--class", str(klass)]
+    refused = {
+        (*c, "--feedback", str(klass)): "is the class folder",
+        (*c, "--feedback", str(tmp_path)): "holds the class folder",
+        (*c, "--feedback", str(klass / "alice")): "lies inside the class folder",
+        (*c, "--feedback", str(klass / "new")): "lies inside the class folder",
+        (str(single), "--feedback", str(tmp_path)): "would overwrite the graded notebook",
+        ("--all", str(tmp_path), "--feedback", str(tmp_path)): "would overwrite the graded",
+        (str(single), str(twin), "--feedback", str(tmp_path / "fb")): "would both be written",
+        (str(single), "--feedback", str(single)): "exists and is not a folder",
+        (*c, "--csv", str(tmp_path / "missing" / "g.csv")): "does not exist",
+        (*c, "--csv", str(tmp_path)): "is a folder",
+        (str(single), "--csv", str(single)): "is a notebook being graded",
+    }
+    for args, said in refused.items():
+        assert main(["grade", *args]) == grade.EXIT_USAGE, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minidist grade: error: "), (args, err)
+        assert said in err[0], (args, err)
+    assert graded == []  # refused before any notebook ran
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")} == before
+    feedback = tmp_path / "feedback"
+    assert main(["grade", *c, "--feedback", str(feedback), "--csv", str(tmp_path / "g.csv")]) == 1
+    assert sorted(p.relative_to(feedback).as_posix() for p in feedback.rglob("*.ipynb")) == [
+        "alice/lab.ipynb",
+        "bob/lab.ipynb",
+    ]
+    assert {p: p.read_bytes() for p in before} == before
+
+
+NAMELESS = (
+    "from IPython import get_ipython\n"
+    "k = get_ipython().kernel  # a stream message with no 'name', sent by hand\n"
+    "k.session.send(k.iopub_socket, 'stream', {'text': 'x'}, parent=k.get_parent())"
+)
+DEEP = (
+    "import os\nfrom ipykernel import get_connection_file\n"
+    "os.chdir(os.path.dirname(get_connection_file()))  # the grader's scratch folder\n"
+    "for _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nos.chdir('/')"
+)
+
+
+def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch, request):
+    """Whatever a learner's notebook does, every other student is graded and every row is
+    one row: a malformed kernel message, a folder tree 3,000 deep left in the grader's
+    scratch folder, a 1 MB message (capped, the whole text in the executed notebook), names
+    that are formulas, hold a newline or differ only in Unicode normalisation."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    # Whatever the grader leaves, GNU rm removes at any depth (pytest's own cleanup of old
+    # temporary folders would meet the RecursionError otherwise, in every later session).
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(tmp_path / "tmp")]))
+    klass = tmp_path / "class"
+    right = ("code", "check_add(lambda a, b: a + b)")
+    huge = ("code", "check_add(lambda a, b: 'x' * 1_000_000)")
+    learners = {
+        "=HYPERLINK(1)": [CHECKER, ("code", NAMELESS), right],
+        "nameless check": [CHECKER, ("code", "check_add(lambda a, b: a + b)\n" + NAMELESS)],
+        "deep": [CHECKER, ("code", DEEP), right],
+        "huge": [CHECKER, huge],
+        "two\nlines": [CHECKER, right],
+        "caf\u00e9": [CHECKER, right],
+        "cafe\u0301": [CHECKER, right],
+    }
+    for who, cells in learners.items():
+        (klass / who).mkdir(parents=True)
+        _notebook(klass / who / "lab.ipynb", *cells)
+    table_csv, feedback = tmp_path / "g.csv", tmp_path / "feedback"
+    argv = ["grade", "--class", str(klass), "--csv", str(table_csv), "--feedback", str(feedback)]
+    assert main([*argv, "-j", "2", "--timeout", "60"]) == grade.EXIT_FAILED
+    out = capsys.readouterr().out.splitlines()
+    with open(table_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    by = {r["student"]: r for r in rows}
+    assert sorted(by) == sorted(["'=HYPERLINK(1)", *list(learners)[1:]])  # every student
+    assert len(rows) == len(learners)
+    assert by["'=HYPERLINK(1)"]["status"] == "PASS"  # the malformed message is ignored
+    assert by["nameless check"]["status"] == "FAIL"
+    assert "MalformedKernelMessage" in by["nameless check"]["message"]
+    assert by["deep"]["status"] == "PASS"
+    assert by["huge"]["status"] == "FAIL" and len(by["huge"]["message"]) < 2200
+    assert "more characters: see the executed notebook" in by["huge"]["message"]
+    executed = (feedback / "huge" / "lab.ipynb").read_text()
+    assert "x" * 1_000_000 in executed  # the whole message, where the row points
+    assert list((tmp_path / "tmp").iterdir()) == []  # every scratch folder, at any depth, gone
+    table = out[1 : 1 + len(learners)]
+    assert all(" PASS " in line or " FAIL " in line for line in table)  # one line per row
+    assert any(line.startswith("'two\\nlines'/lab.ipynb") for line in table)
+    assert any(line.startswith("'cafe\\u0301'/lab.ipynb") for line in table)
+    assert any(line.startswith("caf\u00e9/lab.ipynb") for line in table)
+
+
+def test_csv_fields_are_neutralised_as_owasp_says():
+    from minidist.course.grade_class import spreadsheet_safe
+
+    for text in ("=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"):
+        assert spreadsheet_safe(text) == "'" + text
+    for text in ("AssertionError: -1", "PASSED: 3", "", "'quoted"):
+        assert spreadsheet_safe(text) == text
+
+
 LABCHECK = """
 def check_add(add):
     got = add(1, 2)
@@ -185,6 +309,9 @@ RELEASED = (
 )
 RIGHT = "def add(a, b):\n    return a + b"
 SLEEPER = f"sleep 4321.{os.getpid()}"  # a detached process the grader must end
+# An orphan in the kernel's process group that dropped its environment (no run marker, and
+# the kernel no longer knows it as a child): only killing the kernel's group ends it.
+GROUPED = f"sleep 4322.{os.getpid()}"
 
 
 def _lab(folder: Path, *replace: tuple[int, str], drop: int | None = None) -> Path:
@@ -226,6 +353,15 @@ def graded_class(tmp_path_factory):
         + RIGHT
     )
     _lab(klass / "gina", (2, detach), late_ok)
+    silence = "import IPython.display\nIPython.display.display = lambda *a, **k: None\n"
+    _lab(klass / "ivan", (2, silence + RIGHT), late_ok)  # the verdict never comes back
+    orphan = [shutil.which("sh"), "-c", f"{shutil.which('sleep')} {GROUPED.split()[1]} &"]
+    _lab(klass / "judy", (2, f"import subprocess\nsubprocess.run({orphan!r}, env={{}})\n" + RIGHT))
+    forged = "from labcheck import check_add\n\ncheck_add(lambda a, b: a + b)"
+    wrong = "def add(a, b):\n    return a * b"
+    _lab(klass / "kate", (2, wrong), (3, forged)).rename(klass / "kate" / "my lab.ipynb")
+    mention = "# my answer; the cell below runs check_add(add) on it\n" + RIGHT
+    _lab(klass / "liam", (2, mention), late_ok)
     (klass / "henry").mkdir()  # submitted nothing
     csv_path, feedback = root / "grades.csv", root / "feedback"
     argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
@@ -255,6 +391,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("alice", "lab", ex1)] == ("PASS", "PASSED: add(1, 2) == 3")
     assert rows[("alice", "lab", ex2)] == ("PASS", "PASSED: looks right so far")
     assert rows[("gina", "lab", ex1)][0] == "PASS"
+    assert rows[("liam", "lab", ex1)] == ("PASS", "PASSED: add(1, 2) == 3")  # a mention
     # the checker's multi-line message, whole
     assert rows[("carol", "lab", ex1)][1].endswith(
         "AssertionError: add(1, 2) gave 2, expected 3\n(check the operator)"
@@ -264,7 +401,7 @@ def test_class_rows_csv_and_feedback(graded_class):
     assert rows[("dave", "broken", "(the whole notebook)")][0] == "ERROR"
     assert "not JSON" in rows[("dave", "broken", "(the whole notebook)")][1]
     assert rows[("henry", "", "(no notebooks)")][0] == "ERROR"
-    assert len(rows) == 2 * 7 + 2  # every exercise of every lab, the broken file, henry
+    assert len(rows) == 2 * 11 + 2  # every exercise of every lab, the broken file, henry
     executed = json.loads((feedback / "alice" / "lab.ipynb").read_text())
     outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
     assert any("PASSED: add(1, 2) == 3" in "".join(o.get("text", "")) for o in outputs)
@@ -273,7 +410,8 @@ def test_class_rows_csv_and_feedback(graded_class):
 
 def test_class_forged_passes_fail(graded_class):
     """Rebinding the checker (the name and the module's attribute), a check cell wrapped in
-    try/except printing PASSED, a checker that printed PASSED and then raised: all FAIL."""
+    try/except printing PASSED, a checker that printed PASSED and then raised, a renamed
+    notebook whose check cell checks something else, a verdict that never came: all FAIL."""
     rows = _rows(graded_class[1])
     bob1, bob2 = rows[("bob", "lab", "Exercise 1: add")], rows[("bob", "lab", "Exercise 2: late")]
     assert bob1[0] == "FAIL" and "add(1, 2) gave -1, expected 3" in bob1[1], bob1
@@ -281,6 +419,13 @@ def test_class_forged_passes_fail(graded_class):
     carol = rows[("carol", "lab", "Exercise 1: add")]
     assert carol[0] == "FAIL", carol
     assert carol[1].startswith("[check cell modified: graded with the released one] ")
+    kate = rows[("kate", "my lab", "Exercise 1: add")]  # renamed: graded by its exercises
+    assert kate[0] == "FAIL", kate
+    assert kate[1].startswith("[check cell modified: graded with the released one] ")
+    assert "add(1, 2) gave 2, expected 3" in kate[1]
+    for exercise in ("Exercise 1: add", "Exercise 2: late"):  # PASSED printed, no verdict
+        ivan = rows[("ivan", "lab", exercise)]
+        assert ivan == ("FAIL", "the check cell gave no verdict (its output was altered)"), ivan
 
 
 def test_class_earlier_errors(graded_class):
@@ -294,9 +439,11 @@ def test_class_earlier_errors(graded_class):
 
 
 def test_class_leaves_no_process(graded_class):
-    """A learner's detached process (a new session) does not outlive the grader."""
-    alive = subprocess.run(["pgrep", "-f", SLEEPER], capture_output=True, text=True).stdout
-    assert alive == "", f"the learner's detached process outlived the grader: {alive}"
+    """A learner's detached process (a new session), or one left in the kernel's process
+    group without the run's marker, does not outlive the grader."""
+    for sleeper in (SLEEPER, GROUPED):
+        alive = subprocess.run(["pgrep", "-f", sleeper], capture_output=True, text=True).stdout
+        assert alive == "", f"the learner's process {sleeper!r} outlived the grader: {alive}"
 
 
 SANDBOX_CHECK = (
@@ -346,6 +493,31 @@ def test_sandbox(tmp_path, capsys, monkeypatch):
         assert _json(capsys)[0]["message"] == "AssertionError: wrote beside the notebook"
     finally:
         listener.close()
+
+
+def test_the_sandbox_hides_the_home_even_when_python_lives_in_it(tmp_path, monkeypatch):
+    """The sandbox's mounts, read without bubblewrap: the home is hidden even when the venv,
+    pyenv and minidist live under it (each shown again, read-only, and nothing beside them),
+    a class folder inside a shown checkout is hidden again, and /run (the host's sockets:
+    docker's, D-Bus's) is hidden."""
+    home, klass = tmp_path / "home", tmp_path / "home" / "minidist" / "class"
+    venv, checkout = home / ".venv", home / "minidist"
+    for folder in (venv, klass / "alice", home / ".ssh"):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(grade_kernel, "_needed", lambda: [venv, checkout])
+    args = grade_kernel.sandbox_prefix(tmp_path / "scratch", klass / "alice", [home, klass])
+    mounts = [tuple(args[i : i + 3]) for i, a in enumerate(args) if a == "--ro-bind"]
+    tmpfs = [i for i, a in enumerate(args) if a == "--tmpfs"]
+    hidden = {args[i + 1]: i for i in tmpfs}  # the last time each is hidden
+    assert str(home) in hidden and str(klass) in hidden
+    assert ("--ro-bind", str(venv), str(venv)) in mounts
+    assert ("--ro-bind", str(checkout), str(checkout)) in mounts
+    assert args.index(str(venv)) > args.index(str(home))  # shown again after the home hid it
+    assert hidden[str(klass)] > args.index(str(checkout))  # the class hidden again after that
+    assert args.index(str(klass / "alice")) > hidden[str(klass)]  # the learner's own folder
+    if Path("/run").is_dir():
+        assert "/run" in hidden
+    assert not any(str(home / ".ssh") in a for a in args)
 
 
 def test_checker_time_limits_stretched(tmp_path, capsys, monkeypatch):

@@ -3,6 +3,10 @@
 same layout resumes bit for bit; a checkpoint that cannot serve a layout, or whose bytes
 changed, is refused before anything changes; each rank reads only what it needs."""
 
+import dataclasses
+import io
+import os
+import pickle
 import re
 from pathlib import Path
 
@@ -11,12 +15,14 @@ import torch
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
 
 import minidist
 from minidist.checkpoint_files import CheckpointError
 from minidist.data import shard_batch
 from minidist.data_parallel.fixture import build
 from minidist.fsdp import FullyShardedDataParallel
+from minidist.fsdp.checkpoint_safe import write_checksums
 from minidist.fsdp.fixture import UNITS
 from minidist.megatron import TensorParallelGPT
 from minidist.megatron.fixture import build_dense
@@ -30,6 +36,7 @@ from minidist.resilience.lesson_pieces import (
     tensor_parallel_pieces,
     zero_pieces,
 )
+from minidist.resilience.universal import FORMAT
 from minidist.training import make_optimizer, max_abs_diff, train
 from minidist.zero import ZeroDataParallel
 from minidist.zero.fixture import ADAM
@@ -264,6 +271,74 @@ def test_a_changed_byte_is_refused_untouched_naming_the_file(tmp_path):
     (path / "minidist.checksums.json").unlink()  # as a save killed before its last file
     error, untouched = minidist.launch(attempt_load, 1, path)[0]
     assert isinstance(error, CheckpointError) and "not a complete checkpoint" in str(error)
+
+
+def _forge(path: Path, change) -> None:
+    """Rewrite the checkpoint's metadata with `change` and recompute every checksum, as an
+    attacker who can write the folder would: only the structural checks are left."""
+    meta = pickle.loads((path / ".metadata").read_bytes())  # our own file, in the test
+    change(meta)
+    (path / ".metadata").write_bytes(pickle.dumps(meta))
+    write_checksums(path, FORMAT)
+
+
+def _half_of(name):
+    def change(meta):
+        md = meta.state_dict_metadata[name]
+        (c,) = md.chunks
+        md.chunks[0] = ChunkStorageMetadata(c.offsets, torch.Size([c.sizes[0] // 2, *c.sizes[1:]]))
+
+    return change
+
+
+def _moved_outside(name):
+    def change(meta):
+        md = meta.state_dict_metadata[name]
+        (c,) = md.chunks
+        outside = torch.Size([md.size[0], *c.offsets[1:]])
+        md.chunks[0] = ChunkStorageMetadata(outside, c.sizes)
+        meta.storage_data[MetadataIndex(name, outside)] = meta.storage_data.pop(
+            MetadataIndex(name, c.offsets)
+        )
+
+    return change
+
+
+def _pickled_record(path):
+    def change(meta):
+        (index,) = [k for k in meta.storage_data if k.fqn == "minidist.record"]
+        info = meta.storage_data[index]
+        data = path / info.relative_path
+        blob = io.BytesIO()
+        torch.save(os.getcwd, blob)  # a global: what weights_only refuses to unpickle
+        start = data.stat().st_size
+        data.write_bytes(data.read_bytes() + blob.getvalue())
+        meta.storage_data[index] = dataclasses.replace(
+            info, offset=start, length=len(blob.getvalue())
+        )
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "forge, words",
+    [
+        (lambda p: _half_of("tok_emb.weight"), r"tok_emb\.weight has chunks of \d+ elements, not"),
+        (lambda p: _moved_outside("tok_emb.weight"), r"tok_emb\.weight has a chunk .* outside"),
+        (_pickled_record, r"minidist\.record is not a record this format writes"),
+    ],
+)
+def test_forged_metadata_is_refused_untouched(tmp_path, forge, words):
+    """Metadata forged with its checksums recomputed: a rectangle outside its tensor, or
+    covering half of it (the rest would be uninitialised memory), and a record that is a
+    pickle of a global: a `CheckpointError` before anything changes, as the FSDP format."""
+    path = tmp_path / "ck"
+    minidist.launch(one_process_save, 1, path)
+    _forge(path, forge(path))
+    for error, untouched in minidist.launch(attempt_load, 2, path):
+        assert isinstance(error, CheckpointError), error
+        assert re.search(words, str(error)), error
+        assert untouched
 
 
 def test_save_refuses_what_is_not_a_piece_and_two_owners_of_one_place(tmp_path):

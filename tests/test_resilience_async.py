@@ -95,3 +95,42 @@ def test_a_rank_killed_during_a_background_write_leaves_the_last_checkpoint_whol
     assert (tmp_path / ".ck.unfinished").is_dir()  # the interrupted write, never in place
     _, state = minidist.launch(one_process, 1, path)[0]
     assert state == TrainingState(step=1, samples=8)  # the previous checkpoint, whole
+
+
+def saves_in_a_row(path):
+    """Three asynchronous saves, each taken while the previous one may still be writing."""
+    fsdp, opt, local, loss_fn = fsdp_model()
+    saver = AsyncSaver()
+    for step, where in ((1, "a"), (2, "b"), (3, "a")):
+        train(fsdp, local[step - 1 : step], loss_fn, opt)
+        saver.save(path / where, fsdp_pieces(fsdp, opt), TrainingState(step=step, samples=8))
+    saver.close()
+
+
+def test_a_save_taken_while_one_is_in_flight_waits_for_it(tmp_path):
+    """One save in flight at a time: the next waits for it (two writes sharing the writer's
+    group would hang, or the second would find the first's staging folder held)."""
+    minidist.launch(saves_in_a_row, 2, tmp_path, timeout_s=60)  # ~3 s alone: 20x for load
+    assert minidist.launch(one_process, 1, tmp_path / "a")[0][1].step == 3
+    assert minidist.launch(one_process, 1, tmp_path / "b")[0][1].step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # nothing left half-done
+
+
+def loads_in_a_row(path, times: int) -> tuple[int, int]:
+    """Open descriptors after one load and after `times` more."""
+    model, _, _ = build("gpt", seed=3)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
+    materialize_optimizer_state(opt)
+    load(path, module_pieces(model, opt))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(times):
+        load(path, module_pieces(model, opt))
+    return before, len(os.listdir("/proc/self/fd"))
+
+
+def test_loads_close_every_file_they_pin(tmp_path):
+    """A load holds one version's files open (`checkpoint_pin`) and closes them all: 20
+    loads leave as many descriptors open as one."""
+    minidist.launch(save_in_background_and_train_on, 2, tmp_path / "ck")
+    before, after = minidist.launch(loads_in_a_row, 1, tmp_path / "ck", 20)[0]
+    assert after == before

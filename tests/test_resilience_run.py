@@ -69,6 +69,21 @@ def test_under_launch_the_dead_rank_is_named_and_the_checkpoint_resumes(
     assert out["params_sha256"] == uninterrupted["params_sha256"]
 
 
+def test_a_zero1_run_resumes_as_if_it_never_stopped(tmp_path, capsys):
+    """ZeRO-1 keeps whole parameters on every rank and shards only the optimizer: a resume
+    loads the shards and must gather the parameters from them again."""
+    zero1 = ["--wrapper", "zero1"]
+    never_stopped = minidist.launch(train_on_rank, 2, parse(["--steps", str(STEPS), *zero1]))[0]
+    args = run_args(tmp_path) + zero1
+    with pytest.raises(minidist.RankFailedError, match=r"rank 1"):
+        minidist.launch(train_on_rank, 2, parse(args))
+    assert main(args) == 0
+    out = lines(capsys.readouterr().out)
+    assert out["resumed_from"] == str(DIE_AT - DIE_AT % EVERY)
+    assert out["loss"] == repr(never_stopped["loss"])
+    assert out["params_sha256"] == never_stopped["params_sha256"]
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [

@@ -298,7 +298,8 @@ def test_every_figure_says_what_it_shows():
 def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     """`site --out` refuses a folder that holds or lies inside a source, the checkout, a
     folder no build wrote, a file or an unwritable place (one line, status 2), before
-    anything is read or removed; a previous build is replaced; a failed build leaves it."""
+    anything is read or removed; a rebuild removes only the files the previous build wrote
+    (a .git or CNAME added since stays); a failed build leaves the previous one."""
     from minidist.__main__ import main
     from minidist.course import site_output
 
@@ -311,6 +312,7 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("years of work")
     (tmp_path / "afile").write_text("")
+    (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     refused = {
@@ -328,11 +330,39 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (out, err)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing touched
+    (tmp_path / "notebooks" / "01_b.ipynb").write_text(nb.replace("00 · A", "01 · B"))
+    assert main(["site", "--out", "empty"]) == 0  # an empty folder is a new one
+    assert (tmp_path / "empty" / "00_a.html").is_file()
     assert main(["site", "--out", "build/site"]) == 0
-    assert (tmp_path / "build/site" / site_output.MARKER).is_file()
-    (tmp_path / "build/site" / "stale.html").write_text("")
-    assert main(["site", "--out", "build/site"]) == 0  # a previous build: replaced
-    assert not (tmp_path / "build/site" / "stale.html").exists()
+    built = tmp_path / "build/site"
+    assert (built / "01_b.html").is_file()
+    assert (built / "_static" / "site.css").is_file()
+    # A GitHub Pages folder: the user adds a repository and a CNAME, a lesson goes away.
+    (built / ".git").mkdir()
+    (built / ".git" / "HEAD").write_text("ref: refs/heads/gh-pages\n")
+    (built / "CNAME").write_text("course.example.org\n")
+    (built / "_static" / "extra.css").write_text("/* mine */")
+    (tmp_path / "notebooks" / "01_b.ipynb").unlink()
+    assert main(["site", "--out", "build/site"]) == 0  # only the previous build's files go
+    assert (built / ".git" / "HEAD").read_text() == "ref: refs/heads/gh-pages\n"
+    assert (built / "CNAME").read_text() == "course.example.org\n"
+    assert (built / "_static" / "extra.css").read_text() == "/* mine */"
+    assert not (built / "01_b.html").exists() and (built / "00_a.html").is_file()
+    assert "01_b.html" not in site_output.read_manifest(built)
+    # A file no build wrote where the new build writes one: refused, nothing touched.
+    (built / "index.html").unlink()
+    (built / "index.html").write_text("my own page")
+    manifest = (built / site_output.MARKER).read_text()
+    (built / site_output.MARKER).write_text(manifest.replace("\nindex.html\n", "\n"))
+    assert main(["site", "--out", "build/site"]) == 2
+    assert "index.html was not written by a site build" in capsys.readouterr().err
+    assert (built / "index.html").read_text() == "my own page"
+    assert [p.name for p in (tmp_path / "build").iterdir()] == ["site"]  # no staging left
+    (built / "index.html").unlink()
+    # A forged manifest line that climbs out of the folder removes nothing outside it.
+    (built / site_output.MARKER).write_text(manifest + "../../mine/thesis.tex\n")
+    assert main(["site", "--out", "build/site"]) == 0
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "years of work"
     (tmp_path / "notebooks" / "01_b.ipynb").write_text("{not json")
     with pytest.raises(json.JSONDecodeError):
         main(["site", "--out", "build/site"])

@@ -4,10 +4,11 @@
 Each notebook runs headless in a fresh kernel (nbclient), every code cell in order, as a
 learner's "Run all" would, except that an error does not stop the run: a wrong answer in
 exercise 1 still lets exercise 2 be graded. Its exercises are those of the released
-exercise notebook of the same name (`exercises/` of this checkout, or `--released DIR`):
-each gets a row, PASS or FAIL with the checker's message; a file that cannot be graded gets
-ERROR rows and grading goes on (`grade_run`). Check cells run as released, and their verdict
-comes from outside the learner's namespace (`grade_kernel`).
+exercise notebook it answers, found by its exercises rather than its file name
+(`exercises/` of this checkout, or `--released DIR`): each gets a row, PASS or FAIL with
+the checker's message; a file that cannot be graded gets ERROR rows and grading goes on
+(`grade_run`). Check cells run as released, and their verdict comes from outside the
+learner's namespace (`grade_kernel`).
 
 Two things would stop a plain "Run all" and do not stop the grader:
 
@@ -19,22 +20,30 @@ Two things would stop a plain "Run all" and do not stop the grader:
 
 Exit status: 0 every exercise passed; 1 some exercise failed or could not be graded (the
 table says which); 2 a usage error (one line on stderr, before anything runs) or nothing to
-grade; 3 an internal error of the grader (a bug: its traceback on stderr, the rows so far
-printed).
+grade; 3 an internal error of the grader (a bug: its traceback on stderr; when it happened while
+grading one notebook, that notebook gets an ERROR row and every other one is still graded).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
 from . import grade_kernel
-from .grade_class import grade_all, students, totals, write_csv
-from .grade_run import CHECK_CALL, EXERCISE_HEADING, Result, find_exercises, grade_one
+from .grade_class import grade_all, shown, students, totals, write_csv
+from .grade_run import (
+    CHECK_CALL,
+    EXERCISE_HEADING,
+    Result,
+    find_exercises,
+    grade_one,
+    unreadable,
+)
 
 __all__ = ["CHECK_CALL", "EXERCISE_HEADING", "Result", "find_exercises", "grade_notebook"]
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -66,7 +75,7 @@ def format_table(results: list[Result]) -> str:
     """The table `grade` prints: one row per exercise, then a one-line summary."""
     rows = [("notebook", "exercise", "result", "time", "message")]
     for r in results:
-        where = f"{r.student}/{Path(r.notebook).name}" if r.student else r.notebook
+        where = f"{shown(r.student)}/{Path(r.notebook).name}" if r.student else r.notebook
         message = " ⏎ ".join(line.strip() for line in r.message.strip().splitlines())
         rows.append((where, r.exercise, r.status, f"{r.seconds:.1f} s", message))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -123,15 +132,85 @@ def _jobs(args) -> list[tuple[str, Path]]:
         jobs += [(who, p) for who, notebooks in found for p in notebooks or [folder / who]]
     if not jobs:
         raise UsageError("give notebooks to grade, --all DIR or --class DIR")
+    _check_outputs(args, jobs)
     return jobs
 
 
-def _grader(args, released: Path | None, sandbox: dict | None):
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
+    """--feedback and --csv are written only where they overwrite nothing that is graded
+    (a submission is never replaced by its executed copy) and only where they can be
+    written, checked before the first notebook runs: a class graded for an hour must not
+    end in a lost table."""
+    sources = {p.resolve() for _, p in jobs if p.is_file()}
+    if args.feedback is not None:
+        feedback = Path(args.feedback).resolve()
+        if feedback.exists() and not feedback.is_dir():
+            raise UsageError(f"--feedback {args.feedback}: exists and is not a folder")
+        if args.class_dir is not None:
+            klass = Path(args.class_dir).resolve()
+            if _within(feedback, klass) or _within(klass, feedback):
+                how = "is" if feedback == klass else "lies inside"
+                how = "holds" if feedback != klass and _within(klass, feedback) else how
+                raise UsageError(
+                    f"--feedback {args.feedback}: {how} the class folder {args.class_dir}; "
+                    "the executed copies would overwrite or mix with the submissions: "
+                    "give a folder outside it"
+                )
+        targets: dict[Path, Path] = {}
+        for student, path in jobs:
+            target = (feedback / student if student else feedback) / path.name
+            target = target.resolve()
+            if target in sources:
+                raise UsageError(
+                    f"--feedback {args.feedback}: would overwrite the graded notebook "
+                    f"{path} with its executed copy; give another folder"
+                )
+            if target in targets and path.is_file():
+                raise UsageError(
+                    f"--feedback {args.feedback}: {targets[target]} and {path} would both be "
+                    f"written to {target}; grade them with separate --feedback folders"
+                )
+            targets[target] = path
+        _writable("--feedback", args.feedback, feedback)
+    if args.csv is not None:
+        table = Path(args.csv).resolve()
+        if table.is_dir():
+            raise UsageError(f"--csv {args.csv}: is a folder; give a file name")
+        if table in sources:
+            raise UsageError(f"--csv {args.csv}: is a notebook being graded")
+        if not table.parent.is_dir():
+            raise UsageError(f"--csv {args.csv}: the folder {table.parent} does not exist")
+        _writable("--csv", args.csv, table if table.exists() else table.parent)
+
+
+def _writable(option: str, given: str, path: Path) -> None:
+    """`path`, or the nearest folder above it that exists, can be written."""
+    here = next(p for p in [path, *path.parents] if p.exists())
+    if not os.access(here, os.W_OK | (os.X_OK if here.is_dir() else 0)):
+        raise UsageError(f"{option} {given}: cannot be written ({here} is not writable)")
+
+
+def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path]):
+    """grade(student, notebook) -> rows; a notebook the grader fails on is appended to
+    `failed` and gets an ERROR row."""
+
     def grade(student: str, path: Path) -> list[Result]:
         if path.is_dir():  # a student with no notebooks
             why = f"no .ipynb notebooks in {path}"
             return [Result("", "(no notebooks)", "ERROR", why, 0.0, student)]
-        rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+        try:
+            rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+        except Exception as exc:  # one notebook never stops the class: ERROR rows, go on
+            failed.append(path)
+            print(f"minidist grade: internal error grading {path} (a bug in the grader; "
+                  "grading goes on):", file=sys.stderr)  # fmt: skip
+            traceback.print_exc()
+            why = f"the grader failed on it ({type(exc).__name__}: {exc})"
+            return unreadable(path, [], why, student)
         if not rows:
             print(
                 f"warning: {path} holds no exercises (no check cell): nothing graded",
@@ -164,14 +243,17 @@ def run_grade(args) -> int:
         print(f"minidist grade: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     results: list[Result] = []
+    failed: list[Path] = []
     try:
-        results = grade_all(jobs, _grader(args, released, sandbox), args.jobs)
+        results = grade_all(jobs, _grader(args, released, sandbox, failed), args.jobs)
     except Exception:
         _report(results, args)
         print("minidist grade: internal error (a bug in the grader):", file=sys.stderr)
         traceback.print_exc()
         return EXIT_INTERNAL
     _report(results, args)
+    if failed:
+        return EXIT_INTERNAL
     if not results:
         print("minidist grade: warning: no exercises found: nothing graded", file=sys.stderr)
         return EXIT_USAGE

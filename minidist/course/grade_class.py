@@ -1,6 +1,7 @@
 """A class at once (`grade --class DIR`): each subfolder of DIR is a student, each of their
 `*.ipynb` a notebook to grade; the rows go to a CSV (student, lesson, exercise, status,
-message, seconds: the csv module quotes multi-line messages, so a row stays a row), with
+message, seconds: the csv module quotes multi-line messages, so a row stays a row; a field
+that a spreadsheet would run as a formula is neutralised, OWASP's rule), with
 totals per student and per exercise; notebooks run `-j N` at a time, each in its own
 kernel."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,12 +47,32 @@ def grade_all(
 
 
 def write_csv(results: list[Result], path: Path) -> None:
+    """The rows as CSV, every text field neutralised (`spreadsheet_safe`)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(CSV_COLUMNS)
         for r in results:
             lesson = Path(r.notebook).stem if r.notebook else ""
-            out.writerow((r.student, lesson, r.exercise, r.status, r.message, f"{r.seconds:.2f}"))
+            texts = (r.student, lesson, r.exercise, r.status, r.message)
+            out.writerow((*map(spreadsheet_safe, texts), f"{r.seconds:.2f}"))
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """OWASP's rule against CSV injection: a field that starts with `=`, `+`, `-`, `@`, a tab
+    or a carriage return gets a leading `'`, so a spreadsheet shows it as text instead of
+    running it as a formula (a learner's message `=HYPERLINK(...)` or `=cmd|...`)."""
+    return f"'{text}" if text.startswith(FORMULA_START) else text
+
+
+def shown(name: str) -> str:
+    """A student's folder name as the table prints it: as it is when printable and in NFC
+    form, else escaped (`ascii`), so that a newline cannot split a row and two names that
+    differ only in their Unicode normalisation do not print the same."""
+    plain = name.isprintable() and unicodedata.normalize("NFC", name) == name
+    return name if plain else ascii(name)
 
 
 def totals(results: list[Result]) -> str:
@@ -62,7 +84,7 @@ def totals(results: list[Result]) -> str:
         if r.notebook:
             by_exercise[f"{Path(r.notebook).stem} / {r.exercise}"].append(r)
     lines = ["per student:"]
-    lines += [f"  {who}  {_count(rows)}" for who, rows in by_student.items()]
+    lines += [f"  {shown(who)}  {_count(rows)}" for who, rows in by_student.items()]
     lines.append("per exercise:")
     lines += [f"  {name}  {_count(rows)}" for name, rows in sorted(by_exercise.items())]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
     """(the client, the kernel's environment). `sandbox`: {"hide": [folders]} to run the
     kernel under bubblewrap (`grade_kernel.sandbox_prefix`)."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionComplete
 
     scratch_dir = Path(scratch)
     prefix = None
@@ -32,6 +33,19 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
             self.timed_out = True
             return await super()._async_handle_timeout(timeout, cell)
 
+        def process_message(self, msg, cell, cell_index):
+            """nbclient's, except that a malformed message (the learner's code can send any
+            on the kernel's sockets: a stream without a `name`) becomes an error output of
+            this cell instead of an exception that would stop the grader."""
+            try:
+                return super().process_message(msg, cell, cell_index)
+            except CellExecutionComplete:
+                raise
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                kind = msg.get("msg_type", "?") if isinstance(msg, dict) else type(msg).__name__
+                cell.setdefault("outputs", []).append(malformed_output(kind, exc))
+                return None
+
     client = Client(
         nb,
         timeout=timeout_s,
@@ -43,6 +57,19 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
         kernel_name="python3",
     )
     return client, env
+
+
+def malformed_output(kind: str, exc: Exception):
+    """The error output that stands for a kernel message nbclient could not read."""
+    import nbformat
+
+    why = f"{type(exc).__name__}: {exc}"
+    return nbformat.v4.new_output(
+        "error",
+        ename="MalformedKernelMessage",
+        evalue=f"the kernel sent a malformed {kind!r} message ({why}); it was ignored",
+        traceback=[],
+    )
 
 
 def run_cell(client, cell, index: int, timeout_s: float) -> str | None:

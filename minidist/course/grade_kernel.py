@@ -38,6 +38,7 @@ VERDICT_MIME = "application/vnd.minidist.verdict+json"
 RUN_MARKER = "MINIDIST_GRADE_RUN"
 PING_TIMEOUT_S = 10
 # Kept in a sandboxed kernel's environment (everything else is dropped).
+SOCKET_DIRS = (Path("/run"), Path("/var/run"))  # where a host's services keep their sockets
 SANDBOX_ENV = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "TRITON_INTERPRET", "OMP_NUM_THREADS")
 
 RUNNER = r"""
@@ -119,16 +120,26 @@ def bwrap_problem() -> str | None:
 
 def sandbox_prefix(scratch: Path, notebook_dir: Path, hide: list[Path]) -> list[str]:
     """bwrap's arguments: no network, the file tree read-only except `scratch` and a fresh
-    /tmp, `hide` (other learners' folders, the instructor's home) replaced by empty folders,
+    /tmp, `hide` (other learners' folders, the instructor's home) and /run replaced by empty
+    folders (Python and minidist shown again when they live there),
     a pid namespace of its own (every process in it dies with the kernel); the kernel gets
     `sandbox_env` only."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
-    args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for path in _needed():  # Python and minidist may live under /tmp (a clone there): again
-        if _within(path, Path("/tmp")):
-            args += ["--ro-bind", str(path), str(path)]
-    for folder in hide:
-        if folder.is_dir() and not any(_within(p, folder) for p in _needed()):
+    args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # Hidden whatever lives inside: /tmp, the host's sockets (/run: docker's, D-Bus's; "no
+    # network" covers TCP, not a socket file), and `hide` (the home, other learners).
+    masked = [Path("/tmp")] + [p for p in SOCKET_DIRS if p.is_dir() and not p.is_symlink()]
+    masked += [folder for folder in hide if folder.is_dir()]
+    needed = _needed()
+    for folder in masked:
+        args += ["--tmpfs", str(folder)]
+    # Python and minidist may live in a hidden folder (a venv, pyenv or clone under the
+    # home or /tmp): shown again, read-only, and only they...
+    shown = [p for p in needed if any(_within(p, folder) for folder in masked)]
+    for path in shown:
+        args += ["--ro-bind", str(path), str(path)]
+    for folder in masked:  # ... without what they hold of a hidden folder (a class inside)
+        if any(_within(folder, path) and folder != path for path in shown):
             args += ["--tmpfs", str(folder)]
     args += ["--ro-bind", str(notebook_dir), str(notebook_dir)]
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(notebook_dir)]

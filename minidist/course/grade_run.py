@@ -1,14 +1,19 @@
 """Grade one notebook (`grade.grade_notebook`): read it, find its exercises, run it in a fresh
 kernel and turn each exercise into a row. The exercises are the released exercise notebook's
-(`exercises/` or `released=`), so a deleted check cell is a FAIL; a notebook with no
-released twin is graded by its own check cells. Check cells run as released (a modified one
-restored and flagged) through `grade_kernel`'s runner, whose verdict does not come from the
-learner's namespace. An earlier failing cell (SyntaxError, ModuleNotFoundError) is named in
-the row it caused. A file that is not a notebook is ERROR rows, never a crash.
+(`exercises/` or `released=`): the released notebook it shares the most exercises with
+(headings, checkers called), so a renamed notebook is still graded by the released check
+cells and a deleted check cell is a FAIL; a notebook that shares none with any released
+one (and has no namesake) is graded by its own check cells. Check cells run as released
+(a modified one restored and flagged) through `grade_kernel`'s runner, whose verdict does
+not come from the learner's namespace. An earlier failing cell (SyntaxError,
+ModuleNotFoundError) is named in the row it caused. A file that is not a notebook is ERROR
+rows, never a crash.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import tempfile
 import time
@@ -23,6 +28,16 @@ from .grade_kernel import check_cell_runner, end_processes, read_verdict
 CHECK_CALL = re.compile(r"^\s*(check_\w+)\(", re.MULTILINE)
 EXERCISE_HEADING = re.compile(r"^#+\s*(Exercise\b.*)$", re.MULTILINE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MESSAGE_CHARS = 2000  # a row's message; the whole output stays in the executed notebook
+
+
+def cap(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """`message`, cut to `limit` characters saying how much was cut (a learner's 50 MB print
+    would otherwise become a 50 MB cell of the CSV and of the table)."""
+    if len(message) <= limit:
+        return message
+    more = len(message) - limit
+    return f"{message[:limit]} [... {more:,} more characters: see the executed notebook]"
 
 
 @dataclass
@@ -36,6 +51,9 @@ class Result:
     message: str
     seconds: float
     student: str = ""
+
+    def __post_init__(self):
+        self.message = cap(self.message)
 
     @property
     def passed(self) -> bool:
@@ -69,30 +87,79 @@ def find_exercises(nb) -> list[tuple[int, Exercise]]:
     return out
 
 
-def released_twin(path: Path, released: Path | None) -> Path | None:
-    """The released exercise notebook of the same name, when there is one."""
+def released_twin(path: Path, released: Path | None, nb=None) -> Path | None:
+    """The released exercise notebook this one answers, decided by its exercises (their
+    headings and the checkers its cells call) before its file name: a renamed notebook is
+    still graded against the released check cells, never by its own. The released notebook
+    sharing the most exercises (ties: the one of the same name); the one of the same name
+    when none shares any; None for a released notebook itself, or no released folder."""
     if released is None:
         return None
-    twin = released / path.name
-    return twin if twin.is_file() and twin.resolve() != path.resolve() else None
+    candidates = _released_keys(str(released.resolve()))
+    if any(candidate.resolve() == path.resolve() for candidate, _ in candidates):
+        return None
+    mine = _exercise_keys(nb) if nb is not None else set()
+    scored = [(len(mine & keys), candidate.name == path.name, candidate)
+              for candidate, keys in candidates]  # fmt: skip
+    shared, same_name, best = max(scored, key=lambda s: s[:2], default=(0, False, None))
+    return best if shared or same_name else None
+
+
+def _exercise_keys(nb) -> set[str]:
+    """What identifies a notebook's exercises: their headings and the checkers called."""
+    keys = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            keys |= {f"heading:{h.strip()}" for h in EXERCISE_HEADING.findall(_source(cell))}
+        elif cell["cell_type"] == "code":
+            keys |= {f"check:{c}" for c in CHECK_CALL.findall(_source(cell))}
+    return keys
+
+
+@functools.lru_cache(maxsize=8)
+def _released_keys(released: str) -> tuple[tuple[Path, frozenset[str]], ...]:
+    out = []
+    for candidate in sorted(Path(released).glob("*.ipynb")):
+        try:
+            out.append((candidate, frozenset(_exercise_keys(read_notebook(candidate)))))
+        except ValueError:
+            continue
+    return tuple(out)
 
 
 def _match(nb, exercises: list[Exercise]) -> list[int | None]:
-    """For each released exercise, the learner's cell that calls its checker (None: gone)."""
+    """For each released exercise, the learner's check cell (None: gone): the first cell
+    after the previous exercise's that is the released check cell unchanged, else the first
+    that calls its checker in code (a mention in a comment, as in an answer cell's "then
+    run check_add(add)", is not a call)."""
     found, start = [], 0
     for ex in exercises:
         calls = re.compile(r"\b(" + "|".join(map(re.escape, ex.checks)) + r")\(")
-        index = next(
-            (
-                i
-                for i in range(start, len(nb.cells))
-                if nb.cells[i].cell_type == "code" and calls.search(nb.cells[i].source)
-            ),
-            None,
-        )
+        code = [i for i in range(start, len(nb.cells)) if nb.cells[i].cell_type == "code"]
+        same = (i for i in code if nb.cells[i].source.strip() == ex.source.strip())
+        calling = (i for i in code if _calls(nb.cells[i].source, ex.checks, calls))
+        index = next(same, None)
+        index = next(calling, None) if index is None else index
         found.append(index)
         start = index + 1 if index is not None else start
     return found
+
+
+def _calls(source: str, checks: list[str], pattern: re.Pattern) -> bool:
+    """Whether `source` calls one of `checks` in its code (a name then `(`; comments and
+    strings do not count); text that is not Python is searched as it is."""
+    import io
+    import tokenize
+
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]  # fmt: skip
+    except (tokenize.TokenError, SyntaxError):
+        return bool(pattern.search(source))
+    return any(
+        a.type == tokenize.NAME and a.string in checks and b.string == "("
+        for a, b in zip(tokens, tokens[1:])
+    )
 
 
 def _error_text(out) -> str:
@@ -140,12 +207,14 @@ def plan(path: Path, released: Path | None):
     modified)]) for a notebook to grade."""
     import nbformat
 
-    twin = released_twin(path, released)
-    exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
     try:
         nb = read_notebook(path)
     except ValueError as exc:
+        twin = released_twin(path, released)  # by name only: the file cannot be read
+        exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
         return str(exc), [(None, ex, False) for ex in exercises]
+    twin = released_twin(path, released, nb)
+    exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
     if twin is None:
         return nb, [(i, ex, False) for i, ex in find_exercises(nb)]
     matched = _match(nb, exercises)
@@ -171,7 +240,7 @@ class Run:
         marker = uuid.uuid4().hex
         results: dict[int, Result] = {}
         abandoned = None
-        with tempfile.TemporaryDirectory(prefix="minidist-grade-") as scratch:
+        with _scratch() as scratch:
             client, env = client_for(self.nb, self.path, self.timeout_s, self.sandbox, scratch)
             env[grade_kernel.RUN_MARKER] = marker
             pgid = None
@@ -247,6 +316,54 @@ class Run:
         mine = [e for e in self.errors if since < e[0] < index]
         setup = [e for e in self.errors if e[0] < (min(checks) if checks else index)]
         return (mine or setup or [None])[0]
+
+
+@contextmanager
+def _scratch():
+    """The kernel's own folder (its sockets; under `--sandbox` also its HOME and TMPDIR),
+    removed afterwards whatever the learner left in it (`remove_tree`)."""
+    scratch = tempfile.mkdtemp(prefix="minidist-grade-")
+    try:
+        yield scratch
+    finally:
+        remove_tree(Path(scratch))
+
+
+def remove_tree(top: Path) -> None:
+    """Remove `top` and everything in it, at any depth, without recursion and without long
+    paths: each folder met is first moved up to lie directly in `top` (a learner's tree
+    3,000 folders deep stops `shutil.rmtree` with a RecursionError, and its paths pass
+    PATH_MAX); symlinks are removed, never followed; folders made unreadable are opened
+    again."""
+    pending, moved, tag = [top], 0, uuid.uuid4().hex
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except PermissionError:
+            os.chmod(folder, 0o700)
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                moved += 1
+                flat = top / f".minidist-remove-{tag}-{moved}"
+                try:
+                    os.rename(entry.path, flat)
+                except PermissionError:
+                    os.chmod(folder, 0o700)
+                    os.rename(entry.path, flat)
+                pending.append(flat)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except PermissionError:
+                    os.chmod(folder, 0o700)
+                    os.unlink(entry.path)
+        if folder != top:
+            os.rmdir(folder)
+    os.rmdir(top)
 
 
 class KernelStartError(RuntimeError):

@@ -1,16 +1,20 @@
 """Where the site may be written, checked before anything is read or removed (`site.build_site`).
 
-The site replaces its output folder. An output folder is only ever replaced when it is
-empty or a previous build: each build leaves a marker file, `MARKER`, at its root. Refused,
-with one line naming `--out` and the rule:
+An output folder is only ever written when it is empty or a previous build: each build
+leaves a manifest, `MARKER`, at its root, listing every file it wrote. A rebuild removes
+only the files the previous manifest lists and leaves everything else (a `.git`, a `CNAME`
+added to publish the folder); a new file that would land on a file no build wrote is
+refused. Refused, with one line naming `--out` and the rule:
 
 - a folder that holds, or lies inside, a source of the site or the checkout itself
   (`--out notebooks` would delete the course's notebooks, `--out .` the checkout);
 - an existing folder that is not empty and holds no marker (not ours to delete);
 - a regular file, or a place that cannot be written.
 
-The new site is built next to the old one, in a temporary folder, and swapped in at the
-end: a build that fails leaves the previous site as it was.
+The new site is built next to the old one, in a temporary folder, and moved in at the end:
+a build that fails leaves the previous site as it was. While files move, the manifest lists
+the old and the new ones, so an interrupted move leaves nothing that the next build does not
+know it wrote.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MARKER = ".minidist-site"
-MARKER_TEXT = "a site built by `python -m minidist site`: the next build replaces this folder\n"
+MARKER_TEXT = (
+    "a site built by `python -m minidist site`; the next build replaces the files listed "
+    "below, and only those\n"
+)
 # What the site is built from (a folder holding or inside any of these is refused).
 SOURCES = ("README.md", "pyproject.toml", "notebooks", "exercises", "solutions", "minidist", ".git")
 
@@ -85,12 +92,84 @@ def staging(target: Path) -> Path:
 
 
 def swap_in(built: Path, target: Path) -> None:
-    """Mark the new build and put it where the old one was."""
-    (built / MARKER).write_text(MARKER_TEXT)
-    if target.exists():
-        old = target.with_name(f".{target.name}-old-{os.getpid()}")
-        target.rename(old)
+    """Put the new build where the old one was: the files the previous manifest lists are
+    removed or replaced, every other file in `target` stays."""
+    new = _files(built)
+    if not target.exists():
+        _write_manifest(built, new)
         built.rename(target)
-        shutil.rmtree(old)
-    else:
-        built.rename(target)
+        return
+    old = read_manifest(target)
+    try:
+        _check_no_clash(target, new, old)
+    except SiteError:
+        shutil.rmtree(built)
+        raise
+    _write_manifest(target, old | new)  # an interrupted move still lists all it wrote
+    for rel in sorted(old - new):
+        path = target / rel
+        if _inside_without_links(target, rel) and (path.is_symlink() or path.is_file()):
+            path.unlink()
+    for rel in sorted(new):
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(built / rel, target / rel)
+    folders = {p for f in old for p in PurePosixPath(f).parents if p != PurePosixPath(".")}
+    for folder in sorted(folders, key=_depth):
+        if _inside_without_links(target, f"{folder}/x"):
+            try:
+                (target / folder).rmdir()  # only when empty: the user's files stay
+            except OSError:
+                pass
+    _write_manifest(target, new)
+    shutil.rmtree(built)
+
+
+def read_manifest(target: Path) -> set[str]:
+    """The files a previous build says it wrote (relative, inside `target`: a forged line
+    that climbs out, or is absolute, is not ours and is ignored); none for an empty folder."""
+    if not (target / MARKER).is_file():
+        return set()
+    lines = (target / MARKER).read_text(errors="replace").splitlines()[1:]
+    clean = (PurePosixPath(line) for line in lines if line)
+    return {str(p) for p in clean if not p.is_absolute() and ".." not in p.parts}
+
+
+def _files(built: Path) -> set[str]:
+    return {
+        p.relative_to(built).as_posix()
+        for p in built.rglob("*")
+        if p.name != MARKER and (p.is_symlink() or not p.is_dir())
+    }
+
+
+def _depth(rel: PurePosixPath) -> int:
+    return -len(rel.parts)
+
+
+def _inside_without_links(target: Path, rel: str) -> bool:
+    """No folder between `target` and `rel` is a symlink (never remove through one)."""
+    here = target
+    for part in PurePosixPath(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            return False
+    return True
+
+
+def _check_no_clash(target: Path, new: set[str], old: set[str]) -> None:
+    """Every new file lands where nothing is, or on a file the previous build wrote."""
+    for rel in sorted(new):
+        path = target / rel
+        there = path.is_symlink() or path.exists()
+        theirs = rel not in old or (path.is_dir() and not path.is_symlink())
+        if not _inside_without_links(target, rel) or (there and theirs):
+            raise SiteError(
+                f"--out {target}: {rel} was not written by a site build (not in {MARKER}) "
+                "and the new build would replace it; move it away or give another folder"
+            )
+
+
+def _write_manifest(folder: Path, files: set[str]) -> None:
+    tmp = folder / f"{MARKER}.{os.getpid()}"
+    tmp.write_text(MARKER_TEXT + "".join(f"{rel}\n" for rel in sorted(files)))
+    os.replace(tmp, folder / MARKER)

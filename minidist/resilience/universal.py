@@ -13,11 +13,14 @@ the one-process model's names (`planners.py`): a load on any layout is DCP's res
   step, the global sample index, the loss scaler) as a uint8 tensor, so every byte of the
   checkpoint is a tensor with a checksum. minidist's checkpoint rules, through
   `minidist.checkpoint_files` and lesson 03's DCP helpers: written into
-  `.<name>.unfinished`, checksums recorded last, then renamed into place; an interrupted
-  save leaves the previous checkpoint whole.
+  `.<name>.unfinished`, held locked by rank 0 as every format's (`Staging`: a second save to
+  the same path is refused while one runs), checksums recorded last, then renamed into
+  place; an interrupted save leaves the previous checkpoint whole.
 - `load(path, pieces, layout, group)` on every rank: refuses a checkpoint that cannot serve
   the pieces (a tensor missing on either side, another shape or dtype: a different number
-  of layers, a different model) before anything changes, naming both layouts; reads only the
+  of layers, a different model) before anything changes, naming both layouts, and one whose
+  metadata does not describe its files (the FSDP format's `cover`: every tensor's rectangles
+  inside it, not overlapping, covering it exactly; the record plain data); reads only the
   stored rectangles that overlap this rank's pieces, verifying each one's checksum; copies
   into the pieces only once every rank has read everything. Returns a `LoadReport`: the
   `TrainingState` and the bytes this rank read beside the bytes of its own pieces.
@@ -36,7 +39,6 @@ import json
 import math
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +48,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import comm
-from ..checkpoint_files import (
-    CHECKSUMS,
-    CheckpointError,
-    is_complete,
-    put_in_place,
-    recover,
-    unfinished_path,
-)
-from ..checkpoint_pin import pin
-from ..fsdp.checkpoint_safe import read_metadata, write_checksums
-from ..parallel import first_rank
+from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, is_complete, unfinished_path
+from ..checkpoint_pin import pin, raise_everywhere
+from ..fsdp.checkpoint_safe import cover, read_metadata, write_checksums
 from ..pieces import Piece
 from .chunks import Chunk, piece_chunks, piece_nbytes
 from .planners import ChunkLoadPlanner, ChunkSavePlanner, VerifyingReader
@@ -64,6 +58,7 @@ from .state import TrainingState
 
 FORMAT = "minidist-universal-checkpoint/1"
 RECORD = "minidist.record"
+RECORD_KEYS = {"format", "layout", "world", "step", "samples", "scaler", "rng_streams"}
 
 
 class CheckpointLayoutError(ValueError):
@@ -117,40 +112,43 @@ def _whole(name: str, t: torch.Tensor) -> Chunk:
 
 
 def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
-    """Write `chunks` (every rank its own) as the checkpoint `path`, atomically."""
+    """Write `chunks` (every rank its own) as the checkpoint `path`, atomically.
+
+    Rank 0 claims the staging folder (`checkpoint_files.Staging`, the lock every format
+    takes): a second save to `path` while one runs is refused on every rank of the second
+    world, and no rank returns before this save's own files are in place."""
     path = Path(path)
     if path.exists() and not is_complete(path):
         raise FileExistsError(
             f"save: {path} exists and is not a checkpoint (no {CHECKSUMS}): refusing to replace it"
         )
-    unfinished = unfinished_path(path)
-    rank0 = dist.get_rank(group) == 0
-    if rank0:
-        recover(path)  # a complete save stopped between its renames is not thrown away
-        shutil.rmtree(unfinished, ignore_errors=True)  # what an interrupted save left
-    comm.barrier(group, tag="checkpoint")
-    try:
-        dcp.save({}, checkpoint_id=unfinished, planner=ChunkSavePlanner(chunks),
-                 process_group=group)  # fmt: skip
-    except CheckpointException as e:  # a BaseException, on every rank: made ordinary
-        raise RuntimeError(
-            f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
-            f"({next(iter(e.failures.values()), '')!r})"
-        ) from e
-    comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
-    failure = None
-    if rank0:
+    staging, error = None, None
+    if dist.get_rank(group) == 0:
         try:
-            write_checksums(unfinished, FORMAT)  # written last: the save is complete
-            put_in_place(unfinished, path)
-        except OSError as e:
-            failure = e
-    ok = torch.tensor([failure is None], dtype=torch.uint8, device=comm.group_device(group))
-    comm.broadcast(ok, src=first_rank(group), group=group, tag="checkpoint")
-    if failure is not None:
-        raise failure
-    if not ok.item():
-        raise RuntimeError(f"save: rank 0 could not put {unfinished} in place as {path}")
+            staging = Staging(path, "save")
+        except (CheckpointError, OSError) as e:
+            error = str(e)
+    try:
+        raise_everywhere(group, error)
+        try:
+            dcp.save({}, checkpoint_id=unfinished_path(path),
+                     planner=ChunkSavePlanner(chunks), process_group=group)  # fmt: skip
+        except CheckpointException as e:  # a BaseException, on every rank: made ordinary
+            raise RuntimeError(
+                f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
+                f"({next(iter(e.failures.values()), '')!r})"
+            ) from e
+        comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
+        if staging is not None:
+            try:
+                write_checksums(staging.folder, FORMAT)  # written last: the save is complete
+                staging.put_in_place()
+            except Exception as e:  # every rank gets the same error, none dies in gloo
+                error = f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+        raise_everywhere(group, error)  # nobody returns before `path` is in place
+    finally:
+        if staging is not None:
+            staging.release()
 
 
 def save(path, pieces: list[Piece], state: TrainingState | None = None,
@@ -163,21 +161,38 @@ def save(path, pieces: list[Piece], state: TrainingState | None = None,
 def read_record(pinned) -> tuple[dict, object, dict]:
     """(checksums record, DCP metadata, the JSON record) of a pinned version
     (`checkpoint_pin.pin`: every file held open, so the checks and the reads see one
-    version), verified."""
+    version), verified: the files' sizes, the metadata describing them (`cover`: each
+    tensor's rectangles inside its shape, not overlapping, covering it exactly, as the FSDP
+    format checks) and the record's bytes, read as plain data only."""
     path, sums = pinned.path, pinned.record
     if sums.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a {sums.get('format')!r} checkpoint, not {FORMAT!r}")
     for name, rec in sums["files"].items():
         pinned.check(name, rec)  # sizes; .metadata's bytes too
     meta = read_metadata(pinned)
+    cover(meta, sums, path)
     if RECORD not in meta.state_dict_metadata:
         raise CheckpointError(f"{path} holds no {RECORD}")
-    (info,) = [v for k, v in meta.storage_data.items() if k.fqn == RECORD]
+    stored = [v for k, v in meta.storage_data.items() if k.fqn == RECORD]
+    if len(stored) != 1:
+        raise CheckpointError(f"{path}: {RECORD} is stored in {len(stored)} places, not 1")
+    (info,) = stored
     blob = pinned.read(info.relative_path, info.offset, info.length)
     if _sha(blob) != _checksums(sums).get((info.relative_path, info.offset)):
         raise CheckpointError(f"{path}/{info.relative_path}: {RECORD} differs from its checksum")
-    data = torch.load(io.BytesIO(blob), weights_only=True)
-    return sums, meta, json.loads(bytes(data.tolist()).decode())
+    try:
+        data = torch.load(io.BytesIO(blob), weights_only=True)
+        if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.dim() == 1):
+            raise TypeError(f"a {type(data).__name__}, not a 1-D uint8 tensor")
+        record = json.loads(bytes(data.tolist()).decode())
+        if not isinstance(record, dict) or not RECORD_KEYS <= record.keys():
+            raise ValueError(f"not a JSON object with {sorted(RECORD_KEYS)}")
+    except Exception as e:  # pickle.UnpicklingError, a forged type: never raw to the caller
+        raise CheckpointError(
+            f"{path}/{info.relative_path}: {RECORD} is not a record this format writes "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
+    return sums, meta, record
 
 
 def _sha(blob: bytes) -> str:

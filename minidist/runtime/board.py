@@ -19,7 +19,10 @@ import sys
 # bytes per rank: [0] 1 while inside a call, 2 after an asynchronous one (its work may be
 # pending), 0 after a blocking one; then the call's description
 SLOT = 512
-_COMM_FILE = os.path.join("minidist", "comm.py")
+# The library's own folder, by where this file is: never by a folder's name (a checkout is
+# itself often called `minidist`, and so may be any folder above a learner's file).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_COMM_FILE = os.path.join(_PACKAGE, "comm.py")
 
 
 class CallBoard:
@@ -32,7 +35,7 @@ class CallBoard:
 
     def enter(self, op: str, tag: str, group_size: int) -> None:
         frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.endswith(_COMM_FILE):
+        while frame is not None and os.path.abspath(frame.f_code.co_filename) == _COMM_FILE:
             frame = frame.f_back
         where = ""
         if frame is not None:
@@ -49,8 +52,10 @@ class CallBoard:
 def _short(filename: str) -> str:
     """minidist/... for the library's files, the file's name for others (a notebook cell's
     file is named after its code, so the name stays when the notebook runs again)."""
-    parts = filename.split(os.sep)
-    return os.sep.join(parts[parts.index("minidist") :]) if "minidist" in parts else parts[-1]
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE + os.sep):
+        return os.path.join("minidist", os.path.relpath(path, _PACKAGE))
+    return os.path.basename(filename)
 
 
 def create_board(path: str, world_size: int) -> None:

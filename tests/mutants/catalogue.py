@@ -1353,6 +1353,78 @@ MUTANTS = [
         "return 1 - busy / self.makespan",
         "the bubble over one stage's time, not all stages'",
     ),
+    # == issue 36 (helper h36): the grader, lesson 18's universal checkpoint and run; each
+    # == caught by a test added for it (planted by hand and seen to fail) =================
+    (
+        "grade",
+        "course/grade_run.py",
+        "        if passed and not errors:",
+        "        if passed is not False and not errors:",
+        "a check cell that printed PASSED but sent no verdict passes",
+    ),
+    (
+        "grade",
+        "course/grade_kernel.py",
+        "            os.killpg(pgid, signal.SIGKILL)",
+        "            os.kill(pgid, signal.SIGKILL)",
+        "only the kernel's pid killed, not its process group",
+    ),
+    (
+        "grade",
+        "course/grade_run.py",
+        "        index = next(same, None)\n",
+        "        index = None\n",
+        "the first cell mentioning the checker taken for the check cell",
+    ),
+    (
+        "grade",
+        "course/grade_run.py",
+        "    return best if shared or same_name else None",
+        "    return best if same_name else None",
+        "a renamed notebook graded by its own check cells",
+    ),
+    (
+        "grade",
+        "course/grade.py",
+        "            if _within(feedback, klass) or _within(klass, feedback):",
+        "            if feedback == klass:",
+        "--feedback inside the class folder accepted",
+    ),
+    (
+        "resilience",
+        "resilience/async_save.py",
+        "    ) -> None:\n        self.wait()\n",
+        "    ) -> None:\n",
+        "a second asynchronous save starts while one is in flight (hangs)",
+    ),
+    (
+        "resilience",
+        "resilience/run.py",
+        "lambda: zero_pieces(zero), zero.gather_parameters,",
+        "lambda: zero_pieces(zero), lambda: None,",
+        "a ZeRO-1 resume that does not gather the parameters again",
+    ),
+    (
+        "resilience",
+        "resilience/universal.py",
+        "    cover(meta, sums, path)\n",
+        "",
+        "the universal load skips the structural checks (a forged piece loads)",
+    ),
+    (
+        "resilience",
+        "resilience/universal.py",
+        '            staging = Staging(path, "save")',
+        "            staging = None",
+        "the universal save takes no lock (two runs share one folder)",
+    ),
+    (
+        "checkpoint_files",
+        "checkpoint_pin.py",
+        "        for fd in self.fds.values():\n            os.close(fd)\n        self.fds = {}",
+        "        self.fds = {}",
+        "a pin that never closes its files",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them).
@@ -1360,6 +1432,7 @@ TESTS = {
     "checkpoint_files": [
         "tests/test_checkpoint.py", "tests/test_checkpoint_data.py",
         "tests/test_checkpoint_races.py", "tests/test_embedding_checkpoint.py",
+        "tests/test_resilience_async.py",
     ],
     "fsdp_checkpoint": [
         "tests/test_checkpoint.py", "tests/test_checkpoint_data.py",

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from ...course.check import fail
+
+PACKAGE = Path(__file__).resolve().parents[2]  # minidist/
 
 
 def _and(items) -> str:
@@ -31,11 +34,17 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def _in_package(filename: str) -> bool:
+    """A file of minidist itself (by its place, not by a folder's name: a checkout is often
+    called `minidist` too, and the learner's own files may lie in it)."""
+    return Path(filename).resolve().is_relative_to(PACKAGE)
+
+
 def _where(exc: BaseException) -> str:
     """The innermost frame of the learner's code (not minidist's, torch's or Python's)."""
     frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is call_learner itself
-    mine = [f for f in frames if "site-packages" not in f.filename and "/minidist/" not in
-            f.filename and "/lib/python" not in f.filename]  # fmt: skip
+    mine = [f for f in frames if "site-packages" not in f.filename and not
+            _in_package(f.filename) and "/lib/python" not in f.filename]  # fmt: skip
     frame = (mine or frames or [None])[-1]
     if frame is None:
         return ""
