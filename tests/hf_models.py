@@ -33,9 +33,29 @@ def config(name: str, layers: int = 4, **extra):
             "mixtral": (t.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
             "gemma": (t.GemmaConfig, {"head_dim": 16}),
             "phi3": (t.Phi3Config, {}),
+            # latent attention (q and K/V through low-rank latents, a shared rotary key) and
+            # DeepSeekMoE (a shared expert beside 4 routed ones, sigmoid affinities)
+            "deepseek_v3": (
+                t.DeepseekV3Config,
+                {
+                    "moe_intermediate_size": 16,
+                    "num_key_value_heads": 4,
+                    "n_routed_experts": 4,
+                    "n_shared_experts": 1,
+                    "num_experts_per_tok": 2,
+                    "n_group": 1,
+                    "topk_group": 1,
+                    "first_k_dense_replace": 1,
+                    "q_lora_rank": 16,
+                    "kv_lora_rank": 8,
+                    "qk_rope_head_dim": 4,
+                    "qk_nope_head_dim": 8,
+                    "v_head_dim": 8,
+                },
+            ),
         }
         cls, own = kind[name]
-        cfg = cls(**common, **own)
+        cfg = cls(**{**common, **own})
     for k, v in extra.items():
         setattr(cfg, k, v)
     cfg._attn_implementation = "sdpa"

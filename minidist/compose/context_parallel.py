@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 
+import torch
 import torch.nn as nn
 
 from ..context_parallel.ring import ring_attention
@@ -34,9 +35,12 @@ def _ring_kernel(module, query, key, value, attention_mask, dropout=0.0, scaling
     if groups > 1:  # one K/V head per query head (the model's SDPA path does the same)
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
+    dv = value.shape[-1]
+    if dv != query.shape[-1]:  # latent attention's V is narrower than Q·K: zero columns
+        value = torch.nn.functional.pad(value, (0, query.shape[-1] - dv))
     out = ring_attention(query, key, value, group, "zigzag", seq, scale=scaling,
                          window=sliding_window)  # fmt: skip
-    return out.transpose(1, 2).contiguous(), None
+    return out[..., :dv].transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:

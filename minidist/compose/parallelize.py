@@ -99,6 +99,15 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
     sizes = {**hf_sizes(model.config), "seq_len": seq_len}
     dims.check_model(sizes["heads"], sizes["layers"], seq_len, sizes["experts"])
     find_parts(model)
+    if dims.tp > 1:
+        for name, module in model.named_modules():
+            children = dict(module.named_children())
+            if "o_proj" in children and not {"q_proj", "qkv_proj"} & set(children):
+                raise ValueError(
+                    f"parallelize: tp={dims.tp}: {name} projects its queries through "
+                    f"{sorted(n for n in children if 'proj' in n)} (latent attention?), which "
+                    "tp does not split here; use tp = 1 for this model"
+                )
     if dims.tp > 1 and sizes["kv_heads"] != sizes["heads"]:
         fused = [n for n, _ in model.named_modules() if n.endswith(".qkv_proj")]
         if fused:

@@ -217,7 +217,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = (logits - peak.unsqueeze(-1)).gather(-1, local_t.unsqueeze(-1)).squeeze(-1)
         target_logit = target_logit.masked_fill(~inside, 0.0)
         comm.all_reduce(target_logit, group=group, tag="tp-ce-target")
-        ctx.save_for_backward(exp / total.unsqueeze(-1), local_t, inside, valid)
+        # an ignored target's row saved as zeros (no gradient): nothing more is kept
+        ctx.save_for_backward(exp / total.unsqueeze(-1) * valid.unsqueeze(-1), local_t,
+                              inside & valid)  # fmt: skip
         losses = (total.log() - target_logit) * valid
         # the mean over the valid targets (F.cross_entropy's with ignore_index), or their sum
         ctx.divisor = max(int(valid.sum()), 1) if reduction == "mean" else 1
@@ -225,11 +227,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local_t, inside, valid = ctx.saved_tensors
+        softmax, local_t, inside = ctx.saved_tensors
         g = softmax.clone()
         hit = torch.zeros_like(g).scatter_(-1, local_t.unsqueeze(-1), 1.0)
         g -= hit * inside.unsqueeze(-1)
-        g *= valid.unsqueeze(-1)
         return g * (grad / ctx.divisor), None, None, None, None, None
 
 
