@@ -136,7 +136,7 @@ def train_rank(args, dims: dict, progress=None) -> dict:
     losses, times, ledgers = [], [], []
     while state.step < args.steps:
         x, y = batches[state.samples // args.global_batch]
-        loss, seconds, ledger = one_step(engine, grid, x, y)  # lesson 17's step
+        loss, seconds, ledger, _ = one_step(engine, grid, x, y)  # lesson 17's step
         losses.append(loss)
         times.append(seconds)
         ledgers.append(ledger)
