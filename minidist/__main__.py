@@ -52,10 +52,22 @@ def main(argv: list[str] | None = None) -> int:
 
     add_train_arguments(train)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # a --config file's options first, the command line after
+        from .trainer.options import config_argv
+
+        try:
+            argv = ["train", *config_argv(train, argv[1:])]
+        except ValueError as e:
+            train.error(str(e))
     args = parser.parse_args(argv)
     if args.command == "train":
-        from .resilience.cli import run_train
+        from .resilience.cli import check_run, run_train
 
+        try:  # bad options: one line, exit 2, before any rank starts
+            check_run(args)
+        except ValueError as e:
+            train.error(str(e))
         return run_train(args)
     if args.command == "gpucheck":
         from .gpucheck import main as gpucheck

@@ -43,12 +43,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress(steps: int, tokens: int):
     done = []
 
-    def show(loss: float, seconds: float) -> None:
+    def show(loss: float, seconds: float, eval_loss: float | None = None) -> None:
         done.append(seconds)
         if dist.get_rank() == 0:
             bar = "#" * (20 * len(done) // steps)
             rate = f"{tokens / seconds:,.0f} tokens/s"
-            line = f"\r[{bar:<20}] step {len(done)}/{steps} loss {loss:.4f} {rate}"
+            held = "" if eval_loss is None else f" eval {eval_loss:.4f}"
+            eta = f" ETA {sorted(done)[len(done) // 2] * (steps - len(done)):.0f}s"
+            line = f"\r[{bar:<20}] step {len(done)}/{steps} loss {loss:.4f}{held} {rate}{eta}"
             print(line, end="", file=sys.stderr, flush=True)
             if len(done) == steps:
                 print(file=sys.stderr)

@@ -139,17 +139,24 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
     return out
 
 
-def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | None = None,
-             clip_grad: float | None = None):  # fmt: skip
-    """One step of `engine` on this rank's share of the global batch (x, y): its replica's
-    rows, its cp positions, at learning rate `lr` (None: the engine's), the gradient clipped
-    to the global norm `clip_grad` (None: not) -> (the global batch's mean loss, seconds,
-    the step's ledger, the gradient's norm before clipping or None)."""
+def data_rows(grid: Grid, global_batch: int) -> range:
+    """The rows of a global batch this rank trains on: its data replica's (dp_replicate ·
+    dp_shard of them, in order); cp and tp ranks of one replica share them."""
     dims = grid.dims
     d = dims.dp_replicate * dims.dp_shard
     data = grid.coord["dp_replicate"] * dims.dp_shard + grid.coord["dp_shard"]
-    per, pos = x.shape[0] // d, engine.ctx.positions
-    x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
+    per = global_batch // d
+    return range(data * per, (data + 1) * per)
+
+
+def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | None = None,
+             clip_grad: float | None = None):  # fmt: skip
+    """One step of `engine` on this rank's rows of the global batch (x, y: `data_rows`), its
+    cp positions of them, at learning rate `lr` (None: the engine's), the gradient clipped
+    to the global norm `clip_grad` (None: not) -> (the global batch's mean loss, seconds,
+    the step's ledger, the gradient's norm before clipping or None)."""
+    pos = engine.ctx.positions.cpu()
+    x, y = (t[:, pos].to(rank_device()) for t in (x, y))
     engine.zero_grad()
     if lr is not None:
         set_lr(engine, lr)
@@ -165,6 +172,24 @@ def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | N
     mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
     comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
     return float(mean) / grid.size("dp_cp"), seconds, ledger, norm
+
+
+def eval_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The global batch's mean loss on this rank's rows (x, y) in eval mode, no step taken:
+    the engine's forward and backward with the gradients thrown away (lesson 09's engine
+    has no forward-only schedule)."""
+    pos = engine.ctx.positions.cpu()
+    x, y = (t[:, pos].to(rank_device()) for t in (x, y))
+    engine.eval()
+    try:
+        engine.zero_grad()
+        loss = engine.train_step((x, y))
+        engine.zero_grad()
+    finally:
+        engine.train()
+    mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
+    comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
+    return float(mean) / grid.size("dp_cp")
 
 
 def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
@@ -187,6 +212,8 @@ def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
     engine.measure_activations = measure
     losses, times, ledgers, norms = [], [], [], []
     for i, (x, y) in enumerate(batches):
+        rows = data_rows(grid, global_batch)
+        x, y = x[rows.start : rows.stop], y[rows.start : rows.stop]
         loss, seconds, ledger, norm = one_step(engine, grid, x, y, optim.lr_at(i, steps),
                                                optim.clip_grad)  # fmt: skip
         norms.append(norm)

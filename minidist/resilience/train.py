@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -39,17 +40,53 @@ import torch
 
 from .. import comm
 from ..checkpoint_files import is_complete, recover
+from ..checkpoint_pin import pin
 from ..compose.dims import Grid, ParallelDims
-from ..compose.fixture import LR, SIZES, build, bytes_by_kind, memory_by_kind, one_step
+from ..compose.fixture import SIZES, bytes_by_kind, data_rows, eval_step, memory_by_kind, one_step
+from ..compose.optim import OptimizerConfig, engine_options, torch_optimizer
 from ..compose.parallelize import parallelize
+from ..models import lm_loss
 from ..runtime.device import rank_device
+from ..trainer.data import TokenData, course_data, load_data
+from ..trainer.models import build_model, export_hf, model_config
+from ..trainer.options import optimizer_config
 from .state import TrainingState, capture_rng, restore_rng
-from .universal import load, save
+from .universal import CheckpointLayoutError, load, read_record, save
 
 
-def layout_of(args, dims: dict) -> dict:
-    """The record's `layout`: the dims, the precision and the model."""
-    return {**dims, "model": args.model, "precision": args.precision, "layers": args.layers}
+def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
+    """The run's data, model configuration and optimizer, checked (ValueErrors name the
+    option): the same in the parent, before any rank starts, and on every rank."""
+    if args.data:
+        data = load_data(args.data, args.seq_len, args.tokenizer)
+    else:
+        evals = args.eval_batches if args.eval_every else 0
+        data = course_data(args.steps, args.global_batch, args.seq_len or SIZES["seq_len"],
+                           args.seed, evals)  # fmt: skip
+    if args.eval_every:
+        data.split(args.global_batch, args.eval_batches)
+    data.check(args.steps, args.global_batch)
+    return data, model_config(args, data), optimizer_config(args)
+
+
+def layout_of(args, dims: dict, model: dict | None = None, data: dict | None = None) -> dict:
+    """The record's `layout`: the dims, the precision and the model (its whole
+    configuration) and the data's identity, when given."""
+    out = {**dims, "model": args.model, "precision": args.precision, "layers": args.layers}
+    if model is not None:
+        out.update(layers=model["layers"], model_config=model, data=data)
+    return out
+
+
+def refuse_another_run(path: Path, layout: dict) -> None:
+    """CheckpointLayoutError naming both when checkpoint `path` was saved by a run of another
+    model or on other data (before anything is read into the engine)."""
+    with pin(path) as pinned:
+        saved = read_record(pinned)[2]["layout"]
+    for key, what in (("model_config", "model"), ("data", "data")):
+        if key in saved and key in layout and saved[key] != json.loads(json.dumps(layout[key])):
+            raise CheckpointLayoutError(f"--resume {path}: saved with {what} {saved[key]}, "
+                                        f"this run has {what} {layout[key]}")  # fmt: skip
 
 
 def active_parameters(model: torch.nn.Module) -> int:
@@ -81,6 +118,7 @@ def _resume(args, engine, layout: dict):
     path = Path(args.resume) if args.resume else None
     if path is None or not (recover(path) or is_complete(path)):
         return TrainingState(), None
+    refuse_another_run(path, layout)
     report = load(path, engine.state_pieces(), layout)
     engine.finish_state_load()
     if report.state.samples % args.global_batch:
@@ -91,15 +129,23 @@ def _resume(args, engine, layout: dict):
     return report.state, report
 
 
-def _log(args, engine, grid, state, loss, seconds, ledger, psi, peak) -> None:
-    tokens = args.global_batch * SIZES["seq_len"]
+def evaluate(engine, grid, data: TokenData, args) -> float:
+    """The held-out split's mean loss (nats per token) over `--eval-batches` batches."""
+    rows = data_rows(grid, args.global_batch)
+    losses = [eval_step(engine, grid, *data.eval_batch(j, rows, args.global_batch))
+              for j in range(args.eval_batches)]  # fmt: skip
+    return sum(losses) / len(losses)
+
+
+def _log(args, engine, grid, state, record: dict, ledger, psi, peak, tokens) -> None:
     mine = (memory_by_kind(engine), bytes_by_kind(ledger, grid))
     everyone = [None] * grid.dims.world_size
     comm.all_gather_object(everyone, mine, tag="log")
     if grid.rank != 0:
         return
+    seconds = record["seconds"]
     flops = 6 * psi * tokens / seconds
-    line = {"step": state.step, "samples": state.samples, "loss": loss, "seconds": seconds,
+    line = {"step": state.step, "samples": state.samples, **record,
             "tokens_per_s": tokens / seconds, "model_flops_per_s": flops,
             "mfu": flops / (peak * grid.dims.world_size), "peak_flops_per_rank": peak,
             "peak_from": "--peak-flops" if args.peak_flops else "matmul fitted here",
@@ -110,41 +156,55 @@ def _log(args, engine, grid, state, loss, seconds, ledger, psi, peak) -> None:
 
 
 def train_rank(args, dims: dict, progress=None) -> dict:
-    """On every rank of a world of `dims`' size: resume, train to `args.steps`, save.
-    `progress(start_step)`, when given, returns the per-step callback (loss, seconds)."""
+    """On every rank of a world of `dims`' size: build, parallelize, resume, train to
+    `args.steps` (evaluating every `args.eval_every`), save, export.
+    `progress(start_step, tokens per step)`, when given, returns the per-step callback
+    (loss, seconds, eval loss or None)."""
     pdims = ParallelDims(**dims)
-    model, batches = build(args.model, args.steps, args.global_batch, layers=args.layers)
-    psi = active_parameters(model)
+    data, config, optim = prepare(args)
+    model = build_model(config, args.seed).to(rank_device())
+    psi, tokens = active_parameters(model), args.global_batch * data.seq_len
     grid = Grid(pdims)
     d = pdims.dp_replicate * pdims.dp_shard
     if args.global_batch % (d * args.micro_batch):
         raise ValueError(f"global_batch={args.global_batch} must divide by dp_replicate·"
                          f"dp_shard·micro_batch = {d}·{args.micro_batch}")  # fmt: skip
-    engine = parallelize(model, pdims, grid=grid, precision=args.precision, lr=LR,
+    engine = parallelize(model, pdims, grid=grid, precision=args.precision,
                          microbatches=args.global_batch // (d * args.micro_batch),
-                         recompute=args.recompute)  # fmt: skip
+                         recompute=args.recompute, **engine_options(optim))  # fmt: skip
     engine.measure_activations = True
-    layout = layout_of(args, dims)
+    layout = layout_of(args, dims, config, data.identity())
     state, report = _resume(args, engine, layout)
     resumed_from = state.step
-    show = progress(resumed_from) if progress is not None else None
+    show = progress(resumed_from, tokens) if progress is not None else None
     peak = args.peak_flops or (matmul_flops() if args.log else 0.0)
     if args.log:  # rank 0's measure for everyone
         everyone = [None] * pdims.world_size
         comm.all_gather_object(everyone, peak, tag="log")
         peak = everyone[0]
-    losses, times, ledgers = [], [], []
+    rows = data_rows(grid, args.global_batch)  # this data rank's rows of every batch
+    losses, times, ledgers, evals, samples = [], [], [], [], []
     while state.step < args.steps:
-        x, y = batches[state.samples // args.global_batch]
-        loss, seconds, ledger, _ = one_step(engine, grid, x, y)  # lesson 17's step
+        index = state.samples // args.global_batch
+        x, y = data.batch(index, rows, args.global_batch)
+        samples.append(index)
+        lr = optim.lr_at(state.step, args.steps)
+        loss, seconds, ledger, norm = one_step(engine, grid, x, y, lr, optim.clip_grad)
         losses.append(loss)
         times.append(seconds)
         ledgers.append(ledger)
         state = TrainingState(state.step + 1, state.samples + args.global_batch)
+        record = {"loss": loss, "seconds": seconds, "lr": lr}
+        if norm is not None:
+            record["grad_norm"] = norm
+        if args.eval_every and (state.step % args.eval_every == 0 or state.step == args.steps):
+            record["eval_loss"] = evaluate(engine, grid, data, args)
+            record["perplexity"] = math.exp(min(record["eval_loss"], 700.0))
+            evals.append((state.step, record["eval_loss"]))
         if args.log:
-            _log(args, engine, grid, state, losses[-1], times[-1], ledger, psi, peak)
+            _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
         if show is not None:
-            show(losses[-1], times[-1])
+            show(loss, seconds, record.get("eval_loss"))
         due = args.save_every and state.step % args.save_every == 0
         if args.save and (due or state.step == args.steps):
             kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
@@ -155,11 +215,15 @@ def train_rank(args, dims: dict, progress=None) -> dict:
                     Path(args.die_once).touch()
                 os.kill(os.getpid(), signal.SIGKILL)
     params = engine.full_parameters()
+    if args.export_hf and grid.rank == 0:
+        export_hf(params, config, args.export_hf)
     digest = hashlib.sha256()
     for name in sorted(params):
         digest.update(params[name].contiguous().numpy().tobytes())
     return {
         "losses": losses,
+        "evals": evals,
+        "samples": samples,
         "step": state.step,
         "resumed_from": resumed_from,
         "params": params,
@@ -169,4 +233,31 @@ def train_rank(args, dims: dict, progress=None) -> dict:
         "memory": memory_by_kind(engine),
         "step_s": sorted(times)[len(times) // 2] if times else float("nan"),
         "read": None if report is None else (report.bytes_read, report.shard_bytes),
+        "tokens_per_step": tokens,
     }
+
+
+def reference(args) -> dict:
+    """The same run in one process (`--compare`): the same model and batches, torch's
+    optimizer, schedule and clipping (`compose.optim.torch_optimizer`) -> losses, the
+    gradient norms before clipping, parameters."""
+    data, config, optim = prepare(args)
+    model = build_model(config, args.seed).to(rank_device())
+    opt, schedule = torch_optimizer(model, optim, args.steps)
+    losses, norms, every = [], [], range(args.global_batch)
+    for i in range(args.steps):
+        x, y = (t.to(rank_device()) for t in data.batch(i, every, args.global_batch))
+        opt.zero_grad()
+        out = model(x)
+        loss = lm_loss(getattr(out, "logits", out), y)
+        loss.backward()
+        for p in model.parameters():
+            if p.grad is None:  # as in ZeRO's flat buffer (compose.fixture.reference)
+                p.grad = torch.zeros_like(p)
+        if optim.clip_grad is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)))
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "norms": norms, "params": params}
