@@ -99,7 +99,9 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     if cfg["model"] == "hf":
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging
 
+        logging.disable_progress_bar()  # the progress line is the trainer's
         return AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32)
     sizes = dict(vocab_size=cfg["vocab"], seq_len=cfg["seq_len"], layers=cfg["layers"],
                  heads=cfg["heads"], hidden=cfg["hidden"])  # fmt: skip
@@ -151,6 +153,9 @@ def export_hf(params: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
     """Write `params` (whole tensors, one-process names) as a `from_pretrained` folder at
     `out`, atomically (a hidden `.unfinished` folder renamed into place)."""
     check_export(cfg, out)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
     model = hf_model(cfg)
     missing, unexpected = model.load_state_dict(params, strict=False)
     tied = {n for n in missing if n == "lm_head.weight" and model.config.tie_word_embeddings}
