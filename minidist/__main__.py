@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
     train = sub.add_parser("train", help="train one layout of every parallelism (lessons 17, 18)")
-    from .resilience.cli import add_arguments as add_train_arguments
+    from .trainer.cli import add_arguments as add_train_arguments
 
     add_train_arguments(train)
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             train.error(str(e))
     args = parser.parse_args(argv)
     if args.command == "train":
-        from .resilience.cli import check_run, run_train
+        from .trainer.cli import check_run, run_train
 
         try:  # bad options: one line, exit 2, before any rank starts
             check_run(args)

@@ -21,8 +21,8 @@ from session import run_session
 import minidist
 from minidist.compose.fixture import LR, reference
 from minidist.resilience import CheckpointLayoutError
-from minidist.resilience.cli import dims_of, parse
-from minidist.resilience.train import train_rank
+from minidist.trainer.cli import dims_of, parse
+from minidist.trainer.loop import train_rank
 from minidist.training import max_abs_diff
 
 SAVE_AT, STEPS = 2, 4

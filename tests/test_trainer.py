@@ -1,7 +1,7 @@
 """`python -m minidist train` as a trainer (issue 35): models of any size, real data, a TOML
 configuration, evaluation, Hugging Face weights in and out, refusals in the parent.
 
-Every run is compared with the same run in one process (`resilience.train.reference`: the
+Every run is compared with the same run in one process (`trainer.loop.reference`: the
 same model and rows, torch's AdamW, `LambdaLR`, `clip_grad_norm_`). Tolerances are lesson
 17's (tests/test_compose.py): losses 1e-5 and parameters 1e-3 in float32, a different
 reduction order whose few ulps Adam's 1/√v amplifies where a gradient is near 0. Measured:
@@ -21,9 +21,9 @@ import torch
 import minidist
 from minidist.compose.dims import ParallelDims
 from minidist.models import lm_loss
-from minidist.resilience.cli import check_run, dims_of, parse
-from minidist.resilience.train import prepare, reference, train_rank
+from minidist.trainer.cli import check_run, dims_of, parse
 from minidist.trainer.data import load_data
+from minidist.trainer.loop import prepare, reference, train_rank
 from minidist.trainer.models import build_model
 from minidist.trainer.options import config_path, resolved_toml
 from minidist.training import max_abs_diff

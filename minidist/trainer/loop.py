@@ -1,28 +1,35 @@
-"""Lesson 17's composed engine trained with lesson 18's checkpoints: one rank's loop.
+"""The trainer's loop, one rank's view, top to bottom: build, parallelize, load, loop (step,
+evaluate, save, log), export. `python -m minidist train` runs it on every rank (`cli.py`);
+lesson 18's notebook and the tests call `train_rank` as it is.
 
-`train_rank(args, dims)` is `compose.fixture.run_rank` with a start and an end: it resumes
-from `args.resume` when that holds a complete checkpoint, trains to step `args.steps` (the
-total), saves every `args.save_every` steps and at the end into `args.save`, and (rank 0)
-appends one JSON line per step to `args.log`.
+- **build**: the data and the model from the options (`data.py`, `models.py`), the same on
+  every rank; **parallelize**: lesson 17's engine with the run's optimizer (`compose.optim`);
+- **load**: from `--resume` when it holds a complete checkpoint (lesson 18's universal
+  format, any layout); a checkpoint of another model or other data is refused, naming both;
+- **loop** to step `--steps` (the total): one step of the global batch at the data position
+  (this rank's rows only), the learning rate of the schedule, clipping; every
+  `--eval-every` steps and at the end the held-out loss; a save every `--save-every` steps
+  and at the end (`--async-save`: the write in the background, the step blocked only for
+  the copy); rank 0 appends one JSON line per step to `--log`;
+- **export**: `--export-hf DIR`, the whole trained weights as a Hugging Face folder.
 
 What a checkpoint holds (`universal.save`, layout-free names): the engine's
-`state_pieces()` (float32 master weights and Adam's states, every ZeRO chunk, expert shard,
-tensor-parallel box and pipeline stage as rectangles of the one-process tensors), the step,
-the data position as the *global* sample index (the fixture's batches are indexed by step:
-resuming at `samples` trains on `batches[samples // global_batch:]`, whatever the dp
-degree), and every rank's random streams (restored when the layout is the same; on another
-layout a rank keeps its fresh streams: nothing in these models draws from them). The
-engine has no loss scaler (bf16 needs none).
+`state_pieces()` (float32 master weights and Adam's states as rectangles of the one-process
+tensors), the step, the data position as the *global* sample index (so a resume on any dp
+degree trains on the next batch), every rank's random streams (restored on the same layout;
+nothing in these models draws from them), and in its record's layout the model's whole
+configuration and the data's identity. The engine has no loss scaler (bf16 needs none).
 
-The log line: step, loss, seconds, tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a
-token meets: one expert of the MoE, top-1; Kaplan et al. 2020) and MFU against `peak`:
-`--peak-flops` per rank when given, else this machine's fitted rate, a float32 matmul's
-FLOP/s measured once on rank 0 (`matmul_flops`: a CPU's Python overhead on a model this
-small keeps MFU far below 1), the memory each rank holds by kind and the ring bytes each
-rank sent by group kind (`compose.fixture`'s `memory_by_kind`, `bytes_by_kind`).
+The log line: step, samples, loss, learning rate, gradient norm (when clipping), eval loss
+and perplexity (when evaluated), the save's blocking seconds (when saved), seconds,
+tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets: one expert of the MoE,
+top-1; Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this
+machine's float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank
+holds by kind and the ring bytes each rank sent by group kind (`compose.fixture`).
 
-`--die-at S --die-rank R [--die-once MARKER]`: rank R SIGKILLs itself after step S's save
-(once: not again when MARKER exists), a dead rank for the notebook and the tests.
+Callbacks, passed in: `progress(start_step, tokens_per_step)` returns the per-step display
+`(loss, seconds, eval_loss)`; `after_step(step, grid)` runs after each step's save (the
+tests' and lesson 18's dead rank: `cli.kill_rank_after`).
 """
 
 from __future__ import annotations
@@ -30,9 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import signal
 import time
 from pathlib import Path
 
@@ -46,12 +51,13 @@ from ..compose.fixture import SIZES, bytes_by_kind, data_rows, eval_step, memory
 from ..compose.optim import OptimizerConfig, engine_options, torch_optimizer
 from ..compose.parallelize import parallelize
 from ..models import lm_loss
+from ..resilience.async_save import AsyncSaver
+from ..resilience.state import TrainingState, capture_rng, restore_rng
+from ..resilience.universal import CheckpointLayoutError, load, read_record, save
 from ..runtime.device import rank_device
-from ..trainer.data import TokenData, course_data, load_data
-from ..trainer.models import build_model, export_hf, model_config
-from ..trainer.options import optimizer_config
-from .state import TrainingState, capture_rng, restore_rng
-from .universal import CheckpointLayoutError, load, read_record, save
+from .data import TokenData, course_data, load_data
+from .models import build_model, export_hf, model_config
+from .options import optimizer_config
 
 
 def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
@@ -155,15 +161,22 @@ def _log(args, engine, grid, state, record: dict, ledger, psi, peak, tokens) -> 
         f.write(json.dumps(line) + "\n")
 
 
-def train_rank(args, dims: dict, progress=None) -> dict:
-    """On every rank of a world of `dims`' size: build, parallelize, resume, train to
-    `args.steps` (evaluating every `args.eval_every`), save, export.
-    `progress(start_step, tokens per step)`, when given, returns the per-step callback
-    (loss, seconds, eval loss or None)."""
+def params_sha256(params: dict[str, torch.Tensor]) -> str:
+    """One digest of whole tensors (to compare runs bit for bit)."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        digest.update(params[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
+    """On every rank of a world of `dims`' size: the run of `args` (see the module)."""
+    # build
     pdims = ParallelDims(**dims)
     data, config, optim = prepare(args)
     model = build_model(config, args.seed).to(rank_device())
     psi, tokens = active_parameters(model), args.global_batch * data.seq_len
+    # parallelize
     grid = Grid(pdims)
     d = pdims.dp_replicate * pdims.dp_shard
     if args.global_batch % (d * args.micro_batch):
@@ -173,62 +186,69 @@ def train_rank(args, dims: dict, progress=None) -> dict:
                          microbatches=args.global_batch // (d * args.micro_batch),
                          recompute=args.recompute, **engine_options(optim))  # fmt: skip
     engine.measure_activations = True
+    # load
     layout = layout_of(args, dims, config, data.identity())
     state, report = _resume(args, engine, layout)
     resumed_from = state.step
     show = progress(resumed_from, tokens) if progress is not None else None
+    saver = AsyncSaver() if args.async_save and args.save else None
     peak = args.peak_flops or (matmul_flops() if args.log else 0.0)
     if args.log:  # rank 0's measure for everyone
         everyone = [None] * pdims.world_size
         comm.all_gather_object(everyone, peak, tag="log")
         peak = everyone[0]
+    # loop
     rows = data_rows(grid, args.global_batch)  # this data rank's rows of every batch
-    losses, times, ledgers, evals, samples = [], [], [], [], []
+    losses, norms, times, ledgers, evals, samples = [], [], [], [], [], []
     while state.step < args.steps:
         index = state.samples // args.global_batch
         x, y = data.batch(index, rows, args.global_batch)
-        samples.append(index)
         lr = optim.lr_at(state.step, args.steps)
         loss, seconds, ledger, norm = one_step(engine, grid, x, y, lr, optim.clip_grad)
+        state = TrainingState(state.step + 1, state.samples + args.global_batch)
         losses.append(loss)
         times.append(seconds)
         ledgers.append(ledger)
-        state = TrainingState(state.step + 1, state.samples + args.global_batch)
+        samples.append(index)
         record = {"loss": loss, "seconds": seconds, "lr": lr}
         if norm is not None:
             record["grad_norm"] = norm
+            norms.append(norm)
         if args.eval_every and (state.step % args.eval_every == 0 or state.step == args.steps):
             record["eval_loss"] = evaluate(engine, grid, data, args)
             record["perplexity"] = math.exp(min(record["eval_loss"], 700.0))
             evals.append((state.step, record["eval_loss"]))
+        due = args.save_every and state.step % args.save_every == 0
+        if args.save and (due or state.step == args.steps):
+            kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
+            start = time.perf_counter()
+            if saver is not None:
+                saver.save(args.save, engine.state_pieces(), kept, layout)
+            else:
+                save(args.save, engine.state_pieces(), kept, layout)
+            record["save_blocked_s"] = time.perf_counter() - start
         if args.log:
             _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
         if show is not None:
             show(loss, seconds, record.get("eval_loss"))
-        due = args.save_every and state.step % args.save_every == 0
-        if args.save and (due or state.step == args.steps):
-            kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
-            save(args.save, engine.state_pieces(), kept, layout)
-        if args.die_at == state.step and grid.rank == args.die_rank:
-            if not (args.die_once and os.path.exists(args.die_once)):
-                if args.die_once:
-                    Path(args.die_once).touch()
-                os.kill(os.getpid(), signal.SIGKILL)
+        if after_step is not None:
+            after_step(state.step, grid)
+    if saver is not None:
+        saver.close()
+    # export
     params = engine.full_parameters()
     if args.export_hf and grid.rank == 0:
         export_hf(params, config, args.export_hf)
-    digest = hashlib.sha256()
-    for name in sorted(params):
-        digest.update(params[name].contiguous().numpy().tobytes())
     return {
         "losses": losses,
+        "norms": norms,
         "evals": evals,
         "samples": samples,
         "step": state.step,
         "resumed_from": resumed_from,
         "params": params,
         "optim": engine.full_optimizer_state(),
-        "params_sha256": digest.hexdigest(),
+        "params_sha256": params_sha256(params),
         "bytes": bytes_by_kind(ledgers[-1], grid) if ledgers else {},
         "memory": memory_by_kind(engine),
         "step_s": sorted(times)[len(times) // 2] if times else float("nan"),
