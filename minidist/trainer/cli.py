@@ -163,13 +163,17 @@ def kill_rank_after(step: int, rank: int, once: str | None):
     return after_step
 
 
-def _rank(args: argparse.Namespace, dims: dict) -> dict:
+def command_rank(args: argparse.Namespace, dims: dict, progress: bool = True) -> dict:
+    """What each rank of the command runs: `loop.train_rank`, with rank 0's progress line
+    and lesson 18's dead rank (`--die-at`) as its callbacks."""
     from .loop import train_rank
+
+    def show(start: int, tokens: int):
+        return show_progress(args.steps - start, tokens)
 
     die = None if args.die_at is None else kill_rank_after(args.die_at, args.die_rank,
                                                             args.die_once)  # fmt: skip
-    return train_rank(args, dims, lambda start, tokens: show_progress(args.steps - start,
-                                                                      tokens), die)  # fmt: skip
+    return train_rank(args, dims, show if progress else None, die)
 
 
 def _planned(args: argparse.Namespace, config: dict) -> dict:
@@ -205,7 +209,7 @@ def run_train(args: argparse.Namespace) -> int:
             path.write_text(resolved)
     dims = dims_of(args)
     world = ParallelDims(**dims).world_size
-    results = minidist.launch(_rank, world, args, dims, timeout_s=args.timeout)
+    results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)
     if results is None or results[0] is None:  # a torchrun rank other than 0
         return 0
     first = results[0]
