@@ -193,6 +193,7 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--model", "llama", "--kv-heads", "3"], "--kv-heads=3 must divide --heads=4"),
         (["--model", "gpt", "--ffn", "10"], "--ffn=10: the gpt model's MLP is 4·--hidden"),
         (["--model", "llama", "--heads", "8", "--tp", "3"], "tp=3 must divide the heads=8"),
+        (["--vocab", "301", "--tp", "2"], "--vocab=301 must divide by --tp=2"),
         (["--export-hf", "x"], "--export-hf: the built-in gpt has no Hugging Face class"),
         (["--model", "llama", "--export-hf", "{small}"], "exists and is not an empty folder"),
     ],
