@@ -217,3 +217,27 @@ def test_the_resolved_config_is_saved_beside_the_checkpoint_and_printed(tmp_path
     assert 'model = "llama"' in saved and saved in capsys.readouterr().err
     record = json.loads(json.dumps(vars(parse(["--config", str(config_path(str(ck)))]))))
     assert record["save"] == str(ck) and record["steps"] == 1
+
+
+def test_plot_run_draws_a_log_and_refuses_what_is_not_one(tmp_path, capsys):
+    from minidist.__main__ import main
+
+    memory = {"params": 100, "grads": 100, "master": 50, "optimizer": 100, "activations": 7}
+    lines = [
+        {
+            "step": s,
+            "loss": 3.0 - s / 10,
+            "tokens_per_s": 100.0 + s,
+            "memory_per_rank": [memory, memory],
+            **({"eval_loss": 2.9} if s == 2 else {}),
+        }
+        for s in (1, 2, 2, 3)
+    ]  # fmt: skip  (step 2 twice: a resumed run's log)
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert main(["plot-run", str(log)]) == 0
+    assert (tmp_path / "run.png").stat().st_size > 0
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(SystemExit) as e:
+        main(["plot-run", str(tmp_path / "bad.jsonl")])
+    assert e.value.code == 2 and "is not a train --log file" in capsys.readouterr().err
