@@ -57,21 +57,29 @@ def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **siz
 
 def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0,
               optim: OptimizerConfig | None = None) -> dict:  # fmt: skip
-    """The one-process run: losses, final parameters, Adam's state under the pieces' names,
-    and with `optim.clip_grad` each step's gradient norm before clipping (`norms`). The
-    optimizer is torch's (`compose.optim.torch_optimizer`: Adam or AdamW, `LambdaLR`,
-    `clip_grad_norm_`); by default Adam at `LR`.
+    """The one-process run of `build(name)`'s model and batches (`train_one_process`); by
+    default Adam at `LR`."""
+    model, batches = build(name, steps, global_batch, seed)
+    return train_one_process(model, batches, optim or OptimizerConfig(lr=LR))
+
+
+def train_one_process(model: nn.Module, batches, optim: OptimizerConfig) -> dict:
+    """`model` trained on `batches` (global (x, y) pairs) in one process with torch's
+    optimizer (`compose.optim.torch_optimizer`: Adam or AdamW, `LambdaLR`, `clip_grad_norm_`)
+    -> losses, final parameters, Adam's state under the pieces' names, and with
+    `optim.clip_grad` each step's gradient norm before clipping (`norms`). A model may return
+    logits or an output with `.logits` (Hugging Face's).
 
     A parameter no token reached (an expert nobody chose) gets a zero gradient rather than
     none, as in ZeRO's flat buffer (torch's Adam would skip it: no step, no decay of its
     moments)."""
-    optim = optim or OptimizerConfig(lr=LR)
-    model, batches = build(name, steps, global_batch, seed)
-    opt, schedule = torch_optimizer(model, optim, steps)
+    batches = list(batches)
+    opt, schedule = torch_optimizer(model, optim, len(batches))
     losses, norms = [], []
     for x, y in batches:
         opt.zero_grad()
-        loss = lm_loss(model(x.to(rank_device())), y.to(rank_device()))
+        out = model(x.to(rank_device()))
+        loss = lm_loss(getattr(out, "logits", out), y.to(rank_device()))
         loss.backward()
         for p in model.parameters():
             if p.grad is None:

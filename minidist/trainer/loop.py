@@ -47,10 +47,17 @@ from .. import comm
 from ..checkpoint_files import is_complete, recover
 from ..checkpoint_pin import pin
 from ..compose.dims import Grid, ParallelDims
-from ..compose.fixture import SIZES, bytes_by_kind, data_rows, eval_step, memory_by_kind, one_step
-from ..compose.optim import OptimizerConfig, engine_options, torch_optimizer
+from ..compose.fixture import (
+    SIZES,
+    bytes_by_kind,
+    data_rows,
+    eval_step,
+    memory_by_kind,
+    one_step,
+    train_one_process,
+)
+from ..compose.optim import OptimizerConfig, engine_options
 from ..compose.parallelize import parallelize
-from ..models import lm_loss
 from ..resilience.async_save import AsyncSaver
 from ..resilience.state import TrainingState, capture_rng, restore_rng
 from ..resilience.universal import CheckpointLayoutError, load, read_record, save
@@ -258,26 +265,10 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
 
 
 def reference(args) -> dict:
-    """The same run in one process (`--compare`): the same model and batches, torch's
-    optimizer, schedule and clipping (`compose.optim.torch_optimizer`) -> losses, the
-    gradient norms before clipping, parameters."""
+    """The same run in one process (`--compare`, the tests): the same model and rows,
+    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`)."""
     data, config, optim = prepare(args)
     model = build_model(config, args.seed).to(rank_device())
-    opt, schedule = torch_optimizer(model, optim, args.steps)
-    losses, norms, every = [], [], range(args.global_batch)
-    for i in range(args.steps):
-        x, y = (t.to(rank_device()) for t in data.batch(i, every, args.global_batch))
-        opt.zero_grad()
-        out = model(x)
-        loss = lm_loss(getattr(out, "logits", out), y)
-        loss.backward()
-        for p in model.parameters():
-            if p.grad is None:  # as in ZeRO's flat buffer (compose.fixture.reference)
-                p.grad = torch.zeros_like(p)
-        if optim.clip_grad is not None:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)))
-        opt.step()
-        schedule.step()
-        losses.append(loss.item())
-    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-    return {"losses": losses, "norms": norms, "params": params}
+    every = range(args.global_batch)
+    batches = (data.batch(i, every, args.global_batch) for i in range(args.steps))
+    return train_one_process(model, batches, optim)
