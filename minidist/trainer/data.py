@@ -1,6 +1,7 @@
 """The trainer's data (`--data PATH`): rows of (input, target) token ids, read by global row.
 
-- a **text** file, or a folder of them (every file under it, in path order, concatenated):
+- a **text** file, or a folder of them (every file under it but hidden ones, in path
+  order, concatenated):
   tokenized at run time by a byte-level tokenizer (UTF-8 bytes, ids 0-255: nothing to
   download), or by a `tokenizers` JSON file given with `--tokenizer`;
 - a **token file** `.bin`: a flat array of uint16 ids (nanoGPT's `prepare.py` format), read
@@ -97,8 +98,11 @@ def _stream(tokens: np.ndarray, seq_len: int, what: dict) -> TokenData:
 
 
 def _text_files(path: Path) -> list[Path]:
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return [p for p in files if not any(part.startswith(".") for part in p.parts[-1:])]
+    """`path`, or the files under folder `path` in path order, hidden ones (.git/) left out."""
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return [p for p in files if not any(s.startswith(".") for s in p.relative_to(path).parts)]
 
 
 def _tokenize(path: Path, tokenizer: str | None) -> tuple[np.ndarray, int, str]:

@@ -82,13 +82,11 @@ def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
     return data, model_config(args, data), optimizer_config(args)
 
 
-def layout_of(args, dims: dict, model: dict | None = None, data: dict | None = None) -> dict:
-    """The record's `layout`: the dims, the precision and the model (its whole
-    configuration) and the data's identity, when given."""
-    out = {**dims, "model": args.model, "precision": args.precision, "layers": args.layers}
-    if model is not None:
-        out.update(layers=model["layers"], model_config=model, data=data)
-    return out
+def layout_of(args, dims: dict, model: dict, data: dict) -> dict:
+    """The checkpoint record's `layout`: the dims, the precision, the model (its whole
+    configuration, `models.model_config`) and the data's identity."""
+    return {**dims, "model": model["model"], "precision": args.precision,
+            "layers": model["layers"], "model_config": model, "data": data}  # fmt: skip
 
 
 def refuse_another_run(path: Path, layout: dict) -> None:
