@@ -129,12 +129,17 @@ def test_init_from_hf_trains_a_transformers_model_as_one_process(tmp_path):
     _close_to_one_process(got, argv)
 
 
-def test_data_rows_are_the_files_tokens_in_order(tmp_path):
+def test_data_rows_are_the_files_tokens(tmp_path):
     text = load_data(str(TEXT), 16)
     raw = np.frombuffer(TEXT.read_bytes(), dtype=np.uint8)
     x, y = text.batch(2, range(1, 3), 8)  # rows 17 and 18
     assert x.tolist() == [raw[r * 16 : r * 16 + 16].tolist() for r in (17, 18)]
     assert y.tolist() == [raw[r * 16 + 1 : r * 16 + 17].tolist() for r in (17, 18)]
+    text.split(8, 1)
+    text.shuffle(0)  # the trainer's order: one permutation of the training rows, by --seed
+    order = np.random.default_rng(0).permutation(text.n_train)
+    x, _ = text.batch(2, range(1, 3), 8)
+    assert x.tolist() == [raw[r * 16 : r * 16 + 16].tolist() for r in order[17:19]]
     ids = np.random.default_rng(0).integers(0, 50, (12, 6))
     labels = ids.copy()
     labels[:, :2] = -100

@@ -12,7 +12,8 @@
 
 A token stream (text or `.bin`) is cut into rows of seq + 1 tokens overlapping by one (row r
 is tokens r·seq … r·seq + seq: the input its first seq, the target its last seq) and read in
-order, epoch after epoch. An `.npz`'s rows are read once: step i trains on rows
+one random order fixed by `--seed` (`shuffle`), epoch after epoch, as nanoGPT samples
+random windows. An `.npz`'s rows are read once, in order: step i trains on rows
 i·B … (i+1)·B − 1 (B the global batch), so it must hold steps·B of them. With `--eval-every`
 the last `eval_batches`·B rows are the held-out split, never trained on.
 
@@ -40,11 +41,17 @@ class TokenData:
                  what: dict, cycle: bool):  # fmt: skip
         self._rows, self.n_rows, self.seq_len = rows_fn, n_rows, seq_len
         self.vocab, self.max_id, self.what, self.cycle = vocab, max_id, what, cycle
-        self.n_eval = 0
+        self.n_eval, self.order = 0, None
 
     def split(self, global_batch: int, eval_batches: int) -> None:
         """Hold out the last `eval_batches`·`global_batch` rows for evaluation."""
         self.global_batch, self.n_eval = global_batch, eval_batches * global_batch
+
+    def shuffle(self, seed: int) -> None:
+        """Read the training rows in one fixed random order (seeded; the same every epoch),
+        after `split`: a token stream's neighbouring rows are one file's neighbouring lines."""
+        self.order = np.random.default_rng(seed).permutation(self.n_train)
+        self.what = {**self.what, "shuffle_seed": seed}
 
     @property
     def n_train(self) -> int:
@@ -67,7 +74,8 @@ class TokenData:
     def batch(self, i: int, rows: range, global_batch: int):
         """Rows `rows` (of 0..B-1) of training batch i: (input, target), int64 [len, seq]."""
         first = i * global_batch
-        return self._rows([(first + r) % self.n_train for r in rows])
+        picked = [(first + r) % self.n_train for r in rows]
+        return self._rows(picked if self.order is None else self.order[picked].tolist())
 
     def eval_batch(self, j: int, rows: range, global_batch: int):
         """Rows `rows` of held-out batch j."""

@@ -78,6 +78,8 @@ def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
                            args.seed, evals)  # fmt: skip
     if args.eval_every:
         data.split(args.global_batch, args.eval_batches)
+    if data.cycle and args.data:  # a token stream
+        data.shuffle(args.seed)
     data.check(args.steps, args.global_batch)
     return data, model_config(args, data), optimizer_config(args)
 
