@@ -1,5 +1,5 @@
-"""`python -m minidist tour | bench NAME | plan ... | train ... | exercises [--check] |
-grade ... | site | gpucheck`."""
+"""`python -m minidist tour | bench NAME | plan ... | train ... | plot-run LOG |
+exercises [--check] | grade ... | site | gpucheck`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_checks import notebook_folder, positive_int, writable_folder
+from .cli_checks import notebook_folder, positive_int, writable_file, writable_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,15 +50,47 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gpucheck", help="the checks that need a GPU (name=value lines)")
 
     train = sub.add_parser("train", help="train one layout of every parallelism (lessons 17, 18)")
-    from .resilience.cli import add_arguments as add_train_arguments
+    from .trainer.cli import add_arguments as add_train_arguments
 
     add_train_arguments(train)
 
+    plot_run = sub.add_parser("plot-run", help="draw a train --log file into a PNG")
+    plot_run.add_argument("log", help="the JSONL file of python -m minidist train --log")
+    plot_run.add_argument("--out", help="the PNG to write (default: LOG with .png)")
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # a --config file's options first, the command line after
+        from .trainer.options import config_argv
+
+        try:
+            argv = ["train", *config_argv(train, argv[1:])]
+        except ValueError as e:
+            train.error(str(e))
     args = parser.parse_args(argv)
     if args.command == "train":
-        from .resilience.cli import run_train
+        from .trainer.cli import check_run, run_train
 
+        try:  # bad options: one line, exit 2, before any rank starts
+            check_run(args)
+        except ValueError as e:
+            train.error(str(e))
         return run_train(args)
+    if args.command == "plot-run":
+        from .trainer.plots import plot_run as draw
+        from .trainer.plots import read_log
+
+        out = Path(args.out or Path(args.log).with_suffix(".png"))
+        if why := writable_file(out):
+            plot_run.error(f"argument --out: {why}")
+        try:
+            records = read_log(args.log)
+        except (OSError, ValueError, KeyError) as e:
+            plot_run.error(f"argument log: {args.log} is not a train --log file ({e})")
+        if not records:
+            plot_run.error(f"argument log: {args.log} holds no step")
+        draw(records).savefig(out, dpi=110)
+        print(f"wrote {out}")
+        return 0
     if args.command == "gpucheck":
         from .gpucheck import main as gpucheck
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from minidist.compose.dims import Grid, ParallelDims
-from minidist.compose.fixture import one_step
+from minidist.compose.fixture import data_rows, one_step
 from minidist.compose.parallelize import parallelize
 
 LR, STEPS, BATCH, SEQ = 1e-2, 3, 8, 16
@@ -48,10 +48,10 @@ def composed(name: str, dims: dict, steps: int = STEPS, seq: int = SEQ, micro_ba
     m = BATCH // (pdims.dp_replicate * pdims.dp_shard * micro_batch)
     engine = parallelize(model, pdims, grid=grid, microbatches=m, seq_len=seq, lr=LR,
                          precision=precision, recompute=recompute)  # fmt: skip
+    rows = list(data_rows(grid, BATCH))
     losses = []
     for ids, labels in hf_models.batches(steps, BATCH, seq):
-        loss, _, _ = one_step(engine, grid, ids, shifted(labels))
-        losses.append(loss)
+        losses.append(one_step(engine, grid, ids[rows], shifted(labels)[rows])[0])
     return {"losses": losses, "params": engine.full_parameters(),
             "optim": engine.full_optimizer_state()}  # fmt: skip
 

@@ -203,5 +203,6 @@ def test_train_cli_prints_name_value_lines(capsys):
     assert float(lines["loss_max_abs_diff"]) < 1e-5 and float(lines["bytes_ep"]) > 0
     for kind in ("dp", "tp", "pp", "cp", "ep"):
         assert f"bytes_{kind}" in lines
-    with pytest.raises(ValueError, match="ep=3 must divide dp_shard"):
+    with pytest.raises(SystemExit) as e:  # one line, exit 2, before any rank starts
         main(["train", "--model", "moe", "--dp-shard", "2", "--ep", "3"])
+    assert e.value.code == 2 and "ep=3 must divide dp_shard" in capsys.readouterr().err

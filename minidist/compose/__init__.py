@@ -1,5 +1,5 @@
 """Lesson 17, every parallelism at once: one rank grid, one model, 5D training equal to one
-process. `python -m minidist train ...` runs a layout (`cli.py`). Notebook
+process. `python -m minidist train ...` runs a layout (`minidist.trainer`). Notebook
 `notebooks/17_every_parallelism.ipynb`; exercises `exercises/17_every_parallelism.ipynb`.
 
 - `dims.py`: `ParallelDims` (torchtitan's names) and the grid every group comes from
@@ -12,7 +12,9 @@ process. `python -m minidist train ...` runs a layout (`cli.py`). Notebook
 - `stage.py`: a pipeline chunk of the course GPT, its MoE form or lesson 17's Llama
 - `attention.py`: the rank's heads, rotary at global positions, ring attention over cp
 - `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
-- `fixture.py`: the models, data and runs the tests, the CLI and the notebook share
+- `fixture.py`: the models, data and runs the tests and the notebook share; one step
+- `optim.py`: AdamW's decay on ndim ≥ 2, the learning-rate schedule, clipping by the
+  global norm over every rank's share
 - `theory.py`, `tensor_bytes.py`: the planned model states and bytes per group kind;
   `published.py`: Llama 3 405B's layouts planned; `plots.py`: the grid, planned vs measured
 - `check/`: the checkers of the lesson's exercises

@@ -23,6 +23,7 @@ from ..models import GPT, GPTConfig, lm_loss
 from ..models_llama import LlamaConfig, LlamaForCausalLM
 from ..runtime.device import rank_device
 from .dims import Grid, ParallelDims
+from .optim import OptimizerConfig, clip_grad_norm_, engine_options, set_lr, torch_optimizer
 from .parallelize import parallelize
 
 MODELS = ("gpt", "moe", "llama")
@@ -54,31 +55,47 @@ def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **siz
     return model.to(rank_device()), batches
 
 
-def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0) -> dict:
-    """The one-process run: losses, final parameters, Adam's state under the pieces' names.
+def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0,
+              optim: OptimizerConfig | None = None) -> dict:  # fmt: skip
+    """The one-process run of `build(name)`'s model and batches (`train_one_process`); by
+    default Adam at `LR`."""
+    model, batches = build(name, steps, global_batch, seed)
+    return train_one_process(model, batches, optim or OptimizerConfig(lr=LR))
+
+
+def train_one_process(model: nn.Module, batches, optim: OptimizerConfig) -> dict:
+    """`model` trained on `batches` (global (x, y) pairs) in one process with torch's
+    optimizer (`compose.optim.torch_optimizer`: Adam or AdamW, `LambdaLR`, `clip_grad_norm_`)
+    -> losses, final parameters, Adam's state under the pieces' names, and with
+    `optim.clip_grad` each step's gradient norm before clipping (`norms`). A model may return
+    logits or an output with `.logits` (Hugging Face's).
 
     A parameter no token reached (an expert nobody chose) gets a zero gradient rather than
     none, as in ZeRO's flat buffer (torch's Adam would skip it: no step, no decay of its
     moments)."""
-    model, batches = build(name, steps, global_batch, seed)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
+    batches = list(batches)
+    opt, schedule = torch_optimizer(model, optim, len(batches))
+    losses, norms = [], []
     for x, y in batches:
         opt.zero_grad()
-        loss = lm_loss(model(x.to(rank_device())), y.to(rank_device()))
+        out = model(x.to(rank_device()))
+        loss = lm_loss(getattr(out, "logits", out), y.to(rank_device()))
         loss.backward()
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if optim.clip_grad is not None:
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)))
         opt.step()
+        schedule.step()
         losses.append(loss.item())
     names = {p: n for n, p in model.named_parameters()}
-    optim = {}
+    optim_state = {}
     for p, state in opt.state.items():
         for key, value in state.items():
-            optim[f"optim.{names[p]}.{key}"] = value.detach().cpu().clone()
+            optim_state[f"optim.{names[p]}.{key}"] = value.detach().cpu().clone()
     params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-    return {"losses": losses, "params": params, "optim": optim}
+    return {"losses": losses, "params": params, "optim": optim_state, "norms": norms}
 
 
 def memory_by_kind(engine) -> dict[str, int]:
@@ -100,7 +117,8 @@ BYTE_KINDS = {"tp": "tp", "cp": "cp", "pp": "pp", "embedding": "pp", "ep": "ep",
               "dp_cp": "dp", "expert_dp": "dp"}  # fmt: skip
 
 
-TAGS = {"zero1": "dp", "hsdp": "dp", "pp": "pp", "cp": "cp", "tp": "tp", "sp": "tp", "ep": "ep"}
+TAGS = {"zero1": "dp", "clip": "dp", "hsdp": "dp", "pp": "pp", "cp": "cp", "tp": "tp",
+        "sp": "tp", "ep": "ep"}  # fmt: skip
 
 
 def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
@@ -117,6 +135,7 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
       loss's broadcast over the pipeline and the tied embedding's all-reduce;
     - cp: ring attention's K/V passes (forward and backward) and the dK/dV accumulators';
     - ep: the counts, dispatch and combine all-to-alls (forward and backward).
+    - dp also: the clipping norm's one float64 all-reduce over the world (`--clip-grad`).
     Left out: the loss's mean over the data ranks and the comparison contract's gathers."""
     out = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
     for r in ledger.records:
@@ -128,30 +147,66 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
     return out
 
 
-def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor):
-    """One step of `engine` on this rank's share of the global batch (x, y): its replica's
-    rows, its cp positions -> (the global batch's mean loss, seconds, the step's ledger)."""
+def data_rows(grid: Grid, global_batch: int) -> range:
+    """The rows of a global batch this rank trains on: its data replica's (dp_replicate ·
+    dp_shard of them, in order); cp and tp ranks of one replica share them."""
     dims = grid.dims
     d = dims.dp_replicate * dims.dp_shard
     data = grid.coord["dp_replicate"] * dims.dp_shard + grid.coord["dp_shard"]
-    per, pos = x.shape[0] // d, engine.ctx.positions
-    x, y = (t[data * per : (data + 1) * per][:, pos.cpu()].to(rank_device()) for t in (x, y))
+    per = global_batch // d
+    return range(data * per, (data + 1) * per)
+
+
+def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | None = None,
+             clip_grad: float | None = None):  # fmt: skip
+    """One step of `engine` on this rank's rows of the global batch (x, y: `data_rows`), its
+    cp positions of them, at learning rate `lr` (None: the engine's), the gradient clipped
+    to the global norm `clip_grad` (None: not) -> (the global batch's mean loss, seconds,
+    the step's ledger, the gradient's norm before clipping or None)."""
+    pos = engine.ctx.positions.cpu()
+    x, y = (t[:, pos].to(rank_device()) for t in (x, y))
     engine.zero_grad()
+    if lr is not None:
+        set_lr(engine, lr)
+    norm = None
     start = time.perf_counter()
     with comm.record() as ledger:
         loss = engine.train_step((x, y))
         engine.finish_gradient_sync()
+        if clip_grad is not None:
+            norm = clip_grad_norm_(engine, clip_grad)
         engine.step()
     seconds = time.perf_counter() - start
     mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
     comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
-    return float(mean) / grid.size("dp_cp"), seconds, ledger
+    return float(mean) / grid.size("dp_cp"), seconds, ledger, norm
+
+
+def eval_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The global batch's mean loss on this rank's rows (x, y) in eval mode, no step taken:
+    the engine's forward and backward with the gradients thrown away (lesson 09's engine
+    has no forward-only schedule)."""
+    pos = engine.ctx.positions.cpu()
+    x, y = (t[:, pos].to(rank_device()) for t in (x, y))
+    engine.eval()
+    try:
+        engine.zero_grad()
+        loss = engine.train_step((x, y))
+        engine.zero_grad()
+    finally:
+        engine.train()
+    mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
+    comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
+    return float(mean) / grid.size("dp_cp")
 
 
 def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
              micro_batch: int = 1, precision: str = "fp32", recompute: bool = False,
-             seed: int = 0, measure: bool = False, progress=None) -> dict:  # fmt: skip
-    """On every rank of a world of `dims`' size: train, return the curve and the state."""
+             seed: int = 0, measure: bool = False, progress=None,
+             optim: OptimizerConfig | None = None) -> dict:  # fmt: skip
+    """On every rank of a world of `dims`' size: train, return the curve and the state
+    (`optim`: as `reference`'s)."""
+    optim = optim or OptimizerConfig(lr=LR)
     pdims = ParallelDims(**dims)
     model, batches = build(name, steps, global_batch, seed)
     grid = Grid(pdims)
@@ -161,11 +216,15 @@ def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
                          f"·micro_batch = {d}·{micro_batch}")  # fmt: skip
     m = global_batch // (d * micro_batch)
     engine = parallelize(model, pdims, grid=grid, microbatches=m, precision=precision,
-                         recompute=recompute, lr=LR)  # fmt: skip
+                         recompute=recompute, **engine_options(optim))  # fmt: skip
     engine.measure_activations = measure
-    losses, times, ledgers = [], [], []
-    for x, y in batches:
-        loss, seconds, ledger = one_step(engine, grid, x, y)
+    losses, times, ledgers, norms = [], [], [], []
+    for i, (x, y) in enumerate(batches):
+        rows = data_rows(grid, global_batch)
+        x, y = x[rows.start : rows.stop], y[rows.start : rows.stop]
+        loss, seconds, ledger, norm = one_step(engine, grid, x, y, optim.lr_at(i, steps),
+                                               optim.clip_grad)  # fmt: skip
+        norms.append(norm)
         losses.append(loss)
         times.append(seconds)
         ledgers.append(ledger)
@@ -173,6 +232,7 @@ def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
             progress(loss, seconds)
     return {
         "losses": losses,
+        "norms": norms if optim.clip_grad is not None else [],
         "params": engine.full_parameters(),
         "optim": engine.full_optimizer_state(),
         "bytes": bytes_by_kind(ledgers[-1], grid),

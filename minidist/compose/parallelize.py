@@ -66,6 +66,7 @@ from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel, expert_modules
 from .model_parts import find_parts, hf_sizes, is_hf
+from .optim import OptimizerConfig, shard_optimizer
 from .split import StageContext, split_model
 from .stage import Chunk, family
 from .state import StatePieces
@@ -135,11 +136,13 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self, model: nn.Module, dims: ParallelDims, grid: Grid | None = None,
         microbatches: int = 1, precision: str = "fp32", recompute: bool = False,
         lr: float = 1e-2, pad_to_capacity: bool = False, plan: dict | None = None,
-        seq_len: int | None = None,
+        seq_len: int | None = None, optimizer: str = "adam", weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
     ):  # fmt: skip
         ParallelModule.__init__(self)
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
+        optim = OptimizerConfig(optimizer, lr, weight_decay, tuple(betas), eps).check(1)
         self.hf = is_hf(model)
         if not self.hf:
             family(model)  # the course GPT or Hugging Face's Llama layout, else refused
@@ -209,7 +212,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self.embedding_group = grid.groups.get("embedding")  # first and last stage only
         self.peak_alive = self.peak_saved_bytes = self.saved_per_microbatch = 0
         self.timings = None
-        self._optimizers(lr)  # 6. ZeRO-1 over dp_shard × cp (7. HSDP in finish_gradient_sync)
+        self._optimizers(optim)  # 6. ZeRO-1 over dp_shard × cp (7. HSDP in finish_gradient_sync)
         if precision == "bf16":  # 8. after the float32 master copies were taken
             for chunk in self.chunks:
                 chunk.to(torch.bfloat16)
@@ -294,7 +297,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
             return f"{head}.experts.{chunk.get_submodule(head).first + int(i)}.{tail}"
         return name
 
-    def _optimizers(self, lr: float) -> None:
+    def _optimizers(self, optim: OptimizerConfig) -> None:
+        """ZeRO-1 over each group; its inner Adam/AdamW decays only ndim ≥ 2 (`optim.py`)."""
         named = self._named()
         expert = {n for n in named if self.dims.ep > 1 and is_expert(n)}
         self.dense_names = [n for n in named if n not in expert and named[n].requires_grad]
@@ -303,7 +307,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
         for names, kind in ((self.dense_names, "dp_shard_cp"), (self.expert_names, "ep_shard")):
             if names:
                 opt = ZeroRedundancyOptimizer([named[n] for n in names], torch.optim.Adam,
-                                              group=self.grid.group(kind), lr=lr)  # fmt: skip
+                                              group=self.grid.group(kind), lr=optim.lr)  # fmt: skip
+                opt.inner = shard_optimizer(opt, optim)
                 state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
                 state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
                 state["exp_avg"] = torch.zeros_like(opt.shard)

@@ -107,9 +107,13 @@ class StatePieces:
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return self._assemble(self._param_pieces("param"))
 
+    def grad_pieces(self) -> list[Piece]:
+        """The reduced gradients (after `finish_gradient_sync`) as this rank's `Piece`s."""
+        return self._param_pieces("grad")
+
     def full_grads(self) -> dict[str, torch.Tensor]:
         """The reduced gradients (after `finish_gradient_sync`), whole."""
-        return self._assemble(self._param_pieces("grad"))
+        return self._assemble(self.grad_pieces())
 
     def full_optimizer_state(self) -> dict[str, torch.Tensor]:
         """{"optim.<name>.exp_avg" | ".exp_avg_sq" | ".step": the whole tensor}."""

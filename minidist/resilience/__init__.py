@@ -14,8 +14,8 @@ layout-free resumes on any other layout. Young 1974 and Daly 2006: how often to 
 - `async_save.py`: a save that copies to host memory and writes in the background
 - `lesson_pieces.py`: the pieces of lessons 02, 03 and 07's wrappers
 - `theory.py`: Young's and Daly's intervals and the fraction of time lost
-- `train.py`, `cli.py`: `python -m minidist train --save/--save-every/--resume/--log`, the
-  composed engine (`minidist.compose`) saved and resumed on any layout, logged per step
+- the loop that saves, resumes and logs the composed engine (`minidist.compose`) on any
+  layout is the trainer's (`minidist.trainer`: `python -m minidist train --save/--resume`)
 - `lesson.py`: the bench (a step blocked by a synchronous vs an asynchronous save) and the
   tour row (a resume on another layout)
 - `check/`: the exercises' checkers (the Young/Daly interval; a flat ZeRO shard resharded)

@@ -120,9 +120,9 @@ def resume_row(world_size: int, out_dir: Path) -> TourRow:
     dp_shard `world_size` to step 4, against one process (lesson 17's tolerances: losses
     1e-5, parameters 1e-3). Memory and bytes: rank 0 of the resumed run, no theory."""
     from ..compose.fixture import reference
+    from ..trainer.cli import dims_of, parse
+    from ..trainer.loop import train_rank
     from ..training import max_abs_diff
-    from .cli import dims_of, parse
-    from .train import train_rank
 
     if world_size < 4:
         raise ValueError(f"resume tour row: world_size={world_size} must be >= 4")

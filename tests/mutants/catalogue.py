@@ -1399,9 +1399,9 @@ MUTANTS = [
     ),
     (
         "resilience",
-        "resilience/run.py",
-        "lambda: zero_pieces(zero), zero.gather_parameters,",
-        "lambda: zero_pieces(zero), lambda: None,",
+        "compose/state.py",
+        "            opt.gather()",
+        "            pass",
         "a ZeRO-1 resume that does not gather the parameters again",
     ),
     (

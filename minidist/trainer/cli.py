@@ -1,0 +1,248 @@
+"""`python -m minidist train`: one composed layout on a local world, or on torchrun's.
+
+    python -m minidist train --model llama --dp-shard 2 --tp 2 --sp --pp 2 --compare
+    python -m minidist train --model llama --hidden 256 --heads 8 --kv-heads 4 --layers 6 \\
+        --seq-len 128 --data notes/ --optimizer adamw --lr 3e-3 --weight-decay 0.1 \\
+        --warmup 20 --lr-schedule cosine --min-lr 3e-4 --clip-grad 1.0 --eval-every 50 \\
+        --dp-shard 2 --tp 2 --steps 400 --save ck --save-every 100 --log run.jsonl
+    python -m minidist train --config run.toml --resume ck --dp-shard 4 --tp 1
+    torchrun --nproc-per-node 4 --max-restarts 3 -m minidist train --dp-shard 2 --tp 2 \\
+        --steps 12 --save ck --save-every 2 --resume ck --log-jsonl run.jsonl
+
+- The world is the product of the sizes given (a size not given is 1). Bad options are
+  refused in the parent, before any rank starts: one line naming the option and the rule,
+  exit status 2. The resolved configuration is printed (TOML) and, with `--save DIR`,
+  saved beside the checkpoint as `DIR.config.toml` (`--config` of it repeats the run).
+- `--steps N` is the total: a resumed run goes on from the checkpoint's step to N.
+- `--resume DIR` loads DIR when it holds a complete checkpoint (else starts afresh), on any
+  layout (refused, naming both, when it was saved by another model or on other data, or
+  cannot serve this layout); under torchrun's `--max-restarts` a restarted world resumes
+  from the last complete save and loses at most `--save-every` steps.
+- `--log FILE` (rank 0 appends JSON lines, `loop.py`). Under torchrun spell it
+  `--log-jsonl`: torchrun's parser sees every argument, and reads `--log` as an ambiguous
+  prefix of its own `--log-dir`, `--log-line-prefix-template`, ...
+- Rank 0 shows a progress line (loss, eval loss, tokens/s, ETA). The run ends with
+  `name=value` lines: `step=`, `loss=` and `eval_loss=` (repr: every bit), `resumed_from=`,
+  `params_sha256=` (to compare runs bit for bit), the median step time, tokens/s, the ring
+  bytes each group kind carried in the last step and what a rank holds by kind (the
+  largest over the ranks, `bytes_*`, `memory_*`) with lesson 17's plan beside them
+  (`planned_*`, built-in models), `read_bytes_max=` and `shard_bytes_max=` on a resume,
+  and with `--compare` the one-process run's differences (`loss_max_abs_diff`,
+  `params_max_abs_diff`).
+- A dead rank for lesson 18's demonstration: `--die-at S --die-rank R [--die-once MARKER]`,
+  rank R SIGKILLs itself after step S's save (once: not again when MARKER exists); the loop
+  knows nothing of it (`kill_rank_after`, a callback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..cli_checks import positive_int
+from ..compose.dims import SCHEDULES, ParallelDims
+from ..compose.fixture import MODELS
+from . import options
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=MODELS, default="gpt", help="a built-in model")
+    for name in ("dp-replicate", "dp-shard", "tp", "pp", "cp", "ep"):
+        p.add_argument(f"--{name}", type=int, default=1)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism inside tp")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--virtual", type=int, default=1, help="chunks per rank (interleaved)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--recompute", action="store_true")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--layers", type=positive_int, help="default 4 (lesson 17's)")
+    p.add_argument("--compare", action="store_true", help="also train in one process")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
+    p.add_argument("--save", help="checkpoint directory to write")
+    p.add_argument("--save-every", type=int, default=0, help="steps between saves")
+    p.add_argument("--async-save", action="store_true", help="write saves in the background")
+    p.add_argument("--resume", help="checkpoint directory to resume from, if complete")
+    p.add_argument("--log", "--log-jsonl", dest="log", help="JSONL file (rank 0 appends)")
+    p.add_argument("--peak-flops", type=float, help="FLOP/s per rank the MFU is against")
+    p.add_argument("--die-at", type=int, help=argparse.SUPPRESS)  # lesson 18's dead rank
+    p.add_argument("--die-rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--die-once", help=argparse.SUPPRESS)
+    options.add_arguments(p)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minidist train")
+    add_arguments(p)
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The options of `argv` (for tests and notebooks; `--config` read), checked."""
+    p = parser()
+    return check(p.parse_args(options.config_argv(p, argv)))
+
+
+def check(args: argparse.Namespace) -> argparse.Namespace:
+    """`args`, or a ValueError naming the option and the rule it broke (no rank started)."""
+    for name in ("steps", "global_batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if args.save_every < 0 or (args.save_every and not args.save):
+        raise ValueError(f"--save-every={args.save_every} needs --save DIR and must be >= 0")
+    if args.eval_every < 0:
+        raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
+    world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
+    if args.die_at is not None and not 0 <= args.die_rank < world:
+        raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
+    return args
+
+
+def dims_of(args: argparse.Namespace) -> dict:
+    return dict(dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, cp=args.cp,
+                tp=args.tp, sp=args.sp, pp=args.pp, schedule=args.schedule,
+                virtual=args.virtual, ep=args.ep)  # fmt: skip
+
+
+def check_run(args: argparse.Namespace) -> dict:
+    """In the parent, before any rank starts: the options, the data, the model's sizes
+    against the layout, the optimizer, the export folder, a resume of another run -> the
+    model's configuration."""
+    from ..checkpoint_files import is_complete
+    from .loop import layout_of, prepare, refuse_another_run
+    from .models import check_export
+
+    check(args)
+    data, config, _ = prepare(args)
+    experts = config.get("experts", 4 if config["model"] == "moe" else 0)
+    ParallelDims(**dims_of(args)).check_model(config["heads"], config["layers"], data.seq_len,
+                                              experts)  # fmt: skip
+    if config["vocab"] % args.tp:
+        name = "--vocab" if config["model"] != "hf" else "the model's vocab_size"
+        raise ValueError(f"{name}={config['vocab']} must divide by --tp={args.tp} (the "
+                         "vocab-parallel embedding and head split it evenly)")  # fmt: skip
+    if args.export_hf:
+        check_export(config, args.export_hf)
+    if args.resume and is_complete(Path(args.resume)):
+        refuse_another_run(Path(args.resume), layout_of(args, dims_of(args), config,
+                                                        data.identity()))  # fmt: skip
+    return config
+
+
+def show_progress(steps: int, tokens: int):
+    """Rank 0's progress line: the bar, loss, eval loss, tokens/s, the time left."""
+    done = []
+
+    def show(loss: float, seconds: float, eval_loss: float | None = None) -> None:
+        done.append(seconds)
+        if dist.get_rank() == 0:
+            bar = "#" * (20 * len(done) // steps)
+            rate = f"{tokens / seconds:,.0f} tokens/s"
+            held = "" if eval_loss is None else f" eval {eval_loss:.4f}"
+            eta = f" ETA {sorted(done)[len(done) // 2] * (steps - len(done)):.0f}s"
+            line = f"\r[{bar:<20}] step {len(done)}/{steps} loss {loss:.4f}{held} {rate}{eta}"
+            print(line, end="", file=sys.stderr, flush=True)
+            if len(done) == steps:
+                print(file=sys.stderr)
+
+    return show
+
+
+def kill_rank_after(step: int, rank: int, once: str | None):
+    """`after_step` callback: rank `rank` SIGKILLs itself after step `step` (with `once`, a
+    marker file, only if the file does not exist yet; it is created first)."""
+
+    def after_step(done: int, grid) -> None:
+        if done == step and grid.rank == rank and not (once and os.path.exists(once)):
+            if once:
+                Path(once).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return after_step
+
+
+def command_rank(args: argparse.Namespace, dims: dict, progress: bool = True) -> dict:
+    """What each rank of the command runs: `loop.train_rank`, with rank 0's progress line
+    and lesson 18's dead rank (`--die-at`) as its callbacks."""
+    from .loop import train_rank
+
+    def show(start: int, tokens: int):
+        return show_progress(args.steps - start, tokens)
+
+    die = None if args.die_at is None else kill_rank_after(args.die_at, args.die_rank,
+                                                            args.die_once)  # fmt: skip
+    return train_rank(args, dims, show if progress else None, die)
+
+
+def _planned(args: argparse.Namespace, config: dict) -> dict:
+    """`compose.theory.planned` for this run (built-in models): the most any rank holds and
+    sends, by kind (the experts' all-to-all depends on the routing and the activations on
+    the schedule's walk: measured only)."""
+    from ..compose.theory import planned
+    from .models import build_model
+
+    if config["model"] == "hf":
+        return {"bytes": {}, "memory": {}}
+    return planned(build_model(config, args.seed), ParallelDims(**dims_of(args)),
+                   args.global_batch, args.micro_batch, args.precision, args.recompute)  # fmt: skip
+
+
+def print_lines(lines: dict) -> None:
+    """`name=value` lines: a loss in full (repr), other floats to 6 digits."""
+    for name, value in lines.items():
+        print(f"{name}={value!r}" if name in ("loss", "eval_loss") else
+              f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}")  # fmt: skip
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import minidist
+
+    config = check_run(args)
+    resolved = options.resolved_toml(args)
+    if not minidist.under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+        print(resolved, end="", file=sys.stderr)
+        if args.save:
+            path = options.config_path(args.save)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(resolved)
+    dims = dims_of(args)
+    world = ParallelDims(**dims).world_size
+    results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)
+    if results is None or results[0] is None:  # a torchrun rank other than 0
+        return 0
+    first = results[0]
+    lines = {"world_size": world, "step": first["step"], "resumed_from": first["resumed_from"],
+             "loss": first["losses"][-1] if first["losses"] else float("nan"),
+             "step_s": first["step_s"],
+             "tokens_per_s": first["tokens_per_step"] / first["step_s"],
+             "params_sha256": first["params_sha256"]}  # fmt: skip
+    if first["evals"]:
+        lines["eval_loss"] = first["evals"][-1][1]
+    plan = _planned(args, config)
+    for what in ("bytes", "memory"):  # each measured figure, its plan beside it
+        for kind in first[what]:
+            lines[f"{what}_{kind}"] = max(r[what][kind] for r in results)
+            if kind in plan[what]:
+                lines[f"planned_{what}_{kind}"] = plan[what][kind]
+    if first["read"] is not None:
+        lines["read_bytes_max"] = max(r["read"][0] for r in results)
+        lines["shard_bytes_max"] = max(r["read"][1] for r in results)
+    if args.compare:
+        from ..training import max_abs_diff
+        from .loop import reference
+
+        ref = reference(args)
+        start = first["resumed_from"]
+        diffs = [abs(a - b) for a, b in zip(first["losses"], ref["losses"][start:])]
+        lines["loss_max_abs_diff"] = max(diffs, default=0.0)
+        lines["params_max_abs_diff"] = max_abs_diff(first["params"], ref["params"])
+    if args.export_hf:
+        lines["export_hf"] = args.export_hf
+    print_lines(lines)
+    return 0

@@ -1,0 +1,275 @@
+"""The trainer's loop, one rank's view, top to bottom: build, parallelize, load, loop (step,
+evaluate, save, log), export. `python -m minidist train` runs it on every rank (`cli.py`);
+lesson 18's notebook and the tests call `train_rank` as it is.
+
+- **build**: the data and the model from the options (`data.py`, `models.py`), the same on
+  every rank; **parallelize**: lesson 17's engine with the run's optimizer (`compose.optim`);
+- **load**: from `--resume` when it holds a complete checkpoint (lesson 18's universal
+  format, any layout); a checkpoint of another model or other data is refused, naming both;
+- **loop** to step `--steps` (the total): one step of the global batch at the data position
+  (this rank's rows only), the learning rate of the schedule, clipping; every
+  `--eval-every` steps and at the end the held-out loss; a save every `--save-every` steps
+  and at the end (`--async-save`: the write in the background, the step blocked only for
+  the copy); rank 0 appends one JSON line per step to `--log`;
+- **export**: `--export-hf DIR`, the whole trained weights as a Hugging Face folder.
+
+What a checkpoint holds (`universal.save`, layout-free names): the engine's
+`state_pieces()` (float32 master weights and Adam's states as rectangles of the one-process
+tensors), the step, the data position as the *global* sample index (so a resume on any dp
+degree trains on the next batch), every rank's random streams (restored on the same layout;
+nothing in these models draws from them), and in its record's layout the model's whole
+configuration and the data's identity. The engine has no loss scaler (bf16 needs none).
+
+The log line: step, samples, loss, learning rate, gradient norm (when clipping), eval loss
+and perplexity (when evaluated), the save's blocking seconds (when saved), seconds,
+tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets: one expert of the MoE,
+top-1; Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this
+machine's float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank
+holds by kind and the ring bytes each rank sent by group kind (`compose.fixture`).
+
+Callbacks, passed in: `progress(start_step, tokens_per_step)` returns the per-step display
+`(loss, seconds, eval_loss)`; `after_step(step, grid)` runs after each step's save (the
+tests' and lesson 18's dead rank: `cli.kill_rank_after`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from .. import comm
+from ..checkpoint_files import is_complete, recover
+from ..checkpoint_pin import pin
+from ..compose.dims import Grid, ParallelDims
+from ..compose.fixture import (
+    SIZES,
+    bytes_by_kind,
+    data_rows,
+    eval_step,
+    memory_by_kind,
+    one_step,
+    train_one_process,
+)
+from ..compose.optim import OptimizerConfig, engine_options
+from ..compose.parallelize import parallelize
+from ..resilience.async_save import AsyncSaver
+from ..resilience.state import TrainingState, capture_rng, restore_rng
+from ..resilience.universal import CheckpointLayoutError, load, read_record, save
+from ..runtime.device import rank_device
+from .data import TokenData, course_data, load_data
+from .models import build_model, export_hf, model_config
+from .options import optimizer_config
+
+
+def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
+    """The run's data, model configuration and optimizer, checked (ValueErrors name the
+    option): the same in the parent, before any rank starts, and on every rank."""
+    if args.data:
+        data = load_data(args.data, args.seq_len, args.tokenizer)
+    else:
+        evals = args.eval_batches if args.eval_every else 0
+        data = course_data(args.steps, args.global_batch, args.seq_len or SIZES["seq_len"],
+                           args.seed, evals)  # fmt: skip
+    if args.eval_every:
+        data.split(args.global_batch, args.eval_batches)
+    if data.cycle and args.data:  # a token stream
+        data.shuffle(args.seed)
+    data.check(args.steps, args.global_batch)
+    return data, model_config(args, data), optimizer_config(args)
+
+
+def layout_of(args, dims: dict, model: dict, data: dict) -> dict:
+    """The checkpoint record's `layout`: the dims, the precision, the model (its whole
+    configuration, `models.model_config`) and the data's identity."""
+    return {**dims, "model": model["model"], "precision": args.precision,
+            "layers": model["layers"], "model_config": model, "data": data}  # fmt: skip
+
+
+def refuse_another_run(path: Path, layout: dict) -> None:
+    """CheckpointLayoutError naming both when checkpoint `path` was saved by a run of another
+    model or on other data (before anything is read into the engine)."""
+    with pin(path) as pinned:
+        saved = read_record(pinned)[2]["layout"]
+    for key, what in (("model_config", "model"), ("data", "data")):
+        if key in saved and key in layout and saved[key] != json.loads(json.dumps(layout[key])):
+            raise CheckpointLayoutError(f"--resume {path}: saved with {what} {saved[key]}, "
+                                        f"this run has {what} {layout[key]}")  # fmt: skip
+
+
+def active_parameters(model: torch.nn.Module) -> int:
+    """Parameters a token meets: the dense ones, and one expert's per MoE layer (top-1)."""
+    dense = expert = 0
+    experts = set()
+    for name, p in model.named_parameters():
+        m = re.search(r"\.experts\.(\d+)\.", name)
+        if m:
+            experts.add(m.group(1))
+            expert += p.numel()
+        else:
+            dense += p.numel()
+    return dense + (expert // len(experts) if experts else 0)
+
+
+def matmul_flops(n: int = 256, repeats: int = 8) -> float:
+    """This machine's float32 matmul FLOP/s (one process, the median of `repeats`)."""
+    a = torch.randn(n, n, device=rank_device())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / sorted(times)[len(times) // 2]
+
+
+def _resume(args, engine, layout: dict):
+    path = Path(args.resume) if args.resume else None
+    if path is None or not (recover(path) or is_complete(path)):
+        return TrainingState(), None
+    refuse_another_run(path, layout)
+    report = load(path, engine.state_pieces(), layout)
+    engine.finish_state_load()
+    if report.state.samples % args.global_batch:
+        raise ValueError(f"--resume {path}: its sample index {report.state.samples} is not a "
+                         f"whole number of --global-batch={args.global_batch} batches")  # fmt: skip
+    if report.rng_restored:
+        restore_rng(report.state.rng, engine.module)
+    return report.state, report
+
+
+def evaluate(engine, grid, data: TokenData, args) -> float:
+    """The held-out split's mean loss (nats per token) over `--eval-batches` batches."""
+    rows = data_rows(grid, args.global_batch)
+    losses = [eval_step(engine, grid, *data.eval_batch(j, rows, args.global_batch))
+              for j in range(args.eval_batches)]  # fmt: skip
+    return sum(losses) / len(losses)
+
+
+def _log(args, engine, grid, state, record: dict, ledger, psi, peak, tokens) -> None:
+    mine = (memory_by_kind(engine), bytes_by_kind(ledger, grid))
+    everyone = [None] * grid.dims.world_size
+    comm.all_gather_object(everyone, mine, tag="log")
+    if grid.rank != 0:
+        return
+    seconds = record["seconds"]
+    flops = 6 * psi * tokens / seconds
+    line = {"step": state.step, "samples": state.samples, **record,
+            "tokens_per_s": tokens / seconds, "model_flops_per_s": flops,
+            "mfu": flops / (peak * grid.dims.world_size), "peak_flops_per_rank": peak,
+            "peak_from": "--peak-flops" if args.peak_flops else "matmul fitted here",
+            "memory_per_rank": [m for m, _ in everyone],
+            "bytes_per_rank": [b for _, b in everyone]}  # fmt: skip
+    with open(args.log, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def params_sha256(params: dict[str, torch.Tensor]) -> str:
+    """One digest of whole tensors (to compare runs bit for bit)."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        digest.update(params[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
+    """On every rank of a world of `dims`' size: the run of `args` (see the module)."""
+    # build
+    pdims = ParallelDims(**dims)
+    data, config, optim = prepare(args)
+    model = build_model(config, args.seed).to(rank_device())
+    psi, tokens = active_parameters(model), args.global_batch * data.seq_len
+    # parallelize
+    grid = Grid(pdims)
+    d = pdims.dp_replicate * pdims.dp_shard
+    if args.global_batch % (d * args.micro_batch):
+        raise ValueError(f"global_batch={args.global_batch} must divide by dp_replicate·"
+                         f"dp_shard·micro_batch = {d}·{args.micro_batch}")  # fmt: skip
+    engine = parallelize(model, pdims, grid=grid, precision=args.precision,
+                         microbatches=args.global_batch // (d * args.micro_batch),
+                         recompute=args.recompute, seq_len=data.seq_len,
+                         **engine_options(optim))  # fmt: skip
+    engine.measure_activations = True
+    # load
+    layout = layout_of(args, dims, config, data.identity())
+    state, report = _resume(args, engine, layout)
+    resumed_from = state.step
+    show = progress(resumed_from, tokens) if progress is not None else None
+    saver = AsyncSaver() if args.async_save and args.save else None
+    peak = args.peak_flops or (matmul_flops() if args.log else 0.0)
+    if args.log:  # rank 0's measure for everyone
+        everyone = [None] * pdims.world_size
+        comm.all_gather_object(everyone, peak, tag="log")
+        peak = everyone[0]
+    # loop
+    rows = data_rows(grid, args.global_batch)  # this data rank's rows of every batch
+    losses, norms, times, ledgers, evals, samples = [], [], [], [], [], []
+    while state.step < args.steps:
+        index = state.samples // args.global_batch
+        x, y = data.batch(index, rows, args.global_batch)
+        lr = optim.lr_at(state.step, args.steps)
+        loss, seconds, ledger, norm = one_step(engine, grid, x, y, lr, optim.clip_grad)
+        state = TrainingState(state.step + 1, state.samples + args.global_batch)
+        losses.append(loss)
+        times.append(seconds)
+        ledgers.append(ledger)
+        samples.append(index)
+        record = {"loss": loss, "seconds": seconds, "lr": lr}
+        if norm is not None:
+            record["grad_norm"] = norm
+            norms.append(norm)
+        if args.eval_every and (state.step % args.eval_every == 0 or state.step == args.steps):
+            record["eval_loss"] = evaluate(engine, grid, data, args)
+            record["perplexity"] = math.exp(min(record["eval_loss"], 700.0))
+            evals.append((state.step, record["eval_loss"]))
+        due = args.save_every and state.step % args.save_every == 0
+        if args.save and (due or state.step == args.steps):
+            kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
+            start = time.perf_counter()
+            if saver is not None:
+                saver.save(args.save, engine.state_pieces(), kept, layout)
+            else:
+                save(args.save, engine.state_pieces(), kept, layout)
+            record["save_blocked_s"] = time.perf_counter() - start
+        if args.log:
+            _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
+        if show is not None:
+            show(loss, seconds, record.get("eval_loss"))
+        if after_step is not None:
+            after_step(state.step, grid)
+    if saver is not None:
+        saver.close()
+    # export
+    params = engine.full_parameters()
+    if args.export_hf and grid.rank == 0:
+        export_hf(params, config, args.export_hf)
+    return {
+        "losses": losses,
+        "norms": norms,
+        "evals": evals,
+        "samples": samples,
+        "step": state.step,
+        "resumed_from": resumed_from,
+        "params": params,
+        "optim": engine.full_optimizer_state(),
+        "params_sha256": params_sha256(params),
+        "bytes": bytes_by_kind(ledgers[-1], grid) if ledgers else {},
+        "memory": memory_by_kind(engine),
+        "step_s": sorted(times)[len(times) // 2] if times else float("nan"),
+        "read": None if report is None else (report.bytes_read, report.shard_bytes),
+        "tokens_per_step": tokens,
+    }
+
+
+def reference(args) -> dict:
+    """The same run in one process (`--compare`, the tests): the same model and rows,
+    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`)."""
+    data, config, optim = prepare(args)
+    model = build_model(config, args.seed).to(rank_device())
+    every = range(args.global_batch)
+    batches = (data.batch(i, every, args.global_batch) for i in range(args.steps))
+    return train_one_process(model, batches, optim)

@@ -1,0 +1,173 @@
+"""The trainer's model: a built-in of any size, or a Hugging Face folder; and its export.
+
+- `--model gpt|moe|llama` with `--hidden --heads --kv-heads --layers --seq-len --vocab
+  --ffn`: the course GPT (MLP 4·hidden, no grouped-query attention), its MoE form (4
+  experts, top-1, no token dropped) or the Llama-style model (`models_llama`, Hugging Face's
+  names). Defaults are lesson 17's (hidden 32, 4 heads, 2 KV heads for llama, 4 layers, 16
+  tokens, llama's ffn 2·hidden); the vocabulary is the data's, padded to a multiple of 8.
+- `--init-from-hf DIR`: a `save_pretrained` folder, built with transformers' Auto classes
+  (`AutoModelForCausalLM.from_pretrained`, float32), its sizes from its config.json.
+- `export_hf(params, config, out)`: the trained whole tensors as a folder `from_pretrained`
+  loads (config.json + model.safetensors): the Hugging Face model's own class, or for the
+  built-in llama `transformers.LlamaForCausalLM` (the same names and numerics). The course
+  GPT has no Hugging Face class here: refused.
+
+`model_config(args, data)` resolves the sizes and refuses a bad combination with a
+ValueError naming the option and the rule; `build_model(config, seed)` builds it, the same
+on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+DEFAULTS = dict(hidden=32, heads=4, layers=4, seq_len=16)  # compose.fixture.SIZES
+SIZE_OPTIONS = ("hidden", "heads", "kv_heads", "layers", "ffn", "vocab")
+
+
+def _opt(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def model_config(args, data) -> dict:
+    """The run's model as a flat dict (saved in the checkpoint's record, compared on resume)."""
+    if args.init_from_hf:
+        return _hf_config(args, data)
+    get = lambda name: getattr(args, name, None)  # noqa: E731
+    cfg = {"model": args.model, "seq_len": data.seq_len}
+    for name in ("hidden", "heads", "layers"):
+        cfg[name] = get(name) or DEFAULTS[name]
+    h, n = cfg["hidden"], cfg["heads"]
+    if h % n:
+        raise ValueError(f"--heads={n} must divide --hidden={h}")
+    if args.model == "llama":
+        cfg["kv_heads"] = get("kv_heads") or (n // 2 if n % 2 == 0 else n)
+        cfg["ffn"] = get("ffn") or 2 * h
+        if n % cfg["kv_heads"]:
+            raise ValueError(f"--kv-heads={cfg['kv_heads']} must divide --heads={n}")
+        if (h // n) % 2:
+            raise ValueError(f"--hidden/--heads = {h // n} must be even (rotary rotates pairs)")
+    else:
+        if get("kv_heads") not in (None, n):
+            raise ValueError(
+                f"--kv-heads={get('kv_heads')}: the {args.model} model has no grouped-query "
+                "attention (every head its own K/V; use --model llama)"
+            )
+        if get("ffn") not in (None, 4 * h):
+            raise ValueError(f"--ffn={get('ffn')}: the {args.model} model's MLP is 4·--hidden = "
+                             f"{4 * h} (use --model llama for another width)")  # fmt: skip
+    cfg["vocab"] = get("vocab") or -(-data.vocab // 8) * 8
+    if cfg["vocab"] <= data.max_id:
+        raise ValueError(f"--vocab={cfg['vocab']} must exceed the data's largest token id "
+                         f"{data.max_id}")  # fmt: skip
+    return cfg
+
+
+def _hf_config(args, data) -> dict:
+    from transformers import AutoConfig
+
+    for name in SIZE_OPTIONS:
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"{_opt(name)}: the model's sizes come from --init-from-hf "
+                             f"{args.init_from_hf}'s config.json")  # fmt: skip
+    path = Path(args.init_from_hf)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--init-from-hf {path}: no config.json (a save_pretrained folder)")
+    config = AutoConfig.from_pretrained(path)
+    vocab = config.vocab_size
+    if vocab <= data.max_id:
+        raise ValueError(f"--init-from-hf {path}: its vocab_size={vocab} must exceed the "
+                         f"data's largest token id {data.max_id}")  # fmt: skip
+    return {"model": "hf", "path": str(path.resolve()), "model_type": config.model_type,
+            "vocab": vocab, "seq_len": data.seq_len, "hidden": config.hidden_size,
+            "heads": config.num_attention_heads,
+            "layers": config.num_hidden_layers,
+            "experts": getattr(config, "num_local_experts", 0) or 0}  # fmt: skip
+
+
+def build_model(cfg: dict, seed: int = 0) -> nn.Module:
+    """The model of `cfg` (from `model_config`) on the CPU, float32, seeded with `seed`."""
+    from ..expert_parallel.gpt import moe_gpt
+    from ..models import GPT, GPTConfig
+    from ..models_llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    if cfg["model"] == "hf":
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # the progress line is the trainer's
+        return AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32)
+    sizes = dict(vocab_size=cfg["vocab"], seq_len=cfg["seq_len"], layers=cfg["layers"],
+                 heads=cfg["heads"], hidden=cfg["hidden"])  # fmt: skip
+    if cfg["model"] == "llama":
+        return LlamaForCausalLM(LlamaConfig(kv_heads=cfg["kv_heads"], ffn=cfg["ffn"], **sizes))
+    if cfg["model"] == "moe":
+        return moe_gpt(GPTConfig(**sizes), experts=4, k=1, capacity_factor=4.0, seed=seed)
+    return GPT(GPTConfig(**sizes))
+
+
+def check_export(cfg: dict, out: str) -> None:
+    """ValueError when `--export-hf out` cannot be written for this model (before training)."""
+    if cfg["model"] in ("gpt", "moe"):
+        raise ValueError(f"--export-hf: the built-in {cfg['model']} has no Hugging Face class "
+                         "here (export --model llama, or a model from --init-from-hf)")  # fmt: skip
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--export-hf {out}: exists and is not an empty folder (never "
+                         "overwritten)")  # fmt: skip
+
+
+def hf_model(cfg: dict) -> nn.Module:
+    """An untrained Hugging Face model of `cfg`'s class and sizes (to load weights into)."""
+    if cfg["model"] == "hf":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg["path"]),
+                                                dtype=torch.float32)  # fmt: skip
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=cfg["vocab"],
+        hidden_size=cfg["hidden"],
+        intermediate_size=cfg["ffn"],
+        num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"],
+        head_dim=cfg["hidden"] // cfg["heads"],
+        max_position_embeddings=cfg["seq_len"],
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+    )  # fmt: skip  (rope_theta: both default to 10000)
+    return LlamaForCausalLM(config)
+
+
+def export_hf(params: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
+    """Write `params` (whole tensors, one-process names) as a `from_pretrained` folder at
+    `out`, atomically (a hidden `.unfinished` folder renamed into place)."""
+    check_export(cfg, out)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    model = hf_model(cfg)
+    missing, unexpected = model.load_state_dict(params, strict=False)
+    tied = {n for n in missing if n == "lm_head.weight" and model.config.tie_word_embeddings}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"--export-hf: the trained weights do not fit {type(model).__name__}: "
+                         f"missing {sorted(set(missing) - tied)[:4]}, unexpected "
+                         f"{sorted(unexpected)[:4]}")  # fmt: skip
+    path = Path(out)
+    unfinished = path.with_name(f".{path.name}.unfinished")
+    shutil.rmtree(unfinished, ignore_errors=True)
+    model.save_pretrained(unfinished)
+    if path.exists():
+        path.rmdir()  # empty (check_export)
+    os.replace(unfinished, path)
+    return path

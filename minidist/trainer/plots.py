@@ -1,0 +1,44 @@
+"""The picture of a run's JSONL log (`python -m minidist plot-run LOG`): the training and
+held-out loss by step, tokens/s by step, and what each rank holds by kind at the last step.
+A resumed run's log holds a step twice or more (the steps after the last save, done again):
+the last of each is drawn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """The log's lines, the last one of each step, in step order."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return sorted({r["step"]: r for r in lines}.values(), key=lambda r: r["step"])
+
+
+def plot_run(records: list[dict]) -> Figure:
+    """Three panels: loss (and eval loss), tokens/s, memory per rank by kind (last step)."""
+    fig = Figure(figsize=(12, 3.4))
+    loss, rate, memory = fig.subplots(1, 3)
+    steps = [r["step"] for r in records]
+    loss.plot(steps, [r["loss"] for r in records], lw=1, label="train")
+    held = [r for r in records if "eval_loss" in r]
+    if held:
+        loss.plot([r["step"] for r in held], [r["eval_loss"] for r in held], "o-", ms=3,
+                  label="held out")  # fmt: skip
+    loss.set(xlabel="step", ylabel="loss (nats per token)", title="loss")
+    loss.legend()
+    rate.plot(steps, [r["tokens_per_s"] for r in records], lw=1)
+    rate.set(xlabel="step", ylabel="tokens/s", title="throughput")
+    per_rank = records[-1].get("memory_per_rank", [])
+    bottom = [0.0] * len(per_rank)
+    for kind in per_rank[0] if per_rank else []:
+        values = [m[kind] / 2**20 for m in per_rank]
+        memory.bar(range(len(per_rank)), values, bottom=bottom, label=kind)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    memory.set(xlabel="rank", ylabel="MiB", title=f"held per rank, step {steps[-1]}")
+    if per_rank:
+        memory.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
