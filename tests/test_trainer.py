@@ -269,3 +269,25 @@ def test_plot_run_draws_a_log_and_refuses_what_is_not_one(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["plot-run", str(tmp_path / "bad.jsonl")])
     assert e.value.code == 2 and "is not a train --log file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name,layout,words",
+    [
+        ("phi3", ["--tp", "2"], "fuses Q, K, V with 2 KV heads"),
+        ("llama", ["--tp", "8"], "tp=8 must divide the heads=4"),
+        ("llama", ["--ep", "2", "--dp-shard", "2"], "ep=2 needs a model with experts"),
+    ],
+)
+def test_a_transformers_model_a_layout_cannot_take_is_refused_before_any_rank(
+    tmp_path, capsys, name, layout, words
+):
+    transformers = pytest.importorskip("transformers")
+    kind = {"phi3": transformers.Phi3Config, "llama": transformers.LlamaConfig}[name]
+    config = kind(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / name)
+    argv = ["--init-from-hf", str(tmp_path / name), "--data", str(TEXT), "--seq-len", "16",
+            *layout]  # fmt: skip
+    assert words in _main_error(capsys, argv)

@@ -115,8 +115,9 @@ def check_run(args: argparse.Namespace) -> dict:
     against the layout, the optimizer, the export folder, a resume of another run -> the
     model's configuration."""
     from ..checkpoint_files import is_complete
+    from ..compose.parallelize import check_layout
     from .loop import layout_of, prepare, refuse_another_run
-    from .models import check_export
+    from .models import check_export, skeleton
 
     check(args)
     data, config, _ = prepare(args)
@@ -127,6 +128,8 @@ def check_run(args: argparse.Namespace) -> dict:
         name = "--vocab" if config["model"] != "hf" else "the model's vocab_size"
         raise ValueError(f"{name}={config['vocab']} must divide by --tp={args.tp} (the "
                          "vocab-parallel embedding and head split it evenly)")  # fmt: skip
+    if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
+        check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
     if args.export_hf:
         check_export(config, args.export_hf)
     if args.resume and is_complete(Path(args.resume)):

@@ -112,6 +112,15 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
     return GPT(GPTConfig(**sizes))
 
 
+def skeleton(cfg: dict) -> nn.Module:
+    """The transformers model of `cfg` (an --init-from-hf folder) on the meta device: its
+    structure and config, no weights read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg["path"]))
+
+
 def check_export(cfg: dict, out: str) -> None:
     """ValueError when `--export-hf out` cannot be written for this model (before training)."""
     if cfg["model"] in ("gpt", "moe"):
