@@ -109,6 +109,11 @@ DISPATCH_MISTAKES = [
         "experts that got a token",
     ),
     Mistake(
+        "E from the largest expert id",
+        (_with(lambda t, e, cf, i, m: math.ceil(cf * t / (int(i.max()) + 1))),),
+        "taken from the data",
+    ),
+    Mistake(
         "C from the expert's own tokens",
         (_with(lambda t, e, cf, i, m: math.ceil(cf * len(m) / e)),),
         "own number of tokens",

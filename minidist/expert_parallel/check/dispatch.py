@@ -95,6 +95,10 @@ ALTERNATIVES = {
     "with no token still has its buffer)": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(cf * t / len(torch.unique(i)))
     ),
+    "E was taken from the data (the largest expert id + 1): E is num_experts, the argument; "
+    "experts above the largest id chosen still have their buffers": _with_capacity(
+        lambda t, e, cf, i, m: math.ceil(cf * t / (int(i.max()) + 1))
+    ),
     "C is computed from each expert's own number of tokens: C = ⌈cf·T/E⌉ with T ALL the "
     "tokens, the same for every expert": _with_capacity(
         lambda t, e, cf, i, m: math.ceil(cf * len(m) / e)
