@@ -88,3 +88,8 @@ def decoder_layers(model) -> list:
     """The model's decoder layers (`model.model.layers`, GPT-2's `transformer.h`), in order."""
     base = getattr(model, "model", None) or model.transformer
     return list(getattr(base, "layers", None) or base.h)
+
+
+def qwen2_factory():
+    """A `--model hf_models:qwen2_factory` for the trainer: a function of no arguments."""
+    return build("qwen2", layers=2)

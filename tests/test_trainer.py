@@ -152,6 +152,19 @@ def test_a_transformers_model_with_ignored_labels_trains_composed_and_exports(tm
     assert max_abs_diff(dict(back.named_parameters()), got["params"]) == 0.0
 
 
+def test_a_users_factory_names_the_model(tmp_path):
+    """--model package.module:function: the user's function builds a transformers model
+    (tests/hf_models.py's Qwen2, biases), trained composed as in one process."""
+    pytest.importorskip("transformers")
+    g = np.random.default_rng(1)
+    ids = g.integers(3, 128, (16, 16))
+    np.savez(tmp_path / "rows.npz", input_ids=ids, labels=np.where(ids % 5 == 0, -100, ids))
+    argv = ["--model", "hf_models:qwen2_factory", "--data", str(tmp_path / "rows.npz"),
+            "--steps", "2", "--dp-shard", "2", "--tp", "2", "--sp"]  # fmt: skip
+    got = minidist.launch(_runs, 4, [argv], timeout_s=600)[0][0]
+    _close_to_one_process(got, argv)
+
+
 def test_data_rows_are_the_files_tokens(tmp_path):
     text = load_data(str(TEXT), 16)
     raw = np.frombuffer(TEXT.read_bytes(), dtype=np.uint8)
@@ -217,6 +230,8 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--config", "{bad_toml}"], "unknown key 'bogus'"),
         (["--warmup", "5", "--steps", "5"], "--warmup=5 must be >= 0 and < --steps=5"),
         (["--clip-grad", "0"], "--clip-grad=0.0 must be > 0"),
+        (["--model", "no_such_module:build"], "--model no_such_module:build: cannot import it"),
+        (["--model", "not a name"], "neither a built-in model"),
         (["--heads", "5"], "--heads=5 must divide --hidden=32"),
         (["--model", "llama", "--kv-heads", "3"], "--kv-heads=3 must divide --heads=4"),
         (["--model", "gpt", "--ffn", "10"], "--ffn=10: the gpt model's MLP is 4·--hidden"),

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -51,7 +52,9 @@ from . import options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=MODELS, default="gpt", help="a built-in model")
+    p.add_argument("--model", type=model_name, default="gpt",
+                   help=f"a built-in model {MODELS}, or package.module:function returning a "
+                   "transformers causal LM")  # fmt: skip
     for name in ("dp-replicate", "dp-shard", "tp", "pp", "cp", "ep"):
         p.add_argument(f"--{name}", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism inside tp")
@@ -89,6 +92,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return check(p.parse_args(options.config_argv(p, argv)))
 
 
+def model_name(value: str) -> str:
+    """--model: a built-in's name or `package.module:function` (argparse's type)."""
+    if value in MODELS or re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is neither a built-in model {MODELS} nor "
+                                     "package.module:function")  # fmt: skip
+
+
 def check(args: argparse.Namespace) -> argparse.Namespace:
     """`args`, or a ValueError naming the option and the rule it broke (no rank started)."""
     for name in ("steps", "global_batch"):
@@ -117,7 +128,7 @@ def check_run(args: argparse.Namespace) -> dict:
     from ..checkpoint_files import is_complete
     from ..compose.parallelize import check_layout
     from .loop import layout_of, prepare, refuse_another_run
-    from .models import check_export, skeleton
+    from .models import build_model, check_export, skeleton
 
     check(args)
     data, config, _ = prepare(args)
@@ -130,6 +141,9 @@ def check_run(args: argparse.Namespace) -> dict:
                          "vocab-parallel embedding and head split it evenly)")  # fmt: skip
     if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
         check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
+    if config["model"] == "factory":
+        check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)),
+                     data.seq_len)  # fmt: skip
     if args.export_hf:
         check_export(config, args.export_hf)
     if args.resume and is_complete(Path(args.resume)):
@@ -139,15 +153,18 @@ def check_run(args: argparse.Namespace) -> dict:
 
 
 def show_progress(steps: int, tokens: int):
-    """Rank 0's progress line: the bar, loss, eval loss, tokens/s, the time left."""
+    """Rank 0's progress line: the bar, loss, eval loss, tokens/s, MFU (against
+    `--peak-flops`, or the matmul fitted here under `--log`), the time left."""
     done = []
 
-    def show(loss: float, seconds: float, eval_loss: float | None = None) -> None:
+    def show(loss: float, seconds: float, eval_loss: float | None = None,
+             mfu: float | None = None) -> None:  # fmt: skip
         done.append(seconds)
         if dist.get_rank() == 0:
             bar = "#" * (20 * len(done) // steps)
             rate = f"{tokens / seconds:,.0f} tokens/s"
             held = "" if eval_loss is None else f" eval {eval_loss:.4f}"
+            held += "" if mfu is None else f" MFU {mfu:.1%}"
             eta = f" ETA {sorted(done)[len(done) // 2] * (steps - len(done)):.0f}s"
             line = f"\r[{bar:<20}] step {len(done)}/{steps} loss {loss:.4f}{held} {rate}{eta}"
             print(line, end="", file=sys.stderr, flush=True)
@@ -190,7 +207,7 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
     from ..compose.theory import planned
     from .models import build_model
 
-    if config["model"] == "hf":
+    if config["model"] in ("hf", "factory"):  # the theory plans the course's models
         return {"bytes": {}, "memory": {}}
     return planned(build_model(config, args.seed), ParallelDims(**dims_of(args)),
                    args.global_batch, args.micro_batch, args.precision, args.recompute)  # fmt: skip

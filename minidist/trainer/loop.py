@@ -238,7 +238,8 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         if args.log:
             _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
         if show is not None:
-            show(loss, seconds, record.get("eval_loss"))
+            mfu = 6 * psi * tokens / seconds / (peak * pdims.world_size) if peak else None
+            show(loss, seconds, record.get("eval_loss"), mfu)
         if after_step is not None:
             after_step(state.step, grid)
     if saver is not None:

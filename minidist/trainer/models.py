@@ -38,6 +38,8 @@ def model_config(args, data) -> dict:
     """The run's model as a flat dict (saved in the checkpoint's record, compared on resume)."""
     if args.init_from_hf:
         return _hf_config(args, data)
+    if ":" in args.model:
+        return _factory_config(args, data)
     get = lambda name: getattr(args, name, None)  # noqa: E731
     cfg = {"model": args.model, "seq_len": data.seq_len}
     for name in ("hidden", "heads", "layers"):
@@ -71,6 +73,8 @@ def model_config(args, data) -> dict:
 def _hf_config(args, data) -> dict:
     from transformers import AutoConfig
 
+    from ..compose.model_parts import hf_sizes
+
     for name in SIZE_OPTIONS:
         if getattr(args, name, None) is not None:
             raise ValueError(f"{_opt(name)}: the model's sizes come from --init-from-hf "
@@ -87,7 +91,45 @@ def _hf_config(args, data) -> dict:
             "vocab": vocab, "seq_len": data.seq_len, "hidden": config.hidden_size,
             "heads": config.num_attention_heads,
             "layers": config.num_hidden_layers,
-            "experts": getattr(config, "num_local_experts", 0) or 0}  # fmt: skip
+            "experts": hf_sizes(config)["experts"]}  # fmt: skip
+
+
+def factory(name: str):
+    """The function `package.module:function` names (imported: the user's own code)."""
+    import importlib
+
+    module, _, function = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--model {name}: cannot import it ({e})") from None
+    if not callable(fn):
+        raise ValueError(f"--model {name}: {function} is not a function")
+    return fn
+
+
+def _factory_config(args, data) -> dict:
+    """`--model package.module:function`: a function of no arguments returning a
+    transformers causal LM (its sizes are its config's)."""
+    from ..compose.model_parts import hf_sizes, is_hf
+
+    for name in SIZE_OPTIONS:
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"{_opt(name)}: the model's sizes come from --model {args.model}")
+    torch.manual_seed(args.seed)
+    model = factory(args.model)()
+    if not is_hf(model):
+        kind = type(model).__name__
+        raise ValueError(f"--model {args.model} returned a {kind}: a factory must return a "
+                         "transformers causal LM (its forward runs untouched)")  # fmt: skip
+    sizes = hf_sizes(model.config)
+    if sizes["vocab"] <= data.max_id:
+        raise ValueError(f"--model {args.model}: its vocab_size={sizes['vocab']} must exceed "
+                         f"the data's largest token id {data.max_id}")  # fmt: skip
+    return {"model": "factory", "factory": args.model, "model_type": model.config.model_type,
+            "vocab": sizes["vocab"], "seq_len": data.seq_len, "hidden": sizes["hidden"],
+            "heads": sizes["heads"], "layers": sizes["layers"],
+            "experts": sizes["experts"]}  # fmt: skip
 
 
 def build_model(cfg: dict, seed: int = 0) -> nn.Module:
@@ -97,6 +139,8 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
     from ..models_llama import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    if cfg["model"] == "factory":
+        return factory(cfg["factory"])().float()
     if cfg["model"] == "hf":
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
@@ -134,6 +178,8 @@ def check_export(cfg: dict, out: str) -> None:
 
 def hf_model(cfg: dict) -> nn.Module:
     """An untrained Hugging Face model of `cfg`'s class and sizes (to load weights into)."""
+    if cfg["model"] == "factory":
+        return factory(cfg["factory"])().float()
     if cfg["model"] == "hf":
         from transformers import AutoConfig, AutoModelForCausalLM
 
