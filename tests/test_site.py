@@ -381,7 +381,7 @@ PHONE_LESSON = "13_planner.html"
 # Every code cell and printed output that is wider than its box scrolls (never cut off).
 LAYOUT = """() => {
   const style = e => getComputedStyle(e);
-  const editors = [...document.querySelectorAll('.jp-InputArea-editor')];
+  const editors = [...document.querySelectorAll('.jp-InputArea-editor, .jp-InputArea-editor pre')];
   const outputs = [...document.querySelectorAll(
     '.jp-OutputArea-output pre, .jp-RenderedHTMLCommon pre')];
   const wide = [...editors, ...outputs].filter(e => e.scrollWidth > e.clientWidth + 1);
@@ -437,8 +437,12 @@ def test_on_a_phone_and_finding_things(browser, served):
     tab.screenshot(path=str(SHOTS / "13_planner_menu_390.png"))
     tab.click(".md-bar button")
     href = got["figures"][0][0]
-    tab.click(f'a.md-figure[href="{href}"]')
-    tab.wait_for_url(base + href)
+    tab.click(f'a.md-figure[href="{href}"]')  # shown shrunk: opens at its own size, here
+    big = tab.locator(".md-lightbox img")
+    assert big.get_attribute("src") == href and big.bounding_box()["width"] >= got["figures"][0][2]
+    tab.keyboard.press("Escape")
+    assert tab.locator(".md-lightbox").count() == 0
+    tab.goto(base + href, wait_until="load")  # and the figure is a file of its own
     full = tab.evaluate("() => [document.images[0].naturalWidth, innerWidth]")
     assert full[0] > 0, full
     tab.goto(base + "index.html", wait_until="load")
@@ -470,3 +474,124 @@ def test_on_a_phone_and_finding_things(browser, served):
     tab.locator("img").first.scroll_into_view_if_needed()
     tab.screenshot(path=str(SHOTS / "02_zero_dark_1280.png"))
     wide.close()
+
+
+# At 390 px, on one page: what scrolls sideways and says so, code the Copy button covers, the
+# boxes above the lesson against its text, the figures after one tap, the tables.
+PHONE = """async (tap) => {
+  const box = e => e.getBoundingClientRect();
+  const shown = e => e && box(e).width > 0 && getComputedStyle(e).visibility === 'visible';
+  const scrollers = [...document.querySelectorAll(
+    '.jp-OutputArea-output pre, .jp-RenderedHTMLCommon pre, .jp-RenderedHTMLCommon table')];
+  const hidden = scrollers.filter(e => e.scrollWidth > e.clientWidth + 1 && !(
+    e.classList.contains('md-wide') && getComputedStyle(e).boxShadow !== 'none'
+    && e.nextElementSibling && e.nextElementSibling.classList.contains('md-scroll-cue')
+    && shown(e.nextElementSibling)));
+  const covered = [...document.querySelectorAll('.jp-InputArea-editor')].filter(ed => {
+    const b = ed.querySelector('button.md-copy'), pre = ed.querySelector('pre');
+    if (!b || !pre) return false;
+    const x = box(b), y = box(pre);
+    return x.left < y.right && y.left < x.right && x.top < y.bottom && y.top < x.bottom;
+  });
+  const h1 = box(document.querySelector('h1'));
+  const boxes = [...document.querySelectorAll('.md-links, .md-pagetoc')].map(e => box(e))
+    .filter(b => Math.abs(b.left - h1.left) > 1.5 || Math.abs(b.right - h1.right) > 1.5)
+    .map(b => [b.left, b.right, h1.left, h1.right]);
+  const figures = [];
+  for (const a of tap ? document.querySelectorAll('a.md-figure') : []) {
+    const img = a.querySelector('img');
+    await img.decode();
+    if (box(img).width < img.naturalWidth - 1) a.click();  // one tap (else: readable as is)
+    const big = document.querySelector('.md-lightbox img');
+    if (big) await big.decode();
+    // the figure as drawn: one CSS pixel per pixel of the PNG (matplotlib's text is
+    // 8 pt or more at 100 dpi, so 11 px or more)
+    const width = big ? box(big).width : box(img).width;
+    figures.push([a.getAttribute('href'), img.naturalWidth, Math.round(width),
+                  Math.round(box(img).width)]);
+    document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}));
+  }
+  const cells = [...document.querySelectorAll('.jp-RenderedHTMLCommon table.md-cards td')]
+    .filter(td => box(td).right > innerWidth + 0.5 || td.scrollWidth > td.clientWidth + 1);
+  const mdPre = document.querySelector('.jp-RenderedMarkdown pre');
+  return {hidden: hidden.map(e => e.textContent.slice(0, 60)), scrollers: scrollers.length,
+          covered: covered.length, boxes, figures, cells: cells.length,
+          cards: document.querySelectorAll('table.md-cards').length,
+          codeBackground: mdPre ? getComputedStyle(mdPre).backgroundColor : null,
+          page: document.documentElement.scrollWidth, view: innerWidth};
+}"""
+
+
+def test_every_page_reads_on_a_phone(browser, served):
+    """At 390 px, every page: no output or table wider than the screen without a scroll cue
+    (a shadow on the edge that hides more, and 'scroll sideways' under it); no Copy button
+    over code; the download and page-contents boxes aligned with the text; every figure,
+    after one tap, at the size it was drawn (its text readable); tables of three columns or
+    more as cards, every cell whole; on the index, the code block set off by its background.
+    At 1280 px the boxes are aligned too."""
+    base, out, pages = served
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    tab = phone.new_page()
+    cues = figures = 0
+    for page in pages:
+        tab.goto(base + page.html_name, wait_until="load")
+        got = tab.evaluate(PHONE, True)
+        name = page.html_name
+        assert got["page"] <= got["view"], (name, got)
+        assert got["hidden"] == [], f"{name}: wider than the screen with no cue: {got['hidden']}"
+        assert got["covered"] == 0 and got["boxes"] == [], (name, got)
+        for href, natural, after_tap, _ in got["figures"]:
+            assert after_tap >= natural - 1, f"{name}: {href} shown {after_tap} of {natural} px"
+        assert got["cells"] == 0, (name, got)
+        cues += tab.locator(".md-scroll-cue").count()
+        figures += len(got["figures"])
+        if name == "index.html":
+            assert got["cards"] >= 1 and got["codeBackground"] not in (None, "rgb(255, 255, 255)")
+    assert cues > 10 and figures > 20  # the check saw what it is about
+    tab.goto(base + "17_every_parallelism.html", wait_until="load")
+    tab.locator(".md-scroll-cue").nth(2).scroll_into_view_if_needed()
+    tab.screenshot(path=str(SHOTS / "17_scroll_cue_390.png"))
+    tab.locator("a.md-figure").last.click()
+    tab.wait_for_selector(".md-lightbox img")
+    tab.screenshot(path=str(SHOTS / "17_figure_tapped_390.png"))
+    tab.goto(base + "index.html", wait_until="load")
+    tab.locator("table.md-cards").first.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SHOTS / "index_learning_path_390.png"))
+    phone.close()
+    wide = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = wide.new_page()
+    for name in ("index.html", "17_every_parallelism.html"):
+        tab.goto(base + name, wait_until="load")
+        assert tab.evaluate(PHONE, False)["boxes"] == [], name
+    wide.close()
+
+
+def test_search_reads_whole_sections(browser, served):
+    """Words deep in a section (past its first 1,500 characters) are found, with the place
+    they were found; `?q=` in the address runs a search (on a phone, the menu opens on its
+    results), and typing keeps the address in step."""
+    base, out, pages = served
+    entries = json.loads(
+        (out / "_static" / "search-index.js").read_text().split("=", 1)[1].rstrip().rstrip(";")
+    )
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    tab = phone.new_page()
+    deep = 0
+    for word in ("zig-zag", "get_batch_on_this_cp_rank", "striped", "gqa"):
+        tab.goto(f"{base}index.html?q={word}", wait_until="load")
+        tab.wait_for_selector("#md-results li")
+        assert tab.locator("nav.md-toc").bounding_box()["height"] > 300  # the menu, open
+        found = tab.eval_on_selector_all("#md-results li a", "as => as.map(a => a.href)")
+        want = [e["href"] for e in entries if word in e["text"].lower()]
+        assert want and all(base + h in found for h in want[:20]), (word, found, want)
+        deep += any(e["text"].lower().find(word) > 1500 for e in entries)
+        marks = tab.eval_on_selector_all("#md-results mark", "ms => ms.map(m => m.textContent)")
+        assert marks and all(m.lower() == word for m in marks), (word, marks)
+        if word == "striped":
+            tab.screenshot(path=str(SHOTS / "search_deep_390.png"))
+    assert deep >= 2  # past what the index used to keep of a section
+    tab.fill("#md-search", "ring attention")
+    tab.wait_for_function("location.search.includes('q=ring')")
+    assert "ring attention" in unquote(tab.url.replace("+", " "))
+    phone.close()

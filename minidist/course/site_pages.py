@@ -16,7 +16,6 @@ HEADING = re.compile(r'<h([1-3]) id="([^"]+)">(.*?)<a class="anchor-link"[^>]*>Â
 TAG = re.compile(r"<[^>]+>")
 # TeX in a markdown cell: $...$, $$, \(, \[ or an environment.
 TEX = re.compile(r"\$[^$\n]+\$|\$\$|\\\(|\\\[|\\begin\{")
-SECTION_CHARS = 1500
 
 
 def needs_mathjax(nb) -> bool:
@@ -64,13 +63,14 @@ def with_page_toc(body: str) -> str:
 
 
 def search_entries(body: str, page: str, title: str) -> list[dict]:
-    """One entry per section (the text from a heading to the next): what the search reads."""
+    """One entry per section, its whole text (from a heading to the next, prose, code and
+    printed output): what the search reads."""
     main = body.split('<main class="md-main">', 1)[-1].split('<nav class="md-pager"', 1)[0]
     marks = list(HEADING.finditer(main))
     entries = []
     for i, m in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(main)
-        text = _text(main[m.end() : end])[:SECTION_CHARS]
+        text = _text(main[m.end() : end])
         heading = _text(m.group(3))
         href = page if m.group(1) == "1" else f"{page}#{m.group(2)}"
         entries.append({"page": title, "title": heading, "href": href, "text": text})

@@ -68,6 +68,10 @@ MathJax.Hub.Register.StartupHook("End", function () {
 </ol>
 </nav>
 <main class="md-main">
+{#- The boxes above the lesson sit in a cell's frame, so they start and end where its text
+    does, prompt column or none. #}
+<div class="jp-Cell md-head"><div class="jp-Cell-inputWrapper"><div class="jp-InputArea">
+<div class="jp-InputPrompt jp-InputArea-prompt"></div><div class="md-head-boxes">
 {%- if m.links %}
 {%- set l = m.links %}
 <div class="md-links">
@@ -94,6 +98,7 @@ grade with <code>python -m minidist grade {{ ex.name }}</code>
 </div>
 {%- endif %}
 <!--minidist-page-toc-->
+</div></div></div></div>
 {%- endblock body_header -%}
 
 {% block body_footer %}
