@@ -230,12 +230,12 @@ def test_a_second_save_to_one_path_is_refused_on_every_rank(tmp_path, save):
 @pytest.mark.parametrize(
     "save, patch",
     [
-        (save_or_error, "minidist.fsdp.checkpoint.write_checksums"),
+        (save_or_error, "minidist.fsdp.checkpoint_safe.write_checksums"),  # the seal
         (save_or_error, "minidist.checkpoint_files.Staging.put_in_place"),
         (embedding_save_or_error, "minidist.embedding.checkpoint.read_json"),
         (embedding_save_or_error, "minidist.checkpoint_files.Staging.put_in_place"),
         (embedding_save_or_error, "minidist.embedding.checkpoint._write"),  # its own file
-        (universal_save_or_error, "minidist.resilience.universal.write_checksums"),
+        (universal_save_or_error, "minidist.fsdp.checkpoint_safe.write_checksums"),
         (universal_save_or_error, "minidist.checkpoint_files.Staging.put_in_place"),
     ],
 )

@@ -91,7 +91,7 @@ from .checkpoint_layout import (
     _unit_key,
     _valid,
 )
-from .checkpoint_safe import dcp_load, write_checksums
+from .checkpoint_safe import dcp_load, seal
 
 __all__ = ["save", "load", "load_full", "CheckpointMismatchError", "CheckpointError"]
 
@@ -136,12 +136,7 @@ def save(path: str | os.PathLike, model, optimizer=None) -> None:
     try:
         raise_everywhere(s.group, error)
         _write(state, path, s)
-        if staging is not None:
-            try:
-                write_checksums(staging.folder, FORMAT)  # written last: the save is complete
-                staging.put_in_place()
-            except Exception as e:  # every rank gets the same error, none dies in gloo
-                error = f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+        error = seal(staging, FORMAT, path) or error
         raise_everywhere(s.group, error)  # nobody returns before `path` is in place
     finally:
         if staging is not None:

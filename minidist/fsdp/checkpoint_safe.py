@@ -150,6 +150,20 @@ def _entry_name(index) -> str:
     return index.fqn if index.offset is None else f"{index.fqn} (chunk at {list(index.offset)})"
 
 
+def seal(staging, fmt: str, path) -> str | None:
+    """Rank 0 of a save, after every rank's files are on disk: the checksums (written last:
+    the save is complete), then the staging folder put in place; the error to raise on every
+    rank, or None."""
+    if staging is None:
+        return None
+    try:
+        write_checksums(staging.folder, fmt)
+        staging.put_in_place()
+    except Exception as e:  # every rank gets the same error, none dies in gloo
+        return f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+    return None
+
+
 def write_checksums(path: Path, fmt: str) -> None:
     """Record `.metadata`'s checksum and every stored chunk's (written last: it marks the
     checkpoint complete)."""

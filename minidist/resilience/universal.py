@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from .. import comm
 from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, is_complete, unfinished_path
 from ..checkpoint_pin import pin, raise_everywhere
-from ..fsdp.checkpoint_safe import cover, read_metadata, write_checksums
+from ..fsdp.checkpoint_safe import cover, read_metadata, seal
 from ..pieces import Piece
 from .chunks import Chunk, piece_chunks, piece_nbytes
 from .planners import ChunkLoadPlanner, ChunkSavePlanner, VerifyingReader
@@ -139,12 +139,7 @@ def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
                 f"({next(iter(e.failures.values()), '')!r})"
             ) from e
         comm.barrier(group, tag="checkpoint")  # every rank's files are on disk
-        if staging is not None:
-            try:
-                write_checksums(staging.folder, FORMAT)  # written last: the save is complete
-                staging.put_in_place()
-            except Exception as e:  # every rank gets the same error, none dies in gloo
-                error = f"save: rank 0 could not complete {path} ({type(e).__name__}: {e})"
+        error = seal(staging, FORMAT, path) or error
         raise_everywhere(group, error)  # nobody returns before `path` is in place
     finally:
         if staging is not None:

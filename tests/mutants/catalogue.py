@@ -286,8 +286,8 @@ MUTANTS = [
     (
         "megatron",
         "megatron/layers.py",
-        "return g * (grad / local_t.numel()), None, None, None, None",
-        "return g * grad, None, None, None, None",
+        "return g * (grad / ctx.divisor), None, None, None, None, None",
+        "return g * grad, None, None, None, None, None",
         "cross entropy gradient not divided by the tokens",
     ),
     # -- pipeline (lesson 09) -----------------------------------------------------------------
@@ -559,8 +559,8 @@ MUTANTS = [
     (
         "context_parallel",
         "context_parallel/ring.py",
-        'scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))',
-        'scores = scores.masked_fill(k_pos[None, :] >= q_pos[:, None], float("-inf"))',
+        "out = k_pos[None, :] > q_pos[:, None]",
+        "out = k_pos[None, :] >= q_pos[:, None]",
         "causal mask hides a token from itself",
     ),
     (
@@ -1054,9 +1054,9 @@ MUTANTS = [
     ),
     (
         "fsdp_checkpoint",
-        "fsdp/checkpoint.py",
-        "            except Exception as e:  # every rank gets the same error, none dies in gloo",
-        "            except OSError as e:  # every rank gets the same error, none dies in gloo",
+        "fsdp/checkpoint_safe.py",
+        "    except Exception as e:  # every rank gets the same error, none dies in gloo",
+        "    except OSError as e:  # every rank gets the same error, none dies in gloo",
         "a seal failing with a CheckpointError escapes on rank 0 only",
     ),
     (
