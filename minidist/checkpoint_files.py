@@ -18,7 +18,9 @@ next load or save finds the new checkpoint where it belongs. The saving rank 0 h
 staging folder locked (`Staging`: an `flock`, which the kernel drops when the holder dies)
 from its creation until the swap is done, so that `recover` never finishes the swap of a
 save that is alive (a reader doing so made that save fail), and a second save to the same
-path (another world) is refused while the first runs instead of sharing its folder. Loads
+path (another world) is refused while the first runs instead of sharing its folder. The two
+renames are made under the folder's lock, under which a reader decides that there is no
+checkpoint (`absent`): one that found `<name>` missing between them reads it after. Loads
 read through `minidist.checkpoint_pin`, which holds one version's files open. A checksum
 guards against corruption, not against an attacker who can rewrite the checksums too: what
 keeps a crafted file from running code is that loads never unpickle anything but plain data
@@ -193,9 +195,10 @@ def put_in_place(unfinished: Path, path: Path) -> None:
     """Replace `path` by the complete `unfinished` (an earlier checkpoint goes only now)."""
     replaced = replaced_path(path)
     shutil.rmtree(replaced, ignore_errors=True)
-    if path.exists():
-        _rename(path, replaced)
-    _rename(unfinished, path)
+    with _DirLock(path.parent):  # a reader deciding "no checkpoint" (`absent`) waits
+        if path.exists():
+            _rename(path, replaced)
+        _rename(unfinished, path)
     shutil.rmtree(replaced, ignore_errors=True)  # a reader holding its files still reads them
     fsync_dir(path.parent)
 
@@ -233,6 +236,17 @@ def recover(path: Path) -> bool:
         return False
     with _DirLock(path.parent):
         return _recover(path)
+
+
+def absent(path: Path) -> bool:
+    """True when there is no checkpoint at `path` and none is being put there: decided under
+    the folder's lock, which a save holds across its two renames (`put_in_place`), so that a
+    swap that ended after a reader found `path` missing is seen (the reader opens it again)
+    instead of being reported as no checkpoint."""
+    if not path.parent.is_dir():
+        return True
+    with _DirLock(path.parent):
+        return not path.exists() and not is_complete(unfinished_path(path))
 
 
 def swapping(path: Path) -> bool:

@@ -12,7 +12,11 @@ its bytes after a save renames or deletes it (POSIX `unlink`: the data lives unt
 descriptor closes), so the checks and the load see the same bytes, all of one version. When
 a save removed the directory while it was being opened (a listed file vanished and the path
 now names another directory), the pin starts again; while a save is between its two renames
-(the path missing for a moment, its staging folder complete and locked) it waits.
+(the path missing for a moment, its staging folder complete and locked) it waits. "No
+checkpoint" is said only under the folder's lock, which a save holds across its two renames
+(`checkpoint_files.absent`): a reader whose open failed between the renames, and whose look
+at the save came after the second one, saw the path missing and no swap under way, and
+reported the new checkpoint missing, pointing at the old one's `.replaced` name.
 
 Ranks loading one sharded checkpoint together agree on the version (`same_everywhere`):
 each pins, the checksums files' digests are gathered, and all pin again while they differ.
@@ -32,7 +36,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from . import comm
-from .checkpoint_files import _BLOCK, CHECKSUMS, CheckpointError, recover, swapping
+from .checkpoint_files import _BLOCK, CHECKSUMS, CheckpointError, absent, recover, swapping
 
 ATTEMPTS = 1000  # pins started again before giving up (a save every millisecond)
 
@@ -162,6 +166,8 @@ def pin(path: Path, who: str = "load") -> Pinned:
                 continue
             if swapping(path):  # a live save between its renames: wait for it
                 time.sleep(0.001)
+                continue
+            if not absent(path):  # its second rename came after the open: open it now
                 continue
             raise FileNotFoundError(f"{who}: no checkpoint at {path}") from None
         except NotADirectoryError:

@@ -112,3 +112,17 @@ def record(keep_sent: bool = False) -> Iterator[Ledger]:
         yield ledger
     finally:
         _active_ledgers.remove(ledger)
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Collectives made inside the block reach no open ledger (they still go through
+    `minidist.comm`: checked, and on the call board a hang names). Only for a check that runs
+    once, not each step, and is no part of the technique whose bytes the ledger accounts
+    (`ExpertParallelMoE`'s token-count agreement before its padded all-to-alls)."""
+    saved = list(_active_ledgers)
+    _active_ledgers.clear()
+    try:
+        yield
+    finally:
+        _active_ledgers[:0] = saved  # before any ledger opened (and not closed) inside

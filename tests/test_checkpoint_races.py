@@ -298,3 +298,30 @@ def test_a_version_removed_while_it_is_pinned_is_pinned_again(tmp_path):
     with mock.patch.object(checkpoint_pin, "_open_in", open_during_a_save):
         assert fsdp_values(path) == {2.0}
     assert swapped
+
+
+def test_a_swap_that_ends_after_a_load_found_the_path_missing_is_loaded(tmp_path):
+    """Deterministic (the baseline that once failed under load): a load's open of `ckpt`
+    fails between a save's two renames, and the save's second rename comes before the load
+    looks at the save. Before the fix the load saw `ckpt` back and no swap under way, and
+    said "no checkpoint at ckpt; the checkpoint it replaced is in .ckpt.replaced"; now it
+    opens the new version."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(_a_version(tmp_path, 1), path)
+    staging = Staging(path)  # a live save of version 2
+    shutil.copytree(_a_version(tmp_path, 2), staging.folder, dirs_exist_ok=True)
+    path.rename(tmp_path / ".ckpt.replaced")  # its first rename
+    real, late = checkpoint_pin.recover, []
+
+    def second_rename_first(where):  # what the load does first after its open failed
+        if not late:
+            late.append(where)
+            staging.folder.rename(path)  # the save's second rename; .ckpt.replaced still there
+        return real(where)
+
+    try:
+        with mock.patch.object(checkpoint_pin, "recover", second_rename_first):
+            assert fsdp_values(path) == {2.0}
+    finally:
+        staging.release()
+    assert late and (tmp_path / ".ckpt.replaced").is_dir()  # the interleaving happened

@@ -124,3 +124,39 @@ def test_a_nan_token_on_one_expert_parallel_rank_stops_every_rank_with_an_error(
     mine, theirs = minidist.launch(_nan_on_rank_one, 2, timeout_s=60)[::-1]
     assert "route: the router's logits of tokens [2] (of 6) are not finite" in mine
     assert "ranks [1] of the ep_group routed tokens that are not finite" in theirs
+
+
+def _padded_tokens(counts, k):
+    """Padded to capacity, rank r routes counts[r][i] tokens at forward i; the error text, or
+    the ledger's tags over every forward."""
+    from minidist import comm
+
+    torch.manual_seed(0)
+    ep = ExpertParallelMoE(MoE(8, 16, 4, k=k), pad_to_capacity=True)
+    try:
+        with comm.record() as ledger:
+            for n in counts[dist.get_rank()]:
+                y, aux = ep(torch.randn(n, 8, requires_grad=True))
+                (y.sum() + aux).backward()
+    except ValueError as exc:
+        return str(exc)
+    return sorted({r.tag for r in ledger.records})
+
+
+@pytest.mark.parametrize("k", [1, 2])  # k = 2: capacities 3 and 4 (gloo aborted before)
+def test_padded_ranks_with_different_token_counts_get_one_error_on_every_rank(k):
+    texts = minidist.launch(_padded_tokens, 2, [[6], [8]], k, timeout_s=60)
+    assert texts[0] == texts[1], texts
+    assert "ranks [0, 1] of the ep_group routed [6, 8] tokens" in texts[0]
+    assert "every rank must route the same number" in texts[0]
+
+
+def test_padded_counts_changing_on_every_rank_at_once_are_accepted_off_the_ledger():
+    """8, 8, then 4 tokens on both ranks (a shorter last batch): checked at the first
+    forward and at the change, neither check in the ledger; a difference at the change is
+    refused on both ranks."""
+    tags = minidist.launch(_padded_tokens, 2, [[8, 8, 4], [8, 8, 4]], 2, timeout_s=60)
+    four = ["ep combine", "ep combine grad", "ep dispatch", "ep dispatch grad"]
+    assert tags == [four, four]  # no "ep padded tokens": the per-step bytes are as planned
+    texts = minidist.launch(_padded_tokens, 2, [[8, 4], [8, 6]], 2, timeout_s=60)
+    assert texts[0] == texts[1] and "routed [4, 6] tokens" in texts[0], texts

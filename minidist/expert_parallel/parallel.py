@@ -20,7 +20,15 @@ et al. 2020, section 3.1, Algorithm 2: a [E, C, h] dispatch tensor) and Megatron
 rows in their slots and zeros in the rest, so there is no counts exchange and the bytes are
 (e-1) · E/e · C · h · 4 per direction whatever the routing (`theory.padded_all_to_all_bytes`):
 plannable before any token is routed, paid for with the padding's bytes and FLOPs. Every
-rank must route the same number of tokens (the same C).
+rank must route the same number of tokens (the same C). A layer checks this at its first
+forward and again at each forward whose token count differs from the one last agreed: one
+all-gather of the ranks' counts over `ep_group` (tag "ep padded tokens", kept off the ledger by
+`comm.unrecorded`: it is no part of the per-step bytes above), and a ValueError naming every
+rank's count on every rank when they differ, instead of all-to-alls of different sizes that
+abort gloo. What it cannot catch: a count that changes on some ranks and not on the others
+after the first forward. Those ranks check while the others are already in the dispatch, so
+catching it would take an exchange at every forward, which the static shapes are there to
+avoid: every rank must change its count at the same forward (a last, shorter batch on all).
 
 Gradients: the router is replicated over the whole world, so its gradient is all-reduced
 over it; an expert's gradient already holds every token of its expert-parallel group (the
@@ -100,6 +108,7 @@ class ExpertParallelMoE(nn.Module):
         self.pad_to_capacity = pad_to_capacity
         self.routing: Routing | None = None
         self.sent_rows: list[int] = []  # kept assignments sent to each rank, last forward
+        self.agreed_tokens: int | None = None  # padded: the count every rank last routed
 
     def expert_names(self) -> dict[str, str]:
         """{local parameter name: the reference MoE's name}."""
@@ -113,6 +122,8 @@ class ExpertParallelMoE(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.router.in_features:
             raise ValueError(f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
                              f" (this rank's tokens); got {tuple(x.shape)}")  # fmt: skip
+        if self.pad_to_capacity and x.shape[0] != self.agreed_tokens:
+            self._agree_on_tokens(x)
         logits = self.router(x)
         if not self.pad_to_capacity and not bool(torch.isfinite(logits.detach()).all()):
             self._refuse_non_finite(logits)
@@ -127,6 +138,25 @@ class ExpertParallelMoE(nn.Module):
             back = self._exact(x, t, ex)
         y = torch.zeros_like(x).index_add(0, t, back * r.gates[t, j, None])
         return y, r.aux
+
+    def _agree_on_tokens(self, x) -> None:
+        """Padded: every rank's token count, gathered over `ep_group` (off the ledger); a
+        ValueError on every rank, naming them, when they differ."""
+        dev = comm.group_device(self.ep_group)
+        mine = torch.full((1,), x.shape[0], dtype=torch.int64, device=dev)
+        everyone = torch.empty(self.e, dtype=torch.int64, device=dev)
+        with comm.unrecorded():
+            comm.all_gather(everyone, mine, group=self.ep_group, tag="ep padded tokens")
+        counts = everyone.tolist()
+        if len(set(counts)) > 1:
+            ranks = (dist.get_process_group_ranks(self.ep_group) if self.ep_group is not None
+                     else list(range(self.e)))  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE(pad_to_capacity=True): ranks {ranks} of the ep_group routed "
+                f"{counts} tokens; padded to capacity, every rank must route the same number "
+                "(each sends E/e·C rows to each other rank, with C from its own count)"
+            )
+        self.agreed_tokens = counts[0]
 
     def _refuse_non_finite(self, logits) -> None:
         """Counts of -1 in the counts' exchange tell the peers (so they raise too instead of
