@@ -25,6 +25,11 @@ read through `minidist.checkpoint_pin`, which holds one version's files open. A 
 guards against corruption, not against an attacker who can rewrite the checksums too: what
 keeps a crafted file from running code is that loads never unpickle anything but plain data
 (see each format's module).
+
+A run that keeps its last N saves (`train --keep-last N`) writes each into
+`DIR/step_<8 digits>` by the same scheme; `newest(DIR)` is the one a resume loads (a
+half-written one, without its checksums file, is passed over) and `keep_last(DIR, N)` removes
+the older complete `step_<digits>` folders, and nothing else in DIR.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -253,3 +259,66 @@ def swapping(path: Path) -> bool:
     """True while a live save is between its two renames (`path` missing for a moment)."""
     unfinished = unfinished_path(path)
     return not path.exists() and is_complete(unfinished) and _held(unfinished)
+
+
+# -- the last N of a run's saves (`train --keep-last N`) ------------------------------------------
+_STEP = re.compile(r"step_(\d+)")
+
+
+def step_path(directory: str | os.PathLike, step: int) -> Path:
+    """Where a run keeping its last saves puts step `step`'s: `directory/step_<8 digits>`."""
+    return Path(directory) / f"step_{step:08d}"
+
+
+def step_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, folder) of each complete `step_<digits>` checkpoint in `directory`, oldest first
+    (a folder, not a link, holding its checksums file; anything else is not one)."""
+    directory, found = Path(directory), []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            m = _STEP.fullmatch(child.name)
+            if m and not child.is_symlink() and child.is_dir() and is_complete(child):
+                found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def newest(directory: str | os.PathLike, finish: bool = False) -> Path | None:
+    """The checkpoint a resume from `directory` loads: the folder itself when complete, else
+    its newest complete `step_<digits>` checkpoint (a half-written one is passed over), else
+    None. `finish`: first finish the swaps stopped between their renames (`recover`)."""
+    directory = Path(directory)
+    if finish:
+        recover(directory)
+        if directory.is_dir():
+            for child in directory.iterdir():
+                m = re.fullmatch(rf"\.(step_\d+){re.escape(UNFINISHED)}", child.name)
+                if m:
+                    recover(directory / m.group(1))
+    if is_complete(directory):
+        return directory
+    steps = step_checkpoints(directory)
+    return steps[-1][1] if steps else None
+
+
+def keep_last(directory: str | os.PathLike, n: int) -> list[Path]:
+    """Remove all but the newest `n` complete `step_<digits>` checkpoints of `directory` (and
+    what an earlier removal killed midway left, `.step_<digits>.replaced`); nothing else is
+    touched. Each goes by a rename first, so a removal killed midway never leaves a
+    `step_<digits>` folder that looks complete. Returns the folders removed."""
+    if n < 1:
+        raise ValueError(f"keep_last: n={n} must be >= 1")
+    directory, removed = Path(directory), []
+    with _DirLock(directory):  # not while a save claims its staging folder or a swap recovers
+        for child in directory.iterdir():
+            if re.fullmatch(rf"\.step_\d+{re.escape(REPLACED)}", child.name) and not (
+                child.is_symlink()
+            ):
+                shutil.rmtree(child, ignore_errors=True)
+        for _, folder in step_checkpoints(directory)[:-n]:
+            gone = replaced_path(folder)
+            _rename(folder, gone)
+            shutil.rmtree(gone, ignore_errors=True)  # a reader holding its files still reads them
+            removed.append(folder)
+    if removed:
+        fsync_dir(directory)
+    return removed

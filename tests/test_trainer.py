@@ -81,6 +81,53 @@ def test_a_resume_on_another_layout_continues_the_data_and_other_data_is_refused
         check_run(parse([*run, "4", "--resume", ck, "--hidden", "64"]))
 
 
+def test_keep_last_keeps_the_newest_saves_and_a_resume_goes_on_from_the_newest_complete(
+    tmp_path,
+):
+    """--keep-last 2 --save-every 1 over 5 steps (the writes in the background) leaves
+    step_00000004 and step_00000005 and everything of the user's in the folder (a file, a
+    folder whose name is not step_<digits>, a step_ folder that is not a complete checkpoint);
+    --resume of the folder goes on from step 5's save, the data position too, passing over a
+    half-written newer one and the staging folder of a save killed midway."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "notes.txt").write_text("mine")
+    (ck / "step_x").mkdir()
+    (ck / "step_00000099").mkdir()  # half-written: no checksums file
+    (ck / "step_00000099" / "__0_0.distcp").write_bytes(b"half")
+    run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32"]  # constant lr: any total
+    keep = ["--save", str(ck), "--save-every", "1", "--keep-last", "2"]
+    before = [*run, "--steps", "5", "--dp-shard", "2", *keep, "--async-save"]
+    check_run(parse(before))
+    saved = minidist.launch(_runs, 2, [before], timeout_s=600)[0][0]
+    users = ["notes.txt", "step_00000099", "step_x"]
+    assert sorted(p.name for p in ck.iterdir()) == sorted(["step_00000004", "step_00000005",
+                                                           *users])  # fmt: skip
+    assert saved["samples"] == [0, 1, 2, 3, 4]
+    (ck / ".step_00000006.unfinished").mkdir()  # a save of step 6 killed midway
+    (ck / ".step_00000006.unfinished" / "__0_0.distcp").write_bytes(b"half")
+    after = [*run, "--steps", "7", "--tp", "2", "--resume", str(ck), *keep]
+    check_run(parse(after))  # the parent reads step 5's record too
+    resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
+    assert resumed["resumed_from"] == 5 and resumed["samples"] == [5, 6]
+    _close_to_one_process(resumed, after, start=5)
+    assert sorted(p.name for p in ck.iterdir()) == sorted(["step_00000006", "step_00000007",
+                                                           *users])  # fmt: skip
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.read_text()[:-1000])
+    with pytest.raises(ValueError, match="step_00000007: saved with data .* this run has data"):
+        check_run(parse([*run, "--steps", "9", "--resume", str(ck), "--data", str(other)]))
+    with pytest.raises(ValueError, match="holds checkpoints to step_00000007 of another run"):
+        check_run(parse([*run, "--steps", "9", *keep]))  # a fresh run would remove them
+    with pytest.raises(ValueError, match="holds --keep-last checkpoints .*pass --keep-last N"):
+        check_run(parse([*run, "--steps", "9", "--save", str(ck)]))  # it would replace them
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "minidist.checksums.json").write_text("{}")
+    with pytest.raises(ValueError, match="is a checkpoint saved without --keep-last"):
+        check_run(parse([*run, "--save", str(plain), "--keep-last", "1"]))
+
+
 def _export_and_eval(argv: list[str]) -> dict:
     return train_rank(parse(argv), dims_of(parse(argv)))
 
@@ -239,6 +286,8 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--vocab", "301", "--tp", "2"], "--vocab=301 must divide by --tp=2"),
         (["--export-hf", "x"], "--export-hf: the built-in gpt has no Hugging Face class"),
         (["--model", "llama", "--export-hf", "{small}"], "exists and is not an empty folder"),
+        (["--keep-last", "2"], "--keep-last=2 needs --save DIR and must be >= 0"),
+        (["--save", "ck", "--keep-last", "-1"], "--keep-last=-1 needs --save DIR and must be"),
     ],
 )  # fmt: skip
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):

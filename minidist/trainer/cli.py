@@ -14,7 +14,12 @@
   exit status 2. The resolved configuration is printed (TOML) and, with `--save DIR`,
   saved beside the checkpoint as `DIR.config.toml` (`--config` of it repeats the run).
 - `--steps N` is the total: a resumed run goes on from the checkpoint's step to N.
-- `--resume DIR` loads DIR when it holds a complete checkpoint (else starts afresh), on any
+- `--keep-last N` (N >= 1): each save goes into `DIR/step_<8 digits>` (written as any save:
+  staged, checksums last, renamed into place), then rank 0 removes this run's older saves
+  beyond the newest N: complete `step_<digits>` folders in DIR, nothing else. DIR must not be
+  a checkpoint itself, nor hold step_ checkpoints unless resumed from (`--resume DIR`).
+- `--resume DIR` loads DIR when it holds a complete checkpoint, else its newest complete
+  `step_<digits>` checkpoint (one half-written is passed over; else it starts afresh), on any
   layout (refused, naming both, when it was saved by another model or on other data, or
   cannot serve this layout); under torchrun's `--max-restarts` a restarted world resumes
   from the last complete save and loses at most `--save-every` steps.
@@ -71,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", help="checkpoint directory to write")
     p.add_argument("--save-every", type=int, default=0, help="steps between saves")
     p.add_argument("--async-save", action="store_true", help="write saves in the background")
+    p.add_argument("--keep-last", type=int, default=0,
+                   help="keep the newest N saves, each in DIR/step_<8 digits> (0: one "
+                   "checkpoint, DIR itself, replaced at each save)")  # fmt: skip
     p.add_argument("--resume", help="checkpoint directory to resume from, if complete")
     p.add_argument("--log", "--log-jsonl", dest="log", help="JSONL file (rank 0 appends)")
     p.add_argument("--peak-flops", type=float, help="FLOP/s per rank the MFU is against")
@@ -107,6 +115,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.save_every < 0 or (args.save_every and not args.save):
         raise ValueError(f"--save-every={args.save_every} needs --save DIR and must be >= 0")
+    if args.keep_last < 0 or (args.keep_last and not args.save):
+        raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
@@ -125,7 +135,7 @@ def check_run(args: argparse.Namespace) -> dict:
     """In the parent, before any rank starts: the options, the data, the model's sizes
     against the layout, the optimizer, the export folder, a resume of another run -> the
     model's configuration."""
-    from ..checkpoint_files import is_complete
+    from ..checkpoint_files import newest
     from ..compose.parallelize import check_layout
     from .loop import layout_of, prepare, refuse_another_run
     from .models import build_model, check_export, skeleton
@@ -146,10 +156,35 @@ def check_run(args: argparse.Namespace) -> dict:
                      data.seq_len)  # fmt: skip
     if args.export_hf:
         check_export(config, args.export_hf)
-    if args.resume and is_complete(Path(args.resume)):
-        refuse_another_run(Path(args.resume), layout_of(args, dims_of(args), config,
-                                                        data.identity()))  # fmt: skip
+    if args.save:
+        check_kept(args)
+    resume = newest(args.resume) if args.resume else None
+    if resume is not None:
+        refuse_another_run(resume, layout_of(args, dims_of(args), config,
+                                             data.identity()))  # fmt: skip
     return config
+
+
+def check_kept(args: argparse.Namespace) -> None:
+    """--save DIR against what DIR holds: `--keep-last N` writes step_ folders into DIR, so
+    DIR must not be a checkpoint itself, and older step_ checkpoints there must be this run's
+    (`--resume DIR`: the newest N are kept, the rest removed); without it, DIR must not hold
+    step_ checkpoints (the save would replace DIR with all of them)."""
+    from ..checkpoint_files import is_complete, step_checkpoints
+
+    save = Path(args.save)
+    kept = step_checkpoints(save)
+    if args.keep_last and is_complete(save):
+        raise ValueError(f"--keep-last={args.keep_last}: --save {save} is a checkpoint saved "
+                         "without --keep-last; save into another folder")  # fmt: skip
+    if args.keep_last and kept and not (args.resume and Path(args.resume).resolve()
+                                        == save.resolve()):  # fmt: skip
+        raise ValueError(f"--keep-last={args.keep_last}: --save {save} holds checkpoints to "
+                         f"{kept[-1][1].name} of another run: go on from them with --resume "
+                         f"{save}, or save into another folder")  # fmt: skip
+    if not args.keep_last and kept:
+        raise ValueError(f"--save {save} holds --keep-last checkpoints (to {kept[-1][1].name})"
+                         ": pass --keep-last N, or save into another folder")  # fmt: skip
 
 
 def show_progress(steps: int, tokens: int):

@@ -4,13 +4,15 @@ lesson 18's notebook and the tests call `train_rank` as it is.
 
 - **build**: the data and the model from the options (`data.py`, `models.py`), the same on
   every rank; **parallelize**: lesson 17's engine with the run's optimizer (`compose.optim`);
-- **load**: from `--resume` when it holds a complete checkpoint (lesson 18's universal
-  format, any layout); a checkpoint of another model or other data is refused, naming both;
+- **load**: from `--resume` when it holds a complete checkpoint, or from its newest complete
+  `step_<digits>` one (lesson 18's universal format, any layout); a checkpoint of another
+  model or other data is refused, naming both;
 - **loop** to step `--steps` (the total): one step of the global batch at the data position
   (this rank's rows only), the learning rate of the schedule, clipping; every
   `--eval-every` steps and at the end the held-out loss; a save every `--save-every` steps
   and at the end (`--async-save`: the write in the background, the step blocked only for
-  the copy); rank 0 appends one JSON line per step to `--log`;
+  the copy; `--keep-last N`: each into `step_<8 digits>` of `--save`, rank 0 then removing
+  the older ones beyond N); rank 0 appends one JSON line per step to `--log`;
 - **export**: `--export-hf DIR`, the whole trained weights as a Hugging Face folder.
 
 What a checkpoint holds (`universal.save`, layout-free names): the engine's
@@ -39,12 +41,14 @@ import json
 import math
 import re
 import time
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .. import comm
-from ..checkpoint_files import is_complete, recover
+from ..checkpoint_files import CheckpointError, keep_last, newest, step_path
 from ..checkpoint_pin import pin
 from ..compose.dims import Grid, ParallelDims
 from ..compose.fixture import (
@@ -128,8 +132,20 @@ def matmul_flops(n: int = 256, repeats: int = 8) -> float:
 
 
 def _resume(args, engine, layout: dict):
-    path = Path(args.resume) if args.resume else None
-    if path is None or not (recover(path) or is_complete(path)):
+    path = None
+    if args.resume:  # rank 0 finds the newest complete save; every rank loads that one
+        mine = None
+        if dist.get_rank() == 0:
+            try:
+                mine = newest(args.resume, finish=True)
+            except OSError as e:  # every rank gets it, none waits for rank 0 in a collective
+                mine = CheckpointError(f"--resume {args.resume}: {e}")
+        found = [None] * dist.get_world_size()
+        comm.all_gather_object(found, mine, tag="checkpoint")
+        if isinstance(found[0], CheckpointError):
+            raise found[0]
+        path = found[0]
+    if path is None:
         return TrainingState(), None
     refuse_another_run(path, layout)
     report = load(path, engine.state_pieces(), layout)
@@ -140,6 +156,17 @@ def _resume(args, engine, layout: dict):
     if report.rng_restored:
         restore_rng(report.state.rng, engine.module)
     return report.state, report
+
+
+def _keep_last(args, grid) -> None:
+    """`--keep-last N`: rank 0 removes the older complete saves beyond the newest N (one it
+    cannot remove is a warning: the run goes on, the other ranks never wait for rank 0)."""
+    if args.keep_last and grid.rank == 0:
+        try:
+            keep_last(args.save, args.keep_last)
+        except OSError as e:
+            warnings.warn(f"--keep-last={args.keep_last}: an older save in {args.save} "
+                          f"could not be removed ({e})", RuntimeWarning, stacklevel=2)  # fmt: skip
 
 
 def evaluate(engine, grid, data: TokenData, args) -> float:
@@ -229,12 +256,14 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         due = args.save_every and state.step % args.save_every == 0
         if args.save and (due or state.step == args.steps):
             kept = TrainingState(state.step, state.samples, rng=capture_rng(engine.module))
+            path = step_path(args.save, state.step) if args.keep_last else args.save
             start = time.perf_counter()
             if saver is not None:
-                saver.save(args.save, engine.state_pieces(), kept, layout)
+                saver.save(path, engine.state_pieces(), kept, layout)
             else:
-                save(args.save, engine.state_pieces(), kept, layout)
+                save(path, engine.state_pieces(), kept, layout)
             record["save_blocked_s"] = time.perf_counter() - start
+            _keep_last(args, grid)  # the saves in place (async: all but this one)
         if args.log:
             _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
         if show is not None:
@@ -244,6 +273,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
             after_step(state.step, grid)
     if saver is not None:
         saver.close()
+        _keep_last(args, grid)
     # export
     params = engine.full_parameters()
     if args.export_hf and grid.rank == 0:
