@@ -880,8 +880,8 @@ MUTANTS = [
     (
         "checkpoint_files",
         "checkpoint_files.py",
-        "    shutil.rmtree(replaced, ignore_errors=True)\n    if path.exists():\n        _rename(path, replaced)",
-        "    shutil.rmtree(replaced, ignore_errors=True)\n    if path.exists():\n        shutil.rmtree(path)",
+        "        if path.exists():\n            _rename(path, replaced)\n        _rename(unfinished, path)",
+        "        if path.exists():\n            shutil.rmtree(path)\n        _rename(unfinished, path)",
         "the old checkpoint deleted before the new one is in place",
     ),
     (
