@@ -36,14 +36,8 @@ from pathlib import Path
 
 from . import grade_kernel
 from .grade_class import grade_all, shown, students, totals, write_csv
-from .grade_run import (
-    CHECK_CALL,
-    EXERCISE_HEADING,
-    Result,
-    find_exercises,
-    grade_one,
-    unreadable,
-)
+from .grade_match import CHECK_CALL, EXERCISE_HEADING, find_exercises
+from .grade_run import Result, grade_one, unreadable
 
 __all__ = ["CHECK_CALL", "EXERCISE_HEADING", "Result", "find_exercises", "grade_notebook"]
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3

@@ -1371,14 +1371,14 @@ MUTANTS = [
     ),
     (
         "grade",
-        "course/grade_run.py",
+        "course/grade_match.py",
         "        index = next(same, None)\n",
         "        index = None\n",
         "the first cell mentioning the checker taken for the check cell",
     ),
     (
         "grade",
-        "course/grade_run.py",
+        "course/grade_match.py",
         "    return best if shared or same_name else None",
         "    return best if same_name else None",
         "a renamed notebook graded by its own check cells",
