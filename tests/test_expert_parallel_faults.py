@@ -107,9 +107,9 @@ def test_moe_gpt_seeds_each_layer_apart(seed, layers):
         assert all(not torch.equal(w, o) for o in routers[i + 1 :])
 
 
-def _nan_on_rank_one():
+def _nan_on_rank_one(pad=False):
     torch.manual_seed(0)
-    ep = ExpertParallelMoE(MoE(8, 16, 4))
+    ep = ExpertParallelMoE(MoE(8, 16, 4), pad_to_capacity=pad)
     x = torch.randn(6, 8)
     if dist.get_rank() == 1:
         x[2, 3] = math.nan
@@ -120,8 +120,9 @@ def _nan_on_rank_one():
     return "accepted"
 
 
-def test_a_nan_token_on_one_expert_parallel_rank_stops_every_rank_with_an_error():
-    mine, theirs = minidist.launch(_nan_on_rank_one, 2, timeout_s=60)[::-1]
+@pytest.mark.parametrize("pad", [False, True])  # padded: no counts travel, NaN rows do
+def test_a_nan_token_on_one_expert_parallel_rank_stops_every_rank_with_an_error(pad):
+    mine, theirs = minidist.launch(_nan_on_rank_one, 2, pad, timeout_s=60)[::-1]
     assert "route: the router's logits of tokens [2] (of 6) are not finite" in mine
     assert "ranks [1] of the ep_group routed tokens that are not finite" in theirs
 

@@ -47,7 +47,7 @@ import torch.nn as nn
 from .. import comm
 from ..parallel import broadcast_parameters, verify_same_model
 from .moe import MoE
-from .routing import Routing, route
+from .routing import Routing, capacity, route
 
 
 class _AllToAll(torch.autograd.Function):
@@ -125,8 +125,8 @@ class ExpertParallelMoE(nn.Module):
         if self.pad_to_capacity and x.shape[0] != self.agreed_tokens:
             self._agree_on_tokens(x)
         logits = self.router(x)
-        if not self.pad_to_capacity and not bool(torch.isfinite(logits.detach()).all()):
-            self._refuse_non_finite(logits)
+        if not bool(torch.isfinite(logits.detach()).all()):
+            self._refuse_non_finite(x, logits)
         r = self.routing = route(logits, self.k, self.capacity_factor)
         t, j = torch.nonzero(r.kept, as_tuple=True)
         ex = r.experts[t, j]
@@ -158,11 +158,19 @@ class ExpertParallelMoE(nn.Module):
             )
         self.agreed_tokens = counts[0]
 
-    def _refuse_non_finite(self, logits) -> None:
-        """Counts of -1 in the counts' exchange tell the peers (so they raise too instead of
-        waiting for rows that never come), then `route`'s error naming the tokens."""
-        bad = torch.full((self.e, self.per), -1, dtype=torch.int64, device=logits.device)
-        comm.all_to_all(torch.empty_like(bad), bad, group=self.ep_group, tag="ep counts")
+    def _refuse_non_finite(self, x, logits) -> None:
+        """Tell the peers in the exchange they wait in, so they raise too instead of waiting
+        for rows that never come, then raise `route`'s error naming the tokens: counts of -1
+        (exact), or a dispatch buffer of NaN (padded: no counts travel, and the peers check
+        what they receive), its static shape, so the bytes stay the planned ones."""
+        if self.pad_to_capacity:
+            cap = capacity(x.shape[0], self.num_experts, self.k, self.capacity_factor)
+            split = [self.per * cap] * self.e
+            _all_to_all(x.new_full((self.num_experts * cap, x.shape[1]), float("nan")), split,
+                        split, self.ep_group, "ep dispatch")  # fmt: skip
+        else:
+            bad = torch.full((self.e, self.per), -1, dtype=torch.int64, device=logits.device)
+            comm.all_to_all(torch.empty_like(bad), bad, group=self.ep_group, tag="ep counts")
         route(logits, self.k, self.capacity_factor)
 
     def _exact(self, x, t, ex) -> torch.Tensor:
@@ -197,6 +205,11 @@ class ExpertParallelMoE(nn.Module):
         self.sent_rows = split
         rows = _AllToAll.apply(buf, split, split, self.ep_group, "ep dispatch")
         rows = rows.view(self.e, self.per, cap, h)  # by source rank, local expert, slot
+        sent_nan = rows.detach()[:, 0, 0, 0].isnan()  # a rank that refused its tokens
+        if bool(sent_nan.any()):  # sends NaN in every row; a real row of NaN was refused there
+            ranks = torch.nonzero(sent_nan).flatten().tolist()
+            raise ValueError(f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
+                             "that are not finite (a NaN or inf in their input)")  # fmt: skip
         outs = [f(rows[:, i].reshape(-1, h)).view(self.e, 1, cap, h)
                 for i, f in enumerate(self.experts)]  # fmt: skip
         done = torch.cat(outs, dim=1).reshape(num, h)
