@@ -127,10 +127,10 @@ def fp8_matmul(
     right = bv.transpose(0, 1)[:, :, None, :].contiguous()  # [j, slice, 1, N]
     sums = _limited_sum(left, right, accumulator_bits)
     # the scales of slice s: a's column block and b's row block holding its first element
-    first = torch.arange(c) * promote_every
+    first = torch.arange(c, device=a.scale.device) * promote_every
     sa = a.scale[:, first // a.block[1]].repeat_interleave(a.block[0], 0)[:m].t()
     sb = b.scale[first // b.block[0], :].repeat_interleave(b.block[1], 1)[:, :n]
-    out = torch.zeros(m, n)
+    out = torch.zeros(m, n, device=sums.device)
     for s in range(c):  # promotion: a float32 multiply-add on the CUDA cores
         out = out + sums[s] * sa[s, :, None] * sb[s, None, :]
     return out

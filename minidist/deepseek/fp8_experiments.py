@@ -28,8 +28,8 @@ def outlier_inputs(k: int, m: int = 64, n: int = 64, outlier: float = 3e4, seed:
     """(a [m, k], b [k, n]) float64: Gaussian, b scaled by 1/√k, a's channel 7 times
     `outlier` and b's row 7 divided by it."""
     g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g, dtype=torch.float64)
-    b = torch.randn(k, n, generator=g, dtype=torch.float64) / k**0.5
+    a = torch.randn(m, k, generator=g, dtype=torch.float64, device="cpu")
+    b = torch.randn(k, n, generator=g, dtype=torch.float64, device="cpu") / k**0.5
     a[:, 7] *= outlier
     b[7] /= outlier
     return a, b
