@@ -150,8 +150,8 @@ def test_fp8_linear_three_gemms_take_the_papers_fp8_inputs(dtype):
     any other tiling, scale or missing quantization shows."""
     _, layer = _linear_pair(bias=False)
     layer = layer.to(dtype)
-    convert_to_fp8_training(torch.nn.Sequential(layer), Fp8Config(accumulator_bits=None,
-                                                                 output_dtype=torch.float32))  # fmt: skip
+    exact = Fp8Config(accumulator_bits=None, output_dtype=torch.float32)
+    convert_to_fp8_training(torch.nn.Sequential(layer), exact)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 70, 200, generator=g).to(dtype)
     dy = torch.randn(3, 70, 300, generator=g).to(dtype)
