@@ -5,6 +5,22 @@ The GEMM has an outlier input channel whose weights are as much smaller, so that
 dominate the product (as a norm's gain outlier meets small weights); E4M3 spans about 2^17
 between 448 and its smallest subnormal, so per-tensor scaling loses the other channels only
 once the outlier is some 10^4 times larger (measured: at 10^3 both scalings err ~3.7%).
+
+Measured (`error_table()`, outlier 3·10^4, M = N = 64), relative error vs float64:
+
+| K    | bf16   | per-tensor | per-tensor, promoted | tile-wise | tile-wise, promoted |
+|------|--------|------------|----------------------|-----------|---------------------|
+| 256  | 0.0023 | 0.091      | 0.091                | 0.044     | 0.044               |
+| 1024 | 0.0024 | 0.102      | 0.101                | 0.047     | 0.040               |
+| 4096 | 0.0023 | 0.125      | 0.099                | 0.103     | 0.037               |
+
+Without promotion our 14-bit truncating accumulator alone errs 9% at K = 4096 (the paper
+measures "nearly 2%" on the real tensor core, whose alignment rule we do not know), with
+promotion 0.05%. The loss (`loss_curves(30)`: 2 layers, hidden 128, lr 3e-3) differs between
+FP8 and bf16 by up to 5.2% (mean 1.5%) against bf16's 1.0% from float32, far above the
+paper's 0.25%: at hidden 128 a tile is a whole row, the runs are 30 steps of a tiny model
+whose trajectories part at any perturbation, and the gap stays with float32 accumulation or
+float32 outputs, so it is the E4M3 rounding of the inputs (4 significant bits) itself.
 """
 
 from __future__ import annotations
