@@ -60,3 +60,27 @@ def composed(dims: dict, speed: float, steps: int = STEPS) -> dict:
 
 def several(runs):
     return [composed(dims, speed) for dims, speed in runs]
+
+
+def deepseek_factory():
+    """A `--model deepseek_runs:deepseek_factory` for the trainer: a dense layer, then an
+    MoE layer of 8 experts in 4 groups."""
+    return hf_models.build("deepseek_v3", layers=2, **ROUTING)
+
+
+def trained(argvs: list[list[str]]) -> list[dict]:
+    """On every rank: the trainer's runs of `argvs`, one after the other."""
+    from minidist.trainer.cli import dims_of, parse
+    from minidist.trainer.loop import train_rank
+
+    return [train_rank(parse(a), dims_of(parse(a))) for a in argvs]
+
+
+def saved_tensor(path: str, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """On a world of 1: the whole tensor `name` of the checkpoint at `path`."""
+    from minidist.pieces import Piece
+    from minidist.resilience.universal import load
+
+    out = torch.zeros(shape)
+    load(path, [Piece(name, shape, (0,) * len(shape), shape, None, out)], strict=False)
+    return out

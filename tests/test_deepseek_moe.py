@@ -135,3 +135,49 @@ def test_nodes_per_token():
     assert nodes_per_token(chosen, 4).tolist() == [1, 4, 2, 1]
     assert nodes_per_token(chosen, 16).tolist() == [1, 1, 1, 1]
     assert nodes_per_token(chosen[:, :1], 4).tolist() == [1, 1, 1, 1]
+
+
+def test_the_trainer_updates_the_bias_and_a_resume_on_another_layout_keeps_it(tmp_path):
+    """`train --moe-bias-update-speed 0.5`: 1 step under dp_shard 2 · ep 2, saved, resumed
+    to step 3 under pp 2, equal to the trainer's one-process run of 3 steps (the bias a
+    buffer of the checkpoint). γ = 0.5 against affinities in (0, 1): the biases decide the
+    routing, so a resume that lost them would route steps 2 and 3 otherwise."""
+    from minidist.trainer.cli import parse
+    from minidist.trainer.loop import reference
+
+    ids = torch.randint(3, 128, (32, 16), generator=torch.Generator().manual_seed(1)).numpy()
+    __import__("numpy").savez(tmp_path / "rows.npz", input_ids=ids, labels=ids)
+    ck = str(tmp_path / "ck")
+    run = ["--model", "deepseek_runs:deepseek_factory", "--data", str(tmp_path / "rows.npz"),
+           "--moe-bias-update-speed", "0.5", "--steps"]  # fmt: skip
+    before = [*run, "1", "--dp-shard", "2", "--ep", "2", "--save", ck]
+    after = [*run, "3", "--pp", "2", "--resume", ck]
+    saved = minidist.launch(deepseek_runs.trained, 2, [before], timeout_s=600)[0][0]
+    key = "model.layers.1.mlp.gate.e_score_correction_bias"  # read back from the checkpoint
+    bias = minidist.launch(deepseek_runs.saved_tensor, 1, ck, key, (8,), timeout_s=600)[0]
+    assert set((bias / 0.5).tolist()) <= {-1, 0, 1} and bias.abs().max() > 0  # one step
+    resumed = minidist.launch(deepseek_runs.trained, 2, [after], timeout_s=600)[0][0]
+    want = reference(parse(after))
+    assert saved["losses"] == pytest.approx(want["losses"][:1], abs=1e-5)
+    assert resumed["resumed_from"] == 1
+    assert resumed["losses"] == pytest.approx(want["losses"][1:], abs=1e-5)
+    assert max_abs_diff(resumed["params"], want["params"]) < 1e-3
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--moe-bias-update-speed", "-0.1"], "--moe-bias-update-speed=-0.1 must be a finite"),
+        (["--moe-bias-update-speed", "nan"], "--moe-bias-update-speed=nan must be a finite"),
+        (["--model", "llama", "--moe-bias-update-speed", "0.1"], "the llama model has no router"),
+        (["--model", "hf_models:qwen2_factory", "--moe-bias-update-speed", "1e-3"],
+         "the factory model has no router"),
+    ],
+)  # fmt: skip
+def test_bad_speeds_and_models_without_a_biased_router_exit_2(capsys, argv, words):
+    from minidist.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", *argv])
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err.strip().splitlines()[-1]

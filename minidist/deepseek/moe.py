@@ -42,11 +42,12 @@ def _count(router: nn.Module, inputs, output) -> None:
         router.expert_load += torch.bincount(chosen, minlength=router.expert_load.numel())
 
 
-def count_expert_load(model: nn.Module) -> int:
+def count_expert_load(model: nn.Module, required: bool = True) -> int:
     """Attach to every router of `model` (in place, once) a count of the tokens routed to
-    each expert (`router.expert_load`, int64 [E]); how many routers. ValueError if none."""
+    each expert (`router.expert_load`, int64 [E]); how many routers. ValueError if none and
+    `required` (a pipeline stage of only dense layers has none)."""
     found = routers(model)
-    if not found:
+    if not found and required:
         raise ValueError(f"count_expert_load: {type(model).__name__} has no router with an "
                          f"{BIAS} (a DeepSeek-V3 MoE layer)")  # fmt: skip
     for _, router in found:
@@ -79,8 +80,10 @@ def update_routing_bias(model: nn.Module, speed: float, group=None) -> dict[str,
     """After an optimizer step: every router's bias moved by `bias_step` on its GLOBAL load
     (the counts summed over `group`, the ranks that routed other tokens of the same layers),
     the counts reset; {router name: its global load}."""
-    found = [(n, r) for n, r in routers(model) if hasattr(r, "expert_load")]
-    if not found:
+    found = routers(model)
+    if not found:  # a stage of dense layers: the ranks of `group` hold none either
+        return {}
+    if not all(hasattr(r, "expert_load") for _, r in found):
         raise ValueError("update_routing_bias: call count_expert_load(model) first")
     loads = torch.stack([r.expert_load for _, r in found])  # one all-reduce for all layers
     if group is not None:
