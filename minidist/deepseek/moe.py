@@ -136,7 +136,7 @@ def load_over_steps(speed: float, steps: int = 40, seed: int = 0, experts: int =
     count_expert_load(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(seed)
-    zipf = 1.0 / torch.arange(1, cfg.vocab_size + 1, dtype=torch.float64)  # skewed text
+    zipf = 1.0 / torch.arange(1, cfg.vocab_size + 1, dtype=torch.float64, device="cpu")  # skewed
     out = []
     for _ in range(steps):
         ids = torch.multinomial(zipf, 16 * 32, replacement=True, generator=g).view(16, 32)
