@@ -181,3 +181,11 @@ def test_bad_speeds_and_models_without_a_biased_router_exit_2(capsys, argv, word
         main(["train", *argv])
     assert e.value.code == 2
     assert words in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_load_over_steps_is_the_routed_tokens_of_each_step():
+    from minidist.deepseek.moe import load_over_steps
+
+    loads = load_over_steps(0.01, steps=2)
+    assert loads.shape == (2, 2, 8)  # steps, MoE layers, experts
+    assert (loads.sum(-1) == 16 * 32 * 2).all()  # every token's 2 choices
