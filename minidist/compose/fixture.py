@@ -12,6 +12,7 @@ process, Adam at the same learning rate.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -63,7 +64,8 @@ def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0,
     return train_one_process(model, batches, optim or OptimizerConfig(lr=LR))
 
 
-def train_one_process(model: nn.Module, batches, optim: OptimizerConfig) -> dict:
+def train_one_process(model: nn.Module, batches, optim: OptimizerConfig,
+                      after_step: Callable[[], object] | None = None) -> dict:  # fmt: skip
     """`model` trained on `batches` (global (x, y) pairs) in one process with torch's
     optimizer (`compose.optim.torch_optimizer`: Adam or AdamW, `LambdaLR`, `clip_grad_norm_`)
     -> losses, final parameters, Adam's state under the pieces' names, and with
@@ -72,7 +74,7 @@ def train_one_process(model: nn.Module, batches, optim: OptimizerConfig) -> dict
 
     A parameter no token reached (an expert nobody chose) gets a zero gradient rather than
     none, as in ZeRO's flat buffer (torch's Adam would skip it: no step, no decay of its
-    moments)."""
+    moments). `after_step()` runs after each optimizer step (lesson 19's routing bias)."""
     batches = list(batches)
     opt, schedule = torch_optimizer(model, optim, len(batches))
     losses, norms = [], []
@@ -88,6 +90,8 @@ def train_one_process(model: nn.Module, batches, optim: OptimizerConfig) -> dict
             norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)))
         opt.step()
         schedule.step()
+        if after_step is not None:
+            after_step()
         losses.append(loss.item())
     names = {p: n for n, p in model.named_parameters()}
     optim_state = {}

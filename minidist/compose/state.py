@@ -84,12 +84,29 @@ class StatePieces:
                 out.append(Piece(f"optim.{name}.step", (), (), (), None, step, owner))
         return out
 
+    def _buffer_pieces(self) -> list[Piece]:
+        """A transformers model's persistent buffers (state the model trains without a
+        gradient, e.g. DeepSeek-V3's routing bias), whole on every rank of the stage that
+        holds them; owned by the stage's first rank."""
+        if self.chunks[0].kind != "hf":
+            return []
+        owner, out = self.grid.rank_in("stage") == 0, []
+        for chunk in self.chunks:
+            for name, module in chunk.named_modules():
+                for b, t in module.named_buffers(recurse=False):
+                    if b not in module._non_persistent_buffers_set:
+                        key = self._reference_name(chunk, f"{name}.{b}")
+                        shape = tuple(t.shape)
+                        out.append(Piece(key, shape, (0,) * len(shape), shape, None, t, owner))
+        return out
+
     def state_pieces(self) -> list[Piece]:
-        """Parameters (float32 master) and Adam states, as this rank's `Piece`s."""
+        """Parameters (float32 master), Adam states and a transformers model's persistent
+        buffers, as this rank's `Piece`s."""
         out = self._param_pieces("param")
         for which in ("exp_avg", "exp_avg_sq"):
             out += self._param_pieces(which)
-        return out + self._step_pieces()
+        return out + self._step_pieces() + self._buffer_pieces()
 
     @torch.no_grad()
     def finish_state_load(self) -> None:

@@ -42,6 +42,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -119,6 +120,9 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
+    speed = args.moe_bias_update_speed
+    if not (math.isfinite(speed) and speed >= 0):
+        raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
     if args.die_at is not None and not 0 <= args.die_rank < world:
         raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
@@ -154,6 +158,8 @@ def check_run(args: argparse.Namespace) -> dict:
     if config["model"] == "factory":
         check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)),
                      data.seq_len)  # fmt: skip
+    if args.moe_bias_update_speed:
+        check_routers(config, args.seed)
     if args.export_hf:
         check_export(config, args.export_hf)
     if args.save:
@@ -163,6 +169,24 @@ def check_run(args: argparse.Namespace) -> dict:
         refuse_another_run(resume, layout_of(args, dims_of(args), config,
                                              data.identity()))  # fmt: skip
     return config
+
+
+def check_routers(config: dict, seed: int) -> None:
+    """--moe-bias-update-speed needs a model with DeepSeek-V3's biased routers."""
+    from ..deepseek.moe import routers
+    from .models import build_model, skeleton
+
+    kind = config["model"]
+    model = (
+        skeleton(config)
+        if kind == "hf"
+        else build_model(config, seed)
+        if kind == "factory"
+        else None
+    )
+    if model is None or not routers(model):
+        raise ValueError(f"--moe-bias-update-speed: the {kind} model has no router with a "
+                         "selection bias (DeepSeek-V3's e_score_correction_bias)")  # fmt: skip
 
 
 def check_kept(args: argparse.Namespace) -> None:

@@ -62,6 +62,7 @@ from ..compose.fixture import (
 )
 from ..compose.optim import OptimizerConfig, engine_options
 from ..compose.parallelize import parallelize
+from ..deepseek.moe import count_expert_load, load_group, update_routing_bias
 from ..resilience.async_save import AsyncSaver
 from ..resilience.state import TrainingState, capture_rng, restore_rng
 from ..resilience.universal import CheckpointLayoutError, load, read_record, save
@@ -221,6 +222,9 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
                          recompute=args.recompute, seq_len=data.seq_len,
                          **engine_options(optim))  # fmt: skip
     engine.measure_activations = True
+    speed = args.moe_bias_update_speed
+    if speed:  # lesson 19: DeepSeek-V3's routing bias, on the load this step routed
+        count_expert_load(engine, required=False)  # checked in the parent
     # load
     layout = layout_of(args, dims, config, data.identity())
     state, report = _resume(args, engine, layout)
@@ -240,6 +244,8 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         x, y = data.batch(index, rows, args.global_batch)
         lr = optim.lr_at(state.step, args.steps)
         loss, seconds, ledger, norm = one_step(engine, grid, x, y, lr, optim.clip_grad)
+        if speed:
+            update_routing_bias(engine, speed, load_group(engine))
         state = TrainingState(state.step + 1, state.samples + args.global_batch)
         losses.append(loss)
         times.append(seconds)
@@ -303,4 +309,8 @@ def reference(args) -> dict:
     model = build_model(config, args.seed).to(rank_device())
     every = range(args.global_batch)
     batches = (data.batch(i, every, args.global_batch) for i in range(args.steps))
-    return train_one_process(model, batches, optim)
+    after_step = None
+    if args.moe_bias_update_speed:
+        count_expert_load(model)
+        after_step = lambda: update_routing_bias(model, args.moe_bias_update_speed)  # noqa: E731
+    return train_one_process(model, batches, optim, after_step)

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hf = p.add_argument_group("Hugging Face weights")
     hf.add_argument("--init-from-hf", help="a save_pretrained folder to start from")
     hf.add_argument("--export-hf", help="write the trained weights here (a new folder)")
+    moe = p.add_argument_group("DeepSeek-V3 (lesson 19)")
+    moe.add_argument("--moe-bias-update-speed", type=float, default=0.0, metavar="GAMMA",
+                     help="after each step, each routing bias -= GAMMA·sign(load − mean load) "
+                     "(DeepSeek-V3 §2.1.2; 0: off)")  # fmt: skip
 
 
 def optimizer_config(args) -> OptimizerConfig:
