@@ -1,0 +1,149 @@
+"""DualPipeV and DualPipe (DeepSeek-V3, arXiv:2412.19437, section 3.2.1) as schedules: torch's
+order, the simulator's bubble against Table 2, the engine against one process.
+
+The order is compared exactly (data). The bubble is a rank's idle time on the simulator,
+compared to 1e-9 (sums of a few floats); Table 2 is exact for 1F1B, and for ZB1P, DualPipe
+and DualPipeV when F = W, B = 2F and F&B = F + B; with W <= F <= B - W and F&B <= F + B it
+is an upper bound on the most idle rank. Engine runs: lesson 17's tolerances
+(tests/test_compose_hf.py): losses 1e-5, parameters 1e-3, Adam's moments 1e-5.
+"""
+
+from types import SimpleNamespace
+
+import hf_runs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minidist
+from minidist.deepseek import theory
+from minidist.deepseek.dualpipe import dualpipe
+from minidist.pipeline import schedule, simulate
+from minidist.pipeline.schedules import OVERLAP, virtual_stage
+from minidist.training import max_abs_diff
+
+
+def torch_order(p: int, m: int, r: int) -> list[tuple]:
+    """Rank r's actions of torch's `ScheduleDualPipeV` (computed without a process group) in
+    lesson 09's form: an OVERLAP_F_B flattened as its forward (marked) then its backward, a
+    FULL_BACKWARD as B then W."""
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    names = {T.FORWARD: "F", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
+    chunk = {virtual_stage("dualpipev", r, c, p): c for c in (0, 1)}
+
+    def flat(action) -> list[tuple]:
+        if action.computation_type == T.OVERLAP_F_B:
+            f, b = action.sub_actions
+            return [("F", f.microbatch_index, chunk[f.stage_index], OVERLAP), *flat(b)]
+        i, c = action.microbatch_index, chunk[action.stage_index]
+        if action.computation_type == T.FULL_BACKWARD:
+            return [("B", i, c), ("W", i, c)]
+        return [(names[action.computation_type], i, c)]
+
+    actions = ScheduleDualPipeV._calculate_single_rank_operations(
+        SimpleNamespace(pp_group_size=p, _n_microbatches=m), r
+    )
+    return [step for a in actions if a is not None for step in flat(a)]
+
+
+def test_dualpipev_is_torchs_order_for_every_size_torch_accepts():
+    """p 1..6, every m from torch's least (2p) to 3p + 2: equal, overlapped pairs included."""
+    for p in range(1, 7):
+        for m in range(2 * p, 3 * p + 3):
+            ours = schedule("dualpipev", p, m)
+            assert [torch_order(p, m, r) for r in range(p)] == ours, (p, m)
+    with pytest.raises(ValueError, match="dualpipev needs microbatches=5 >= 2 × stages = 6"):
+        schedule("dualpipev", 3, 5)
+
+
+def idle(timeline) -> list[float]:
+    return [timeline.makespan - sum(e - s for _, s, e in st) for st in timeline.stages]
+
+
+costs = st.tuples(st.floats(0.5, 2.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0, 1))
+
+
+def split(F: float, a: float, b: float, c: float) -> tuple[float, float, float, float]:
+    """(F, B, W, F&B) with W <= F <= B - W and max(F, B) <= F&B <= F + B."""
+    W = a * F
+    B = F + W + b * F
+    return F, B, W, max(F, B) + c * (F + B - max(F, B))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 4), costs)
+def test_dualpipev_bubble_on_the_simulator_is_table_2s_or_below(p, extra, cost):
+    """Dependency-valid (the simulator would raise on a deadlock) for every p, m; the most idle
+    rank within (p-1)(F&B + B - 3W) of chunk times (PP = 2p stages), equal at F = W, B = 2F,
+    F&B = F + B; every rank holds 2p + 1 chunks' activations at its peak (PP + 1)."""
+    F, B, W, FB = split(*cost)
+    m = 2 * p + extra
+    timeline = simulate(schedule("dualpipev", p, m), F, B - W, W, placement="v", paired=FB)
+    assert max(idle(timeline)) <= theory.bubble("dualpipev", 2 * p, F, B, W, FB) + 1e-9
+    exact = simulate(schedule("dualpipev", p, m), F, F, F, placement="v", paired=3 * F)
+    assert idle(exact) == pytest.approx([theory.bubble("dualpipev", 2 * p, F, 2 * F, F, 3 * F)] * p)
+    assert timeline.peak_held() == [theory.activations_per_device("dualpipev", 2 * p)] * p
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([2, 4, 6, 8]), st.integers(0, 3), costs)
+def test_dualpipe_bubble_on_the_simulator_is_table_2s_or_below(p, extra, cost):
+    """Both directions, m/2 micro-batches each: the same bound and equality as DualPipeV with
+    (PP/2 - 1); PP + 1 stage activations per rank at the peak; and the other rows of Table 2:
+    1F1B exactly (PP - 1)(F + B) on every rank, ZB-H1 (ZB1P) within (PP - 1)(F + B - 2W)."""
+    F, B, W, FB = split(*cost)
+    m = 2 * p + 2 * extra
+    timeline = simulate(dualpipe(p, m), F, B - W, W, placement="dual", paired=FB)
+    assert max(idle(timeline)) <= theory.bubble("dualpipe", p, F, B, W, FB) + 1e-9
+    exact = simulate(dualpipe(p, m), F, F, F, placement="dual", paired=3 * F)
+    assert idle(exact) == pytest.approx([theory.bubble("dualpipe", p, F, 2 * F, F, 3 * F)] * p)
+    assert timeline.peak_held() == [theory.activations_per_device("dualpipe", p)] * p
+    one = simulate(schedule("1f1b", p, m), F, B)
+    assert idle(one) == pytest.approx([theory.bubble("1f1b", p, F, B)] * p)
+    zb = simulate(schedule("zb-h1", p, m), F, B - W, W)
+    assert max(idle(zb)) <= theory.bubble("zb1p", p, F, B, W) + 1e-9
+
+
+def test_dualpipe_is_dualpipev_folded_and_figure_5s_start():
+    """Rank r and p-1-r run one order with the directions swapped, DualPipeV's on p/2 ranks
+    and m/2 micro-batches; in Figure 5 (p = 8, m = 20) rank 0 starts with 7 forwards of its
+    own direction before the first of the other, rank 3 (the middle) with 1."""
+    p, m = 8, 20
+    steps = dualpipe(p, m)
+    for r in range(p):
+        mirror = [(op, i, 1 - d, *rest) for op, i, d, *rest in steps[p - 1 - r]]
+        assert steps[r] == mirror
+        half = schedule("dualpipev", p // 2, m // 2)[min(r, p - 1 - r)]
+        assert [s[:2] + s[3:] for s in steps[r]] == [s[:2] + s[3:] for s in half]
+    own = [next(k for k, s in enumerate(steps[r]) if s[2] != (r >= p // 2)) for r in range(4)]
+    assert own == [7, 5, 3, 1]
+    assert sum(s[0] == "F" for s in steps[0]) == m  # m/2 of each direction
+    for bad, message in (((7, 20), "stages=7 must be an even"), ((8, 14), "must be >= 2 × stages")):
+        with pytest.raises(ValueError, match=message):
+            dualpipe(*bad)
+
+
+def test_table_2_parameters_and_devices():
+    assert [theory.parameters_per_device(k) for k in theory.METHODS] == [1, 1, 2, 2]
+    assert [theory.devices(k, 8) for k in theory.METHODS] == [8, 8, 8, 4]
+    with pytest.raises(ValueError, match="method='zb-v' must be one of"):
+        theory.bubble("zb-v", 4, 1, 2)
+
+
+RUNS = [
+    ("llama", dict(pp=2, schedule="dualpipev"), {}),
+    ("deepseek_v3", dict(pp=2, schedule="dualpipev"), {}),
+]
+
+
+def test_engine_runs_dualpipev_equal_to_one_process():
+    """pp 2 on transformers models (4 layers: a chunk of one layer each, 8 micro-batches)."""
+    results = minidist.launch(hf_runs.several, 2, RUNS, timeout_s=600)
+    for i, (name, _, _) in enumerate(RUNS):
+        want, got = hf_runs.reference(name), results[0][i]
+        assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
+        assert max_abs_diff(got["params"], want["params"]) < 1e-3
+        assert max_abs_diff(got["optim"], want["optim"]) < 1e-5
+        assert results[1][i]["losses"] == got["losses"]
