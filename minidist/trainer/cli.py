@@ -122,8 +122,9 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
     m = args.global_batch // (args.dp_replicate * args.dp_shard * args.micro_batch)
     if args.schedule == "dualpipev" and m < 2 * args.pp:
-        raise ValueError(f"--schedule dualpipev needs micro-batches global_batch/(dp·micro_batch)"
-                         f" = {m} >= 2·pp = {2 * args.pp} (both chunks' pipelines filled)")  # fmt: skip
+        raise ValueError(f"--schedule dualpipev needs micro-batches global_batch/(dp·"
+                         f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
+                         "pipelines filled)")  # fmt: skip
     if args.die_at is not None and not 0 <= args.die_rank < world:
         raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
     return args
