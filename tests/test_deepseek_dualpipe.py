@@ -147,3 +147,35 @@ def test_engine_runs_dualpipev_equal_to_one_process():
         assert max_abs_diff(got["params"], want["params"]) < 1e-3
         assert max_abs_diff(got["optim"], want["optim"]) < 1e-5
         assert results[1][i]["losses"] == got["losses"]
+
+
+def _train(argvs: list[list[str]]) -> list[dict]:
+    from minidist.trainer.cli import dims_of, parse
+    from minidist.trainer.loop import train_rank
+
+    return [train_rank(parse(a), dims_of(parse(a))) for a in argvs]
+
+
+def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microbatches():
+    """`train --schedule dualpipev` on the course's Llama (lesson 17's Chunk path: 4 layers,
+    pp 2, 8 micro-batches) against the trainer's one-process reference, tests/test_trainer.py's
+    tolerances (losses 1e-5, parameters 1e-3); 3 micro-batches for pp 2 refused in the
+    parent: one line, exit status 2."""
+    import subprocess
+    import sys
+
+    from minidist.trainer.cli import parse
+    from minidist.trainer.loop import reference
+
+    text = __import__("argparse").__file__  # real text this machine has
+    argv = ["--model", "llama", "--data", text, "--seq-len", "16", "--pp", "2",
+            "--schedule", "dualpipev", "--steps", "2"]  # fmt: skip
+    got = minidist.launch(_train, 2, [argv], timeout_s=600)[0][0]
+    want = reference(parse(argv))
+    assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
+    assert max_abs_diff(got["params"], want["params"]) < 1e-3
+    bad = ["train", *argv, "--global-batch", "3"]
+    run = subprocess.run([sys.executable, "-m", "minidist", *bad], capture_output=True, text=True)
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert "--schedule dualpipev needs micro-batches" in last and "= 3 >= 2·pp = 4" in last
