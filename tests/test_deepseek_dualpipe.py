@@ -179,3 +179,42 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
     assert run.returncode == 2
     last = run.stderr.strip().splitlines()[-1]
     assert "--schedule dualpipev needs micro-batches" in last and "= 3 >= 2·pp = 4" in last
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.5, 2), st.floats(0.5, 2), st.floats(0.05, 1), st.floats(0.05, 1),
+       st.floats(0.0, 0.5))  # fmt: skip
+def test_figure_4_hides_the_all_to_alls_behind_the_other_chunks_compute(a, m, d, c, pp):
+    """Each piece starts when its stream is free and its chunk's previous piece ended; with
+    every all-to-all no longer than the compute beside it (dispatch, combine <= attention, MLP)
+    and both sends within the last weight gradient, the pair takes its compute time alone."""
+    from minidist.deepseek.dualpipe import WAITS_FOR, overlapped_pair, serial_time
+
+    d, c, pp = d * min(a, m), c * min(a, m), pp * a
+    segments = overlapped_pair(attention=a, mlp=m, dispatch=d, combine=c, pp=pp)
+    ends = {(s.part, s.op): s.end for s in segments}
+    for stream in ("compute", "communication"):
+        mine = [s for s in segments if s.stream == stream]
+        for before, seg in zip([None, *mine], mine):
+            free = before.end if before else 0.0
+            after = ends[WAITS_FOR[seg.part, seg.op]] if (seg.part, seg.op) in WAITS_FOR else 0.0
+            assert seg.start == pytest.approx(max(free, after), abs=1e-12)
+    compute = 3 * (a + m)  # forward, input gradient, weight gradient of both parts
+    assert max(s.end for s in segments) == pytest.approx(compute, abs=1e-12)
+    assert serial_time(segments) == pytest.approx(compute + 2 * (d + c + pp), abs=1e-12)
+
+
+def test_pictures_draw(tmp_path):
+    """Figure 4 and the DualPipe / DualPipeV charts draw; each overlapped pair outlined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minidist.deepseek.dualpipe import overlapped_pair
+    from minidist.deepseek.plots_pipeline import plot_dual_schedule, plot_overlapped_pair
+
+    plot_overlapped_pair(overlapped_pair(), "Figure 4").savefig(tmp_path / "pair.png")
+    fig = plot_dual_schedule(dualpipe(8, 20), "dual", 1, 1, 1, 2.5, "Figure 5")
+    pairs = sum(len(s) > 3 for rank in dualpipe(8, 20) for s in rank)
+    assert len(fig.axes[0].patches) == pairs
+    fig.savefig(tmp_path / "dualpipe.png")
+    plot_dual_schedule(schedule("dualpipev", 3, 7), "v", paired=2.5).savefig(tmp_path / "v.png")

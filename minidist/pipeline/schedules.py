@@ -168,6 +168,17 @@ def _zb_v(r: int, p: int, m: int) -> list[tuple]:
     return [step for step in steps if step[1] < m]
 
 
+def steps_together(steps: list[tuple], at: int) -> int:
+    """How many steps from `at` run as one: 1, or an overlapped pair's forward, its B and,
+    for a full backward, that B's W (2 or 3)."""
+    step = steps[at]
+    if len(step) < 4 or step[3] != OVERLAP:
+        return 1
+    after = steps[at + 2] if at + 2 < len(steps) else None
+    full = after is not None and after[0] == "W" and after[1:3] == steps[at + 1][1:3]
+    return 3 if full else 2
+
+
 def dualpipe_v(r: int, p: int, m: int) -> list[tuple]:
     """Rank r of DualPipeV (m >= 2p): ("F" | "B" | "W", micro-batch, chunk[, OVERLAP])."""
     done = {(op, c): 0 for op in "FBW" for c in (0, 1)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedules import OVERLAP, virtual_stage
+from .schedules import steps_together, virtual_stage
 
 
 @dataclass
@@ -99,7 +99,7 @@ def simulate(
         for s in range(p):
             if position[s] == len(steps[s]):
                 continue
-            block = _block(steps[s], position[s])
+            block = steps[s][position[s] : position[s] + steps_together(steps[s], position[s])]
             keys, ready = [], 0.0
             for step in block:
                 i, vs, total, ranks = locate(s, step)
@@ -126,19 +126,6 @@ def simulate(
         if not progressed:
             raise ValueError("simulate: the schedule deadlocks (a step waits for one never run)")
     return Timeline(out)
-
-
-def _block(steps: list[tuple], at: int) -> list[tuple]:
-    """The step at `at`, or an overlapped pair: the forward, the B after it, and that B's W
-    if it comes next (a full backward)."""
-    step = steps[at]
-    if len(step) < 4 or step[3] != OVERLAP:
-        return [step]
-    block = [step, steps[at + 1]]
-    after = steps[at + 2] if at + 2 < len(steps) else None
-    if after is not None and after[0] == "W" and after[1:3] == block[1][1:3]:
-        block.append(after)
-    return block
 
 
 def _ready(
