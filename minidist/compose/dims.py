@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+from ..pipeline.schedules import KINDS as SCHEDULES  # noqa: F401 (the trainer's choices)
+from ..pipeline.schedules import V_SHAPED
+
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 # group kinds: one grid axis, or several flattened (the ranks varying along all of them)
 KINDS = {
@@ -80,7 +82,7 @@ class ParallelDims:
         if self.virtual != 1 and self.schedule != "interleaved":
             raise ValueError(
                 f"ParallelDims: virtual={self.virtual} needs schedule='interleaved' "
-                f"(ZB-V always runs 2 chunks per rank; the others 1)"
+                f"(ZB-V and DualPipeV always run 2 chunks per rank; the others 1)"
             )
         if self.sp and self.tp == 1:
             raise ValueError("ParallelDims: sp=True needs tp > 1 (it splits tp's activations)")
@@ -96,8 +98,8 @@ class ParallelDims:
 
     @property
     def chunks(self) -> int:
-        """Model chunks per rank: `virtual` (interleaved), 2 (ZB-V), else 1."""
-        return 2 if self.schedule == "zb-v" else self.virtual
+        """Model chunks per rank: `virtual` (interleaved), 2 (ZB-V, DualPipeV), else 1."""
+        return 2 if self.schedule in V_SHAPED else self.virtual
 
     def check_world(self, world: int) -> None:
         if self.world_size != world:

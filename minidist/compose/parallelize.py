@@ -58,7 +58,7 @@ from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
-from ..pipeline.schedules import schedule, virtual_stage
+from ..pipeline.schedules import SPLIT_BACKWARD, schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
@@ -163,7 +163,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
                     f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
                     "routing groups, so on the layout"
                 )
-        if recompute and dims.schedule in ("zb-h1", "zb-v") and not self.hf:
+        if recompute and dims.schedule in SPLIT_BACKWARD and not self.hf:
             raise ValueError(f"parallelize: recompute with schedule={dims.schedule!r} is not "
                              "composed (the split backward would recompute twice)")  # fmt: skip
         grid = grid or Grid(dims)

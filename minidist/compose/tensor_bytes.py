@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from ..pipeline.schedules import SPLIT_BACKWARD
 from .holdings import _kv_split, _owner, _sizes, _split, _style, chunks
 from .stage import family
 
@@ -78,7 +79,7 @@ def tp_bytes(
     sizes = _sizes(model)
     e = 2 if precision == "bf16" else 4
     tokens = micro_batch * sizes["seq_len"] // dims.cp
-    split = dims.schedule in ("zb-h1", "zb-v")
+    split = dims.schedule in SPLIT_BACKWARD
     total = 0.0
     for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
         calls, partial = tp_calls(model, dims, layers, first, last)

@@ -33,7 +33,7 @@ from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import module_device
-from .schedules import schedule, virtual_stage
+from .schedules import SPLIT_BACKWARD, V_SHAPED, schedule, virtual_stage
 from .stages import GPTStage, split_gpt  # noqa: F401 (importable from here too)
 
 
@@ -58,7 +58,9 @@ class PipelineParallel(ParallelModule):
         `virtual`: model chunks per rank for the interleaved schedule (rank r holds the
         virtual stages r, r + p, ...; `self.chunks`), 1 otherwise. ZB-V always has two,
         placed in a V (rank r holds r and 2p-1-r): rank 0 holds the first and the last,
-        rank p-1 hands its activations from one chunk to the other without a message."""
+        rank p-1 hands its activations from one chunk to the other without a message.
+        DualPipeV places its chunks as ZB-V does; its overlapped pairs run one step after
+        the other here (no second stream on a CPU)."""
         super().__init__()
         if virtual != 1 and kind != "interleaved":
             raise ValueError(f"PipelineParallel: virtual={virtual} needs kind='interleaved'")
@@ -76,7 +78,7 @@ class PipelineParallel(ParallelModule):
         for group in (pp_group, dp_group) if dp_group is not None else (pp_group,):
             verify_same_model(dense, group, "PipelineParallel", config)
         broadcast_parameters(dense)  # ranks seeded differently still cut one model
-        self.v = 2 if kind == "zb-v" else virtual
+        self.v = 2 if kind in V_SHAPED else virtual
         self.chunks = [
             split_gpt(dense, self.p * self.v, virtual_stage(kind, self.stage_index, c, self.p))
             for c in range(self.v)
@@ -164,12 +166,12 @@ class PipelineParallel(ParallelModule):
     @property
     def split_backward(self) -> bool:
         """B computes the input gradient only, W the weights' (the zero-bubble schedules)."""
-        return self.kind in ("zb-h1", "zb-v")
+        return self.kind in SPLIT_BACKWARD
 
     def _neighbour_of(self, vs: int) -> tuple[int, int]:
         """(global rank, chunk) holding virtual stage `vs`."""
         p = self.p
-        if self.kind == "zb-v":
+        if self.kind in V_SHAPED:
             return (self.ranks[vs], 0) if vs < p else (self.ranks[2 * p - 1 - vs], 1)
         return self.ranks[vs % p], vs // p
 

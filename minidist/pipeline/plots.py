@@ -39,11 +39,15 @@ def _shade(color: str, chunk: int) -> tuple:
 
 
 def plot_gantt(
-    timeline: Timeline, title: str = "", unit: str = "time units", scale: float = 1.0
+    timeline: Timeline,
+    title: str = "",
+    unit: str = "time units",
+    scale: float = 1.0,
+    row: str = "stage",
 ) -> Figure:
     """One row per stage (stage 0 on top); each step a box labelled with its micro-batch.
 
-    `scale` multiplies every time (1e3 draws seconds as milliseconds)."""
+    `scale` multiplies every time (1e3 draws seconds as milliseconds); `row` names a row."""
     p = len(timeline.stages)
     span = timeline.makespan * scale
     fig, ax = plt.subplots(figsize=(max(7.0, min(14.0, 0.45 * span + 3)), 0.55 * p + 1.4))
@@ -62,7 +66,7 @@ def plot_gantt(
                 ax.text(x0 + w / 2, y, str(i), ha="center", va="center", fontsize=7,
                         color="white" if chunk == 0 else "black")  # fmt: skip
     ax.set_yticks(range(p))
-    ax.set_yticklabels([f"stage {p - 1 - y}" for y in range(p)])
+    ax.set_yticklabels([f"{row} {p - 1 - y}" for y in range(p)])
     ax.set_xlim(0, span * 1.01)
     ax.set_xlabel(unit)
     handles = [Patch(color=OP_COLORS[o], label=OP_NAMES[o]) for o in "FBW" if o in ops]

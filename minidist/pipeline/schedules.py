@@ -35,11 +35,21 @@ the engine, the simulator, the Gantt charts and the tests.
   p-1 needs no message. Backward split as in ZB-H1; with F = B = W the only idle time
   left is the fill, p-1 chunk forwards per rank (`theory.bubble_fraction`), and no rank
   holds more than 1F1B's first stage does.
+- DualPipeV (DeepSeek-AI 2024, arXiv:2412.19437, section 3.2.1, cut in half into a V by Sea
+  AI Lab; torch's `ScheduleDualPipeV`): ZB-V's placement, and in the steady state each
+  chunk's forward runs overlapped with the other chunk's full backward, so that one's
+  all-to-all hides behind the other's compute. A full backward is ("B", i, c) followed by
+  ("W", i, c); an overlapped pair is a forward marked `OVERLAP`, ("F", i, c, "&"), then the
+  backward (B and W) it overlaps with, as the next steps: an engine without overlap runs
+  them one after the other, the simulator as one block. It needs m >= 2p.
 """
 
 from __future__ import annotations
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev")
+V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank, rank r holding r and 2p-1-r
+SPLIT_BACKWARD = ("zb-h1", "zb-v", "dualpipev")  # B: the input gradient only, W apart
+OVERLAP = "&"  # the 4th field of a forward that overlaps with the backward after it
 
 
 def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> list[list[tuple]]:
@@ -61,7 +71,13 @@ def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> lis
                 f"multiple of stages={stages}"
             )
         return [_interleaved(r, stages, microbatches, virtual) for r in range(stages)]
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}[kind]
+    if kind == "dualpipev" and microbatches < 2 * stages:
+        raise ValueError(
+            f"schedule: dualpipev needs microbatches={microbatches} >= 2 × stages = "
+            f"{2 * stages} (both chunks' pipelines full before the overlapped pairs)"
+        )
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v,
+             "dualpipev": dualpipe_v}[kind]  # fmt: skip
     return [build(r, stages, microbatches) for r in range(stages)]
 
 
@@ -112,8 +128,9 @@ def _interleaved(r: int, p: int, m: int, v: int) -> list[tuple]:
 
 def virtual_stage(kind: str, stage: int, chunk: int, stages: int) -> int:
     """Which of the v·p virtual stages chunk `chunk` of stage `stage` is: a loop (chunk c
-    holds c·p + r, interleaved) or, for ZB-V, a V (chunk 0 holds r, chunk 1 2p-1-r)."""
-    if kind == "zb-v":
+    holds c·p + r, interleaved) or, for ZB-V and DualPipeV, a V (chunk 0 holds r, chunk 1
+    2p-1-r)."""
+    if kind in V_SHAPED:
         return stage if chunk == 0 else 2 * stages - 1 - stage
     return chunk * stages + stage
 
@@ -149,3 +166,76 @@ def _zb_v(r: int, p: int, m: int) -> list[tuple]:
     run(*[("W", 1)] * (done["B", 1] - done["W", 1]))
     run(*[("W", 0)] * (done["B", 0] - done["W", 0]))
     return [step for step in steps if step[1] < m]
+
+
+def steps_together(steps: list[tuple], at: int) -> int:
+    """How many steps from `at` run as one: 1, or an overlapped pair's forward, its B and,
+    for a full backward, that B's W (2 or 3)."""
+    step = steps[at]
+    if len(step) < 4 or step[3] != OVERLAP:
+        return 1
+    after = steps[at + 2] if at + 2 < len(steps) else None
+    full = after is not None and after[0] == "W" and after[1:3] == steps[at + 1][1:3]
+    return 3 if full else 2
+
+
+def dualpipe_v(r: int, p: int, m: int) -> list[tuple]:
+    """Rank r of DualPipeV (m >= 2p): ("F" | "B" | "W", micro-batch, chunk[, OVERLAP])."""
+    done = {(op, c): 0 for op in "FBW" for c in (0, 1)}
+    steps: list[tuple] = []
+    weights: list[tuple] = []  # input gradients whose weight gradient waits, oldest first
+
+    def forward(c: int, overlap: bool = False) -> None:
+        steps.append(("F", done["F", c], c) + ((OVERLAP,) if overlap else ()))
+        done["F", c] += 1
+
+    def backward(c: int, full: bool = True) -> None:
+        i = done["B", c]
+        steps.append(("B", i, c))
+        done["B", c] += 1
+        (steps if full else weights).append(("W", i, c))
+
+    def weight() -> None:
+        if weights:
+            steps.append(weights.pop(0))
+
+    def pair(f: int, b: int) -> None:  # chunk f's forward overlapped with chunk b's backward
+        forward(f, overlap=True)
+        backward(b)
+
+    # warm-up: down the V on chunk 0, then chunk 1 comes back up beside it
+    for _ in range(2 * (p - r - 1)):
+        forward(0)
+    for _ in range(r + 1):
+        forward(0)
+        forward(1)
+    for _ in range(p - r - 1):  # the first chunk-1 backwards, zero-bubble style
+        backward(1, full=False)
+        weight()
+        forward(1)
+    # steady state: two overlapped pairs, F0 with B1 and F1 with B0; the turn of the V
+    # (rank p-1) runs its first F0 and B1 apart, B1 waiting on that very F0's F1
+    for k in range(m - 2 * p + r + 1):
+        if k == 0 and r == p - 1:
+            forward(0)
+            backward(1)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(p - r - 1):  # chunk 0's forwards are done
+        backward(1)
+        pair(1, 0)
+    # cool-down: the remaining backwards, their weight gradients deferred from halfway on
+    # (odd ranks defer one step sooner) to fill the wait for the next input gradient
+    deferred = False
+    for k in range(r + 1):
+        deferred = deferred or (k == (r + 1) // 2 and r % 2 == 1)
+        backward(1, full=not deferred)
+        deferred = deferred or (k == (r + 1) // 2 and r % 2 == 0)
+        backward(0, full=not deferred)
+    for _ in range(p - r - 1):
+        weight()
+        backward(0, full=False)
+    for _ in range(r + 1):
+        weight()
+    return steps

@@ -3,7 +3,11 @@
 Each stage executes its steps in order; a step also waits for what it depends on:
 F(i) on stage s for F(i) on stage s-1 (plus the link latency), B(i) on stage s for B(i) on
 stage s+1 (the last stage for its own F(i)), W(i) for B(i) on the same stage. With
-interleaved chunks, stage s of chunk c is virtual stage c·p + s. The bubble is the idle
+interleaved chunks, stage s of chunk c is virtual stage c·p + s; DualPipe's two directions
+(`placement="dual"`) are two chains of p stages, chunk d of rank s being stage s of the
+forward copy (d = 0) or p-1-s of the reverse one (d = 1). A forward marked as overlapped
+(DualPipeV, DualPipe) runs with the backward steps after it as one block of `paired` time,
+both results ready at its end. The bubble is the idle
 share of the stages' time until the last step ends (Huang et al. 2019; Narayanan et al.
 2021): (p-1)/(m+p-1) for GPipe and 1F1B with equal forward and backward times.
 """
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedules import virtual_stage
+from .schedules import steps_together, virtual_stage
 
 
 @dataclass
@@ -63,16 +67,25 @@ def simulate(
     weight: float = 0.0,
     latency: float = 0.0,
     placement: str = "loop",
+    paired: float | None = None,
 ) -> Timeline:
     """Times of every step. With split backward (W steps), `backward` is B's and `weight` W's.
     `placement`: how chunks map to virtual stages, "loop" (interleaved: chunk c of stage s is
-    c·p + s) or "v" (ZB-V: chunk 1 of stage s is 2p-1-s); a message between two virtual
-    stages of one rank has no latency."""
-    if placement not in ("loop", "v"):
-        raise ValueError(f"simulate: placement must be 'loop' or 'v', got {placement!r}")
+    c·p + s), "v" (ZB-V, DualPipeV: chunk 1 of stage s is 2p-1-s) or "dual" (DualPipe); a
+    message between two virtual stages of one rank has no latency. `paired`: the time of an
+    overlapped forward and backward (F&B), by default the sum of their steps' times."""
+    if placement not in ("loop", "v", "dual"):
+        raise ValueError(f"simulate: placement must be 'loop', 'v' or 'dual', got {placement!r}")
     p = len(steps)
     v = 1 + max((s[2] for stage in steps for s in stage if len(s) > 2), default=0)
     kind = "zb-v" if placement == "v" else "interleaved"
+
+    def locate(s: int, step: tuple) -> tuple:
+        """(micro-batch key, its stage in its chain, the chain's length, rank of a stage)."""
+        c = step[2] if len(step) > 2 else 0
+        if placement == "dual":  # stage k of direction c: rank k, or p-1-k going back
+            return (c, step[1]), s if c == 0 else p - 1 - s, p, lambda k: k + c * (p - 1 - 2 * k)
+        return step[1], virtual_stage(kind, s, c, p), p * v, rank_of
 
     def rank_of(vs: int) -> int:
         return vs % p if placement == "loop" else min(vs, 2 * p - 1 - vs)
@@ -86,19 +99,30 @@ def simulate(
         for s in range(p):
             if position[s] == len(steps[s]):
                 continue
-            step = steps[s][position[s]]
-            op, i, c = step[0], step[1], step[2] if len(step) > 2 else 0
-            vs = virtual_stage(kind, s, c, p)
-            ready = _ready(op, i, vs, p * v, done, latency, rank_of)
-            if ready is None:
-                continue
-            start = max(clock[s], ready)
-            end = start + cost[op]
-            done[(op, i, vs)] = end
-            clock[s] = end
-            out[s].append((step, start, end))
-            position[s] += 1
-            progressed = True
+            block = steps[s][position[s] : position[s] + steps_together(steps[s], position[s])]
+            keys, ready = [], 0.0
+            for step in block:
+                i, vs, total, ranks = locate(s, step)
+                keys.append((step[0], i, vs))
+                need = _ready(step[0], i, vs, total, done, latency, ranks)
+                if need is None and step[0] == "W" and len(block) > 1:
+                    need = 0.0  # the W of the pair's own B: the block's last part
+                if need is None:
+                    break
+                ready = max(ready, need)
+            else:
+                start = max(clock[s], ready)
+                work = sum(cost[step[0]] for step in block)
+                scale = 1.0 if paired is None or len(block) == 1 else paired / work
+                for step in block:
+                    end = start + cost[step[0]] * scale
+                    out[s].append((step, start, end))
+                    start = end
+                for key in keys:
+                    done[key] = end
+                clock[s] = end
+                position[s] += len(block)
+                progressed = True
         if not progressed:
             raise ValueError("simulate: the schedule deadlocks (a step waits for one never run)")
     return Timeline(out)

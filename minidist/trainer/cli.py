@@ -124,6 +124,11 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     if not (math.isfinite(speed) and speed >= 0):
         raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
+    m = args.global_batch // (args.dp_replicate * args.dp_shard * args.micro_batch)
+    if args.schedule == "dualpipev" and m < 2 * args.pp:
+        raise ValueError(f"--schedule dualpipev needs micro-batches global_batch/(dp·"
+                         f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
+                         "pipelines filled)")  # fmt: skip
     if args.die_at is not None and not 0 <= args.die_rank < world:
         raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
     return args

@@ -1,0 +1,102 @@
+"""DualPipe as data (DeepSeek-AI 2024, arXiv:2412.19437, section 3.2.1, Figure 5).
+
+Two copies of the model run through the same p ranks in opposite directions: rank r holds
+stage r of the forward copy (direction 0, fed at rank 0) and stage p-1-r of the reverse
+copy (direction 1, fed at rank p-1), m/2 micro-batches each. A step is lesson 09's
+("F" | "B" | "W", micro-batch of its direction, direction[, OVERLAP]), a full backward a B
+then its W, an overlapped forward-and-backward pair a marked forward then that backward.
+
+Rank r and rank p-1-r run the same order with the directions swapped, and that order is
+DualPipeV's (`pipeline.schedules.dualpipe_v`) on p/2 ranks with m/2 micro-batches: fold
+DualPipe's two pipelines in the middle and each half is DualPipeV's V (the "cut in half"
+the reference's README credits to Sea AI Lab). The simulator runs it with
+`placement="dual"`. `overlapped_pair` lays out Figure 4: inside one pair, one chunk's
+all-to-all runs while the other chunk computes. Nothing here executes a model: lesson 17's
+engine runs DualPipeV, the steps of a pair one after the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..pipeline.schedules import dualpipe_v
+
+
+def dualpipe(stages: int, microbatches: int) -> list[list[tuple]]:
+    """The steps of every rank, rank 0 first: p even, m even and m >= 2p."""
+    p, m = stages, microbatches
+    for name, value in (("stages", p), ("microbatches", m)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 2 or value % 2:
+            raise ValueError(
+                f"dualpipe: {name}={value!r} must be an even int >= 2 (two directions: "
+                "half the ranks and half the micro-batches each)"
+            )
+    if m < 2 * p:
+        raise ValueError(f"dualpipe: microbatches={m} must be >= 2 × stages = {2 * p}")
+    return [_rank(r, p, m) for r in range(p)]
+
+
+def _rank(r: int, p: int, m: int) -> list[tuple]:
+    half = min(r, p - 1 - r)  # the distance to the nearer end: where the V's rank sits
+    flip = r >= p // 2  # the second half of the ranks meets the reverse direction first
+    return [(op, i, c ^ flip, *rest) for op, i, c, *rest in dualpipe_v(half, p // 2, m // 2)]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of an overlapped pair on one stream: `part` is "attention", "dispatch",
+    "mlp", "combine" or "pp" (the send to the next rank), `op` "F", "B" or "W"."""
+
+    stream: str  # "compute" or "communication"
+    part: str
+    op: str
+    start: float
+    end: float
+
+
+# Figure 4's order on each stream. The backward chunk starts from the gradient of its last
+# combine (an all-to-all), so communication opens with it while the forward chunk's
+# attention computes; each all-to-all of one chunk then runs beside the other's compute.
+_COMPUTE = (("attention", "F"), ("mlp", "B"), ("mlp", "W"), ("mlp", "F"),
+            ("attention", "B"), ("attention", "W"))  # fmt: skip
+_COMMUNICATION = (("combine", "B"), ("dispatch", "F"), ("dispatch", "B"), ("combine", "F"),
+                  ("pp", "B"), ("pp", "F"))  # fmt: skip
+WAITS_FOR = {  # what each piece waits for: the chunk's previous piece
+    ("dispatch", "F"): ("attention", "F"), ("mlp", "F"): ("dispatch", "F"),
+    ("combine", "F"): ("mlp", "F"), ("pp", "F"): ("combine", "F"),
+    ("mlp", "B"): ("combine", "B"), ("mlp", "W"): ("mlp", "B"),
+    ("dispatch", "B"): ("mlp", "B"), ("attention", "B"): ("dispatch", "B"),
+    ("attention", "W"): ("attention", "B"), ("pp", "B"): ("attention", "B"),
+}  # fmt: skip
+
+
+def overlapped_pair(
+    attention: float = 1.0, mlp: float = 1.0, dispatch: float = 1.0, combine: float = 1.0,
+    pp: float = 0.25,
+) -> list[Segment]:  # fmt: skip
+    """One forward chunk (attention, dispatch, MLP, combine) overlapped with one backward
+    chunk (the same in reverse, each compute split into B and W, as long as its forward: a
+    full backward is twice a forward), on a compute and a communication stream: each piece
+    starts when its stream is free and its chunk's previous piece has ended."""
+    times = {"attention": attention, "mlp": mlp, "dispatch": dispatch, "combine": combine,
+             "pp": pp}  # fmt: skip
+    ends: dict[tuple[str, str], float] = {}
+    out, free = [], {"compute": 0.0, "communication": 0.0}
+    queues = {"compute": list(_COMPUTE), "communication": list(_COMMUNICATION)}
+    while any(queues.values()):
+        before_round = len(out)
+        for stream, queue in queues.items():
+            while queue and (WAITS_FOR.get(queue[0]) is None or WAITS_FOR[queue[0]] in ends):
+                part, op = queue.pop(0)
+                before = WAITS_FOR.get((part, op))
+                start = max(free[stream], ends[before] if before else 0.0)
+                ends[part, op] = free[stream] = start + times[part]
+                out.append(Segment(stream, part, op, start, start + times[part]))
+        if len(out) == before_round:
+            raise ValueError("overlapped_pair: the streams' orders wait on each other")
+    return sorted(out, key=lambda s: (s.stream, s.start))
+
+
+def serial_time(segments: list[Segment]) -> float:
+    """The pair's time without overlap: every piece one after the other."""
+    return sum(s.end - s.start for s in segments)
