@@ -103,12 +103,18 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
     if dims.tp > 1:
         for name, module in model.named_modules():
             children = dict(module.named_children())
-            if "o_proj" in children and not {"q_proj", "qkv_proj"} & set(children):
+            latent = {"q_b_proj", "kv_b_proj"} <= set(children) or {"q_proj", "kv_b_proj"} <= set(
+                children
+            )  # latent attention: split by heads after its latents (`tensor_parallel`)
+            if "o_proj" in children and not {"q_proj", "qkv_proj"} & set(children) and not latent:
                 raise ValueError(
                     f"parallelize: tp={dims.tp}: {name} projects its queries through "
-                    f"{sorted(n for n in children if 'proj' in n)} (latent attention?), which "
-                    "tp does not split here; use tp = 1 for this model"
+                    f"{sorted(n for n in children if 'proj' in n)}, which tp does not split "
+                    "here; use tp = 1 for this model"
                 )
+            if "expert" in name and isinstance(module, nn.Linear):
+                raise ValueError(f"parallelize: experts with tp={dims.tp} are not composed "
+                                 f"here ({name}; use ep, or tp = 1)")  # fmt: skip
     if dims.tp > 1 and sizes["kv_heads"] != sizes["heads"]:
         fused = [n for n, _ in model.named_modules() if n.endswith(".qkv_proj")]
         if fused:

@@ -8,6 +8,7 @@ Hugging Face decoder uses; torchtitan writes the same plan for its Llama):
 | `q_proj`, `gate_proj`, `up_proj`, `c_fc`           | column-parallel                    |
 | `k_proj`, `v_proj`                                 | column-parallel, or whole (t ∤ KV) |
 | `qkv_proj`, `c_attn` (fused Q, K, V)               | column-parallel per section        |
+| `q_b_proj`, `kv_b_proj` (latent attention's heads) | column-parallel; its latents whole |
 | `gate_up_proj` (fused gate and up)                 | column-parallel per half           |
 | `o_proj`, `down_proj`, `c_proj`                    | row-parallel                       |
 | the token embedding / the head                     | vocab-parallel                     |
@@ -56,6 +57,8 @@ from .split import Stage, _hidden_arg, _with_hidden
 
 HF_PLAN = {
     "*.q_proj": "colwise",
+    "*.q_b_proj": "colwise",  # latent attention: by heads, after the latents
+    "*.kv_b_proj": "colwise",
     "*.[kv]_proj": "colwise_kv",
     "*.qkv_proj": "colwise_qkv",
     "*.c_attn": "colwise_qkv",
@@ -68,6 +71,9 @@ HF_PLAN = {
     "*.c_proj": "rowwise",
 }
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
+# latent attention's projections to its latents, kept whole on every tp rank (DeepSeek-V2
+# §2.1: c_Q, c_KV and the shared rotary key are not per head)
+LATENT_PARTS = ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm")
 
 
 def conv1d_to_linear(model: nn.Module) -> list[str]:
@@ -217,8 +223,13 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
                 new.entered = True
             setattr(parent, attr, new)
             regions.add(parent)
-            if style in ("colwise_qkv", "colwise_kv") or attr == "q_proj":
+            if style in ("colwise_qkv", "colwise_kv") or attr in ("q_proj", "q_b_proj"):
                 attentions.add(parent)
+            if attr == "kv_b_proj":  # the latents and the shared rotary key: whole per rank
+                for part in LATENT_PARTS:
+                    whole = getattr(parent, part, None)
+                    for p in whole.parameters() if whole is not None else ():
+                        p.tp_partial = True  # each rank's heads' share of the gradient
     if not matched:
         raise ValueError(f"parallelize: tp={t} found no projection of {type(model).__name__} "
                          f"to split (patterns: {sorted(HF_PLAN)})")  # fmt: skip
