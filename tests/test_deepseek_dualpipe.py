@@ -226,3 +226,52 @@ def test_pictures_draw(tmp_path):
     assert len(fig.axes[0].patches) == pairs
     fig.savefig(tmp_path / "dualpipe.png")
     plot_dual_schedule(schedule("dualpipev", 3, 7), "v", paired=2.5).savefig(tmp_path / "v.png")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.booleans(), st.integers(1, 4), st.integers(0, 3), st.floats(0.5, 2), st.floats(0.5, 2),
+       st.floats(0.1, 1), st.floats(0.5, 4), st.floats(0, 1))  # fmt: skip
+def test_a_pair_starts_when_its_rank_and_both_inputs_are_ready(dual, n, extra, f, b, w, fb, lat):
+    """The simulator's rule for pairs: a lone step as lesson 09's; an overlapped pair starts
+    when its rank is free and both its forward's and its backward's inputs have arrived (plus
+    the latency between ranks), lasts `paired`, and both results are ready at its end."""
+    from minidist.pipeline.schedules import steps_together
+
+    p = 2 * n if dual else n
+    m = 2 * p + 2 * extra
+    steps = dualpipe(p, m) if dual else schedule("dualpipev", p, m)
+    placement = "dual" if dual else "v"
+    timeline = simulate(steps, f, b, w, latency=lat, placement=placement, paired=fb)
+
+    def where(s, step):  # (micro-batch key, chain position, chain length, rank of a position)
+        c = step[2]
+        if dual:
+            return (c, step[1]), s if c == 0 else p - 1 - s, p, lambda k: k if c == 0 else p - 1 - k
+        return step[1], virtual_stage("dualpipev", s, c, p), 2 * p, lambda k: min(k, 2 * p - 1 - k)
+
+    ends = {}  # every part of a pair ready at the pair's end
+    for s, ran in enumerate(timeline.stages):
+        k = 0
+        while k < len(ran):
+            size = steps_together([step for step, _, _ in ran], k)
+            for step, _, _ in ran[k : k + size]:
+                ends[(step[0], *where(s, step)[:2])] = ran[k + size - 1][2]
+            k += size
+    for s, ran in enumerate(timeline.stages):
+        k, free = 0, 0.0
+        while k < len(ran):
+            size = steps_together([step for step, _, _ in ran], k)
+            ready = 0.0
+            for step, _, _ in ran[k : k + size]:
+                key, at, total, rank = where(s, step)
+                need = {"F": ("F", key, at - 1) if at else None,
+                        "B": ("F", key, at) if at == total - 1 else ("B", key, at + 1),
+                        "W": None if size > 1 else ("B", key, at)}[step[0]]  # fmt: skip
+                if need is not None:
+                    ready = max(ready, ends[need] + (lat if rank(need[2]) != rank(at) else 0.0))
+            start, end = ran[k][1], ran[k + size - 1][2]
+            assert start == pytest.approx(max(free, ready), abs=1e-9)
+            assert end - start == pytest.approx(
+                fb if size > 1 else {"F": f, "B": b, "W": w}[ran[k][0][0]]
+            )
+            k, free = k + size, end

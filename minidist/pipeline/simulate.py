@@ -7,9 +7,9 @@ interleaved chunks, stage s of chunk c is virtual stage c·p + s; DualPipe's two
 (`placement="dual"`) are two chains of p stages, chunk d of rank s being stage s of the
 forward copy (d = 0) or p-1-s of the reverse one (d = 1). A forward marked as overlapped
 (DualPipeV, DualPipe) runs with the backward steps after it as one block of `paired` time,
-both results ready at its end. The bubble is the idle
-share of the stages' time until the last step ends (Huang et al. 2019; Narayanan et al.
-2021): (p-1)/(m+p-1) for GPipe and 1F1B with equal forward and backward times.
+both results ready at its end. The bubble is the idle share of the stages' time until the
+last step ends (Huang et al. 2019; Narayanan et al. 2021): (p-1)/(m+p-1) for GPipe and
+1F1B with equal forward and backward times.
 """
 
 from __future__ import annotations
@@ -84,7 +84,11 @@ def simulate(
         """(micro-batch key, its stage in its chain, the chain's length, rank of a stage)."""
         c = step[2] if len(step) > 2 else 0
         if placement == "dual":  # stage k of direction c: rank k, or p-1-k going back
-            return (c, step[1]), s if c == 0 else p - 1 - s, p, lambda k: k + c * (p - 1 - 2 * k)
+
+            def rank(k: int) -> int:
+                return k if c == 0 else p - 1 - k
+
+            return (c, step[1]), rank(s), p, rank
         return step[1], virtual_stage(kind, s, c, p), p * v, rank_of
 
     def rank_of(vs: int) -> int:
