@@ -45,6 +45,8 @@ def _by_hand(model, hidden, ids, labels):
 def test_mtp_loss_equals_hand_computation(name):
     plain = hf_models.build(name)
     model = add_multi_token_prediction(hf_models.build(name), weight=LAMBDA)
+    # initialised as the model's own (DeepSeek-V3's fused experts start as torch.empty)
+    assert all(p.abs().max() < 1 for p in model.mtp.parameters() if p.dim() > 1)
     ids, labels = hf_models.batches(1, 4, SEQ)[0]
     seen = {}
     model.model.norm.register_forward_pre_hook(lambda m, a: seen.__setitem__("h", a[0]))

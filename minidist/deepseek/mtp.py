@@ -58,6 +58,8 @@ def add_multi_token_prediction(model: nn.Module, weight: float = 0.3) -> nn.Modu
     `.rotary_emb`) a depth-1 MTP module (`model.mtp`) and the loss main + weight · MTP
     (the paper: λ = 0.3 for the first 10T tokens, 0.1 after). Returns `model`."""
     model.mtp = MultiTokenPrediction(model).to(next(model.parameters()).dtype)
+    # as the model initialises its own modules (fused experts are made with torch.empty)
+    model.mtp.apply(model._init_weights)
     seen: dict[str, torch.Tensor] = {}
 
     def keep_hidden(module, args):  # the final norm's input: the last layer's output
