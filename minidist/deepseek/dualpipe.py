@@ -18,8 +18,9 @@ engine runs DualPipeV, the steps of a pair one after the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from ..pipeline.schedules import dualpipe_v
+from ..pipeline.schedules import OVERLAP, dualpipe_v, virtual_stage
 
 
 def dualpipe(stages: int, microbatches: int) -> list[list[tuple]]:
@@ -100,3 +101,28 @@ def overlapped_pair(
 def serial_time(segments: list[Segment]) -> float:
     """The pair's time without overlap: every piece one after the other."""
     return sum(s.end - s.start for s in segments)
+
+
+def torch_dualpipev_order(p: int, m: int, r: int) -> list[tuple]:
+    """Rank r's actions of torch's `ScheduleDualPipeV` (computed without a process group) in
+    lesson 09's form: an OVERLAP_F_B flattened as its forward (marked) then its backward, a
+    FULL_BACKWARD as B then W."""
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    names = {T.FORWARD: "F", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
+    chunk = {virtual_stage("dualpipev", r, c, p): c for c in (0, 1)}
+
+    def flat(action) -> list[tuple]:
+        if action.computation_type == T.OVERLAP_F_B:
+            f, b = action.sub_actions
+            return [("F", f.microbatch_index, chunk[f.stage_index], OVERLAP), *flat(b)]
+        i, c = action.microbatch_index, chunk[action.stage_index]
+        if action.computation_type == T.FULL_BACKWARD:
+            return [("B", i, c), ("W", i, c)]
+        return [(names[action.computation_type], i, c)]
+
+    actions = ScheduleDualPipeV._calculate_single_rank_operations(
+        SimpleNamespace(pp_group_size=p, _n_microbatches=m), r
+    )
+    return [step for a in actions if a is not None for step in flat(a)]
