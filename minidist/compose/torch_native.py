@@ -6,8 +6,8 @@ against one process): FSDP2's `fully_shard` over the dp mesh dimension (a 2-D
 (`parallelize_module` with torchtitan's Llama plan as torchtitan ships it: `ColwiseParallel`,
 `RowwiseParallel`, `SequenceParallel`, `PrepareModuleInput(Shard(1) -> Replicate())` with
 `use_local_output=False`, so each module input is gathered once), and
-`torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B and
-ZB-V, on one `init_device_mesh("cpu", ...)`. What it does not: `context_parallel`
+`torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B, ZB-V
+and DualPipeV, on one `init_device_mesh("cpu", ...)`. What it does not: `context_parallel`
 (`torch.distributed.tensor.experimental`) dispatches SDPA to CUDA-only ring kernels and has
 no CPU rule, so cp = 1 here; expert parallelism has no torch-native module; DTensor's plan
 has no style for a fused Q, K, V (Phi3, GPT-2), and a tied head (Gemma, GPT-2) is refused
