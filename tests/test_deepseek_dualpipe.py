@@ -10,6 +10,7 @@ order where a gradient is near 0), Adam's moments 1e-5; measured: losses <= 9.6e
 parameters <= 3.6e-5 (DeepSeek-V3), moments <= 3.7e-6.
 """
 
+import argparse
 from types import SimpleNamespace
 
 import hf_runs
@@ -175,7 +176,7 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
     from minidist.trainer.cli import parse
     from minidist.trainer.loop import reference
 
-    text = __import__("argparse").__file__  # real text this machine has
+    text = argparse.__file__  # real text this machine has
     argv = ["--model", "llama", "--data", text, "--seq-len", "16", "--pp", "2",
             "--schedule", "dualpipev", "--steps", "2"]  # fmt: skip
     got = minidist.launch(_train, 2, [argv], timeout_s=600)[0][0]
