@@ -10,6 +10,8 @@ order where a gradient is near 0), Adam's moments 1e-5; measured: losses <= 9.6e
 parameters <= 3.6e-5 (DeepSeek-V3), moments <= 3.7e-6.
 """
 
+import argparse
+
 import hf_runs
 import pytest
 from hypothesis import given, settings
@@ -148,7 +150,7 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
     from minidist.trainer.cli import parse
     from minidist.trainer.loop import reference
 
-    text = __import__("argparse").__file__  # real text this machine has
+    text = argparse.__file__  # real text this machine has
     argv = ["--model", "llama", "--data", text, "--seq-len", "16", "--pp", "2",
             "--schedule", "dualpipev", "--steps", "2"]  # fmt: skip
     got = minidist.launch(_train, 2, [argv], timeout_s=600)[0][0]
@@ -248,3 +250,24 @@ def test_a_pair_starts_when_its_rank_and_both_inputs_are_ready(dual, n, extra, f
                 fb if size > 1 else {"F": f, "B": b, "W": w}[ran[k][0][0]]
             )
             k, free = k + size, end
+
+
+def _torch_rank(dims):
+    import test_compose_torch_native as native
+
+    from minidist.compose import torch_native
+
+    return torch_native.train_on_rank(native._model(), dims, native._batches(), 4)
+
+
+@pytest.mark.parametrize("dp_shard", [1, 2])
+def test_torchs_own_dualpipev_through_the_same_stages_equals_one_process(dp_shard):
+    """`compose.torch_native` with schedule "dualpipev": torch's `ScheduleDualPipeV` (its
+    OVERLAP_F_B actions run one after the other on CPUs) on the V placement, 4 micro-batches,
+    FSDP2 over dp_shard; tests/test_compose_torch_native.py's tolerances (losses 1e-5,
+    parameters 5e-4)."""
+    import test_compose_torch_native as native
+
+    dims = native._dims(dp_shard=dp_shard, pp=2, schedule="dualpipev")
+    results = minidist.launch(_torch_rank, 2 * dp_shard, dims, timeout_s=300)
+    native._check(results, dp_shard, *native._reference())

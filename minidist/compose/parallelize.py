@@ -14,7 +14,7 @@ rank keeps and transforms its part, in this order (torchtitan's `parallelize_lla
 each later step works on what the earlier ones left):
 
 1. pipeline split (lesson 09): the rank's chunks (`Chunk`: 1, `virtual` interleaved, or 2
-   in ZB-V's V), driven by lesson 09's engine with any of its schedules;
+   in ZB-V's and DualPipeV's V), driven by lesson 09's engine with any of its schedules;
 2. tensor and sequence parallelism from a plan (lesson 07 and 14, `megatron.plan`);
 3. attention: the rank's heads, rotary at global positions, lesson 15's ring attention over
    cp on the zig-zag split (`ComposedAttention`);

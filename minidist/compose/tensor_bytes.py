@@ -70,7 +70,8 @@ def tp_bytes(
     pp_rank: int = 0,
 ) -> float:
     """A rank's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
-    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V) runs a
+    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V, DualPipeV)
+    runs a
     chunk's backward calls twice where it passes an input gradient back (B, then W runs the
     graph again), its partial sums' all-reduces once (their hooks fire when W makes the
     parameters' gradients)."""

@@ -6,8 +6,8 @@ against one process): FSDP2's `fully_shard` over the dp mesh dimension (a 2-D
 (`parallelize_module` with torchtitan's Llama plan as torchtitan ships it: `ColwiseParallel`,
 `RowwiseParallel`, `SequenceParallel`, `PrepareModuleInput(Shard(1) -> Replicate())` with
 `use_local_output=False`, so each module input is gathered once), and
-`torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B and
-ZB-V, on one `init_device_mesh("cpu", ...)`. What it does not: `context_parallel`
+`torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B, ZB-V
+and DualPipeV, on one `init_device_mesh("cpu", ...)`. What it does not: `context_parallel`
 (`torch.distributed.tensor.experimental`) dispatches SDPA to CUDA-only ring kernels and has
 no CPU rule, so cp = 1 here; expert parallelism has no torch-native module; DTensor's plan
 has no style for a fused Q, K, V (Phi3, GPT-2), and a tied head (Gemma, GPT-2) is refused
@@ -24,17 +24,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..pipeline.schedules import V_SHAPED
 from .model_parts import find_parts, hf_sizes, is_hf
 from .split import Stage, StageContext, split_model
 from .tensor_parallel import _localize
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-             "interleaved": "ScheduleInterleaved1F1B", "zb-v": "ScheduleZBVZeroBubble"}  # fmt: skip
+             "interleaved": "ScheduleInterleaved1F1B", "zb-v": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}  # fmt: skip
 
 
 def stage_indices(pp: int, chunks: int, schedule: str, pp_rank: int) -> list[int]:
-    """The virtual stages a pp rank runs: round-robin (interleaved), V-shaped (ZB-V)."""
-    if schedule == "zb-v":
+    """The virtual stages a pp rank runs: round-robin (interleaved), V-shaped (ZB-V,
+    DualPipeV)."""
+    if schedule in V_SHAPED:
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + c * pp for c in range(chunks)]
 
@@ -125,7 +128,7 @@ def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.devi
     mesh = init_device_mesh(
         device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp")
     )
-    chunks = 2 if dims.schedule == "zb-v" else dims.virtual
+    chunks = 2 if dims.schedule in V_SHAPED else dims.virtual
     virtual = dims.pp * chunks
     ctx = StageContext(torch.arange(seq_len, device=device), seq_len)
     sizes = _sizes(model)
