@@ -53,6 +53,9 @@ def count_expert_load(model: nn.Module, required: bool = True) -> int:
                          f"{BIAS} (a DeepSeek-V3 MoE layer)")  # fmt: skip
     for _, router in found:
         if not hasattr(router, "expert_load"):
+            # float32 (the router adds it to float32 scores): a bf16 model (lesson 12) would
+            # round a 0.001 step away once the bias is past 0.25 (8 bits of mantissa)
+            setattr(router, BIAS, getattr(router, BIAS).float())
             bias = getattr(router, BIAS)
             router.expert_load = torch.zeros(bias.numel(), dtype=torch.int64, device=bias.device)
             router.register_forward_hook(_count)
