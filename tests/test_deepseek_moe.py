@@ -189,3 +189,31 @@ def test_load_over_steps_is_the_routed_tokens_of_each_step():
     loads = load_over_steps(0.01, steps=2)
     assert loads.shape == (2, 2, 8)  # steps, MoE layers, experts
     assert (loads.sum(-1) == 16 * 32 * 2).all()  # every token's 2 choices
+
+
+def test_the_routing_picture_draws_one_panel_per_run():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minidist.deepseek.plots_routing import plot_expert_load
+
+    loads = torch.randint(0, 50, (4, 2, 8), generator=torch.Generator().manual_seed(0))
+    fig = plot_expert_load({"γ = 0": loads, "γ = 0.01": loads.flip(0)}, layer=1)
+    assert [ax.get_title() for ax in fig.axes] == ["γ = 0", "γ = 0.01"]
+    assert len(fig.axes[0].lines) == 8 + 2  # the experts, max / mean, the balanced line
+    with pytest.raises(ValueError, match="layer 2 in range"):
+        plot_expert_load({"x": loads}, layer=2)
+
+
+def test_a_bf16_model_keeps_its_bias_in_float32():
+    model = hf_models.build("deepseek_v3", layers=2, **deepseek_runs.ROUTING).to(torch.bfloat16)
+    count_expert_load(model)
+    ((name, router),) = routers(model)
+    with torch.no_grad():  # a bias far from 0, where bf16's step is 2^-7 > γ
+        getattr(router, BIAS).fill_(0.5)
+    model(input_ids=hf_models.batches(1, 2, 8)[0][0])
+    load = update_routing_bias(model, 0.001)[name]
+    bias = dict(model.named_buffers())[f"{name}.{BIAS}"]  # still the model's buffer
+    assert bias.dtype == torch.float32
+    assert torch.equal(bias, bias_step(torch.full((8,), 0.5), load, 0.001))
+    assert (bias != 0.5).any()

@@ -36,6 +36,7 @@ mean is the mean over the dp_replicate · dp_shard · cp data ranks):
 | dense (attention, MLP, norms)     | dp_replicate × dp_shard × cp, / their number |
 | replicated under sp (norms, biases, pos_emb) | also tp (partial sums per sequence block) |
 | K/V replicated (tp ∤ kv_heads)    | also tp (each rank's query heads' share)     |
+| latent attention's q_a, kv_a, norms | also tp (each rank's heads' share)         |
 | tied embedding (GPT)              | also the first and last stage                |
 | an expert (ep > 1)                | expert_dp (the ranks holding it), / d·s·c    |
 | the router                        | dense: dp_replicate × dp_shard × cp          |

@@ -1,0 +1,32 @@
+"""Lesson 19's routing picture: each expert's share of the tokens over the steps, with the
+bias update off and on (`moe.load_over_steps`'s data)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+
+
+def plot_expert_load(runs: dict[str, torch.Tensor], layer: int = 0) -> Figure:
+    """One panel per run of `runs` ({label: [steps, layers, experts] loads}): MoE layer
+    `layer`'s tokens per expert over the steps, over the mean (1 = balanced), one line per
+    expert, and the most loaded expert's in black."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.2), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, (label, loads) in zip(axes[0], runs.items()):
+        if loads.dim() != 3 or not 0 <= layer < loads.shape[1]:
+            raise ValueError(f"plot_expert_load: {label}'s loads {tuple(loads.shape)} must be "
+                             f"[steps, layers, experts] with layer {layer} in range")  # fmt: skip
+        share = loads[:, layer].double()
+        share = share / share.mean(-1, keepdim=True)
+        for e in range(share.shape[-1]):
+            ax.plot(share[:, e], lw=0.8, alpha=0.6)
+        ax.plot(share.max(-1).values, color="black", lw=1.6, label="max / mean")
+        ax.axhline(1.0, color="grey", ls=":", lw=0.8)
+        ax.set_title(label)
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("tokens / mean tokens")
+    axes[0][0].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig
