@@ -1,7 +1,10 @@
-"""Lesson 19's routing picture: each expert's share of the tokens over the steps, with the
-bias update off and on (`moe.load_over_steps`'s data)."""
+"""Lesson 19's routing pictures: each expert's share of the tokens over the steps, with the
+bias update off and on (`moe.load_over_steps`'s data); how many nodes each token's experts
+span, node-limited or not (`moe.nodes_per_token`'s)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import torch
@@ -28,5 +31,22 @@ def plot_expert_load(runs: dict[str, torch.Tensor], layer: int = 0) -> Figure:
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("tokens / mean tokens")
     axes[0][0].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_nodes_per_token(counts: Mapping[str, torch.Tensor], nodes: int) -> Figure:
+    """For each routing: the share of tokens whose experts span 1, 2, ... `nodes` nodes."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    width = 0.8 / len(counts)
+    for i, (name, spans) in enumerate(counts.items()):
+        share = torch.bincount(spans.flatten(), minlength=nodes + 1)[1:].double() / spans.numel()
+        ax.bar([n + 1 + (i - (len(counts) - 1) / 2) * width for n in range(nodes)],
+               share.numpy(), width=width, label=name)  # fmt: skip
+    ax.set_xticks(range(1, nodes + 1))
+    ax.set_xlabel("nodes a token's experts span")
+    ax.set_ylabel("share of tokens")
+    ax.legend(fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
