@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import hf_models
+import hf_runs
 import torch
 from hf_runs import BATCH, LR, SEQ, STEPS, shifted
 
@@ -24,22 +25,11 @@ def biases(model) -> dict[int, torch.Tensor]:
 
 def reference(speed: float, steps: int = STEPS) -> dict:
     """The untouched model, Adam at LR, the bias updated after each step."""
-    model = hf_models.build("deepseek_v3", **ROUTING)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    count_expert_load(model)
-    losses, loads = [], []
-    for ids, labels in hf_models.batches(steps, BATCH, SEQ):
-        opt.zero_grad()
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        for p in model.parameters():
-            if p.grad is None:  # as ZeRO's flat buffer: a zero gradient, still a step
-                p.grad = torch.zeros_like(p)
-        opt.step()
-        loads.append(update_routing_bias(model, speed))
-        losses.append(loss.item())
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"losses": losses, "params": params, "biases": biases(model), "loads": loads}
+    out = hf_runs.reference("deepseek_v3", steps, prepare=count_expert_load,
+                            after_step=lambda model: update_routing_bias(model, speed),
+                            **ROUTING)  # fmt: skip
+    return {"losses": out["losses"], "params": out["params"], "biases": biases(out["model"]),
+            "loads": out["after"]}  # fmt: skip
 
 
 def composed(dims: dict, speed: float, steps: int = STEPS) -> dict:

@@ -18,11 +18,15 @@ def shifted(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[:, 1:], (0, 1), value=-100)
 
 
-def reference(name: str, steps: int = STEPS, seq: int = SEQ, **extra) -> dict:
-    """The untouched model trained in one process: its own loss, Adam at LR."""
+def reference(name: str, steps: int = STEPS, seq: int = SEQ, prepare=None, after_step=None,
+              **extra) -> dict:  # fmt: skip
+    """The untouched model trained in one process: its own loss, Adam at LR; `prepare(model)`
+    before the first step, `after_step(model)` after each (its results in "after")."""
     model = hf_models.build(name, **extra)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
+    if prepare is not None:
+        prepare(model)
+    losses, after = [], []
     for ids, labels in hf_models.batches(steps, BATCH, seq):
         opt.zero_grad()
         loss = model(input_ids=ids, labels=labels).loss
@@ -31,11 +35,13 @@ def reference(name: str, steps: int = STEPS, seq: int = SEQ, **extra) -> dict:
             if p.grad is None:  # as ZeRO's flat buffer: a zero gradient, still a step
                 p.grad = torch.zeros_like(p)
         opt.step()
+        if after_step is not None:
+            after.append(after_step(model))
         losses.append(loss.item())
     names = {p: n for n, p in model.named_parameters()}
     optim = {f"optim.{names[p]}.{k}": v.detach().clone()
              for p, state in opt.state.items() for k, v in state.items()}  # fmt: skip
-    return {"losses": losses, "optim": optim,
+    return {"losses": losses, "optim": optim, "after": after, "model": model,
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}  # fmt: skip
 
 
