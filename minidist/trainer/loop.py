@@ -24,10 +24,10 @@ configuration and the data's identity. The engine has no loss scaler (bf16 needs
 
 The log line: step, samples, loss, learning rate, gradient norm (when clipping), eval loss
 and perplexity (when evaluated), the save's blocking seconds (when saved), seconds,
-tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets: one expert of the MoE,
-top-1; Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this
-machine's float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank
-holds by kind and the ring bytes each rank sent by group kind (`compose.fixture`).
+tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets, `active_parameters`;
+Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this machine's
+float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank holds by
+kind and the ring bytes each rank sent by group kind (`compose.fixture`).
 
 Callbacks, passed in: `progress(start_step, tokens_per_step)` returns the per-step display
 `(loss, seconds, eval_loss)`; `after_step(step, grid)` runs after each step's save (the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 import warnings
 from pathlib import Path
@@ -60,6 +59,7 @@ from ..compose.fixture import (
     one_step,
     train_one_process,
 )
+from ..compose.model_parts import hf_sizes
 from ..compose.optim import OptimizerConfig, engine_options
 from ..compose.parallelize import parallelize
 from ..deepseek.moe import count_expert_load, load_group, update_routing_bias
@@ -108,17 +108,23 @@ def refuse_another_run(path: Path, layout: dict) -> None:
 
 
 def active_parameters(model: torch.nn.Module) -> int:
-    """Parameters a token meets: the dense ones, and one expert's per MoE layer (top-1)."""
-    dense = expert = 0
-    experts = set()
-    for name, p in model.named_parameters():
-        m = re.search(r"\.experts\.(\d+)\.", name)
-        if m:
-            experts.add(m.group(1))
-            expert += p.numel()
-        else:
-            dense += p.numel()
-    return dense + (expert // len(experts) if experts else 0)
+    """Parameters a token meets: every one but the routed experts it is not sent to. A layer
+    of E routed experts, k per token, counts k/E of them: the course MoE's `ModuleList` and
+    transformers' stacked experts (Mixtral's, DeepSeek-V3's `experts.gate_up_proj`
+    [E, 2f, h]); shared experts and routers are always met."""
+    config = getattr(model, "config", None)
+    idle = 0
+    for name, experts in model.named_modules():
+        if name.rpartition(".")[2] != "experts":
+            continue
+        moe = model.get_submodule(name.rpartition(".")[0])
+        if isinstance(experts, torch.nn.ModuleList):
+            routed = len(experts)
+        else:  # transformers' stacked experts: tensors [E, ...]
+            routed = getattr(experts, "num_experts", None) or hf_sizes(config)["experts"]
+        k = getattr(moe, "k", None) or getattr(moe, "top_k", None) or config.num_experts_per_tok
+        idle += sum(p.numel() for p in experts.parameters()) * (routed - k) // routed
+    return sum(p.numel() for p in model.parameters()) - idle
 
 
 def matmul_flops(n: int = 256, repeats: int = 8) -> float:
