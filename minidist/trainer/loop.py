@@ -13,7 +13,8 @@ lesson 18's notebook and the tests call `train_rank` as it is.
   and at the end (`--async-save`: the write in the background, the step blocked only for
   the copy; `--keep-last N`: each into `step_<8 digits>` of `--save`, rank 0 then removing
   the older ones beyond N); rank 0 appends one JSON line per step to `--log`;
-- **export**: `--export-hf DIR`, the whole trained weights as a Hugging Face folder.
+- **export**: `--export-hf DIR`, the whole trained weights and persistent buffers (a
+  DeepSeek-V3 router's bias, gathered from its stage) as a Hugging Face folder.
 
 What a checkpoint holds (`universal.save`, layout-free names): the engine's
 `state_pieces()` (float32 master weights and Adam's states as rectangles of the one-process
@@ -287,9 +288,9 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         saver.close()
         _keep_last(args, grid)
     # export
-    params = engine.full_parameters()
+    params, buffers = engine.full_parameters(), engine.full_buffers()
     if args.export_hf and grid.rank == 0:
-        export_hf(params, config, args.export_hf)
+        export_hf({**params, **buffers}, config, args.export_hf)
     return {
         "losses": losses,
         "norms": norms,
@@ -298,6 +299,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         "step": state.step,
         "resumed_from": resumed_from,
         "params": params,
+        "buffers": buffers,
         "optim": engine.full_optimizer_state(),
         "params_sha256": params_sha256(params),
         "bytes": bytes_by_kind(ledgers[-1], grid) if ledgers else {},
@@ -310,7 +312,9 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
 
 def reference(args) -> dict:
     """The same run in one process (`--compare`, the tests): the same model and rows,
-    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`)."""
+    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`); with
+    the model's persistent buffers (`buffers`: what is in its state dict beside the
+    parameters)."""
     data, config, optim = prepare(args)
     model = build_model(config, args.seed).to(rank_device())
     every = range(args.global_batch)
@@ -319,4 +323,8 @@ def reference(args) -> dict:
     if args.moe_bias_update_speed:
         count_expert_load(model)
         after_step = lambda: update_routing_bias(model, args.moe_bias_update_speed)  # noqa: E731
-    return train_one_process(model, batches, optim, after_step)
+    out = train_one_process(model, batches, optim, after_step)
+    weights = dict(model.named_parameters(remove_duplicate=False))
+    state = model.state_dict().items()
+    out["buffers"] = {n: t.cpu().clone() for n, t in state if n not in weights}
+    return out
