@@ -164,6 +164,30 @@ def test_the_trainer_updates_the_bias_and_a_resume_on_another_layout_keeps_it(tm
     assert max_abs_diff(resumed["params"], want["params"]) < 1e-3
 
 
+def test_export_hf_keeps_the_trained_routing_bias(tmp_path):
+    """`train --moe-bias-update-speed 0.5 --pp 2 --export-hf DIR`: the bias (a persistent
+    buffer, held by the last stage; rank 0 writes the folder) is in what `from_pretrained`
+    loads, equal to the trained one and to the one-process run's, and not zero (3 steps:
+    at γ = 0.5 step 2 moves every expert back to 0 on these rows)."""
+    transformers = pytest.importorskip("transformers")
+    from minidist.trainer.cli import parse
+    from minidist.trainer.loop import reference
+
+    ids = torch.randint(3, 128, (32, 16), generator=torch.Generator().manual_seed(1)).numpy()
+    __import__("numpy").savez(tmp_path / "rows.npz", input_ids=ids, labels=ids)
+    out = tmp_path / "hf"
+    run = ["--model", "deepseek_runs:deepseek_factory", "--data", str(tmp_path / "rows.npz"),
+           "--moe-bias-update-speed", "0.5", "--steps", "3", "--pp", "2"]  # fmt: skip
+    got = minidist.launch(deepseek_runs.trained, 2, [[*run, "--export-hf", str(out)]],
+                          timeout_s=600)[0][0]  # fmt: skip
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)
+    key = "model.layers.1.mlp.gate.e_score_correction_bias"
+    bias, want = back.get_buffer(key), reference(parse(run))["buffers"][key]
+    assert bias.abs().max() > 0 and torch.equal(bias, want)
+    assert torch.equal(bias, got["buffers"][key])
+    assert max_abs_diff(dict(back.named_parameters()), got["params"]) == 0.0
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [

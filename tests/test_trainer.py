@@ -212,6 +212,34 @@ def test_a_users_factory_names_the_model(tmp_path):
     _close_to_one_process(got, argv)
 
 
+def test_active_parameters_count_k_of_the_routed_experts_by_hand():
+    """Ψ behind the MFU: the parameters one token meets, counted by hand. Vocabulary 128,
+    hidden 32, 2 layers; Mixtral 2 of 4 stacked experts (SwiGLU, f 64); DeepSeek-V3 a dense
+    layer, then latent attention, a shared expert and 2 of 4 routed ones (f 16); the course
+    MoE 1 of 4 `ModuleList` experts (GELU MLP 4·hidden, biases) and a tied head."""
+    hf_models = pytest.importorskip("hf_models")
+    from minidist.trainer.loop import active_parameters
+
+    h, ends = 32, 2 * 128 * 32 + 32  # vocabulary 128: embedding, head; final norm
+    norms = 2 * h
+    mixtral_attention = h * h + 2 * (16 * h) + h * h  # q, k and v (2 KV heads of 8), o
+    swiglu = lambda f: 3 * f * h  # noqa: E731  (gate, up, down)
+    mixtral_layer = mixtral_attention + 4 * h + 2 * swiglu(64) + norms  # router, 2 experts
+    assert active_parameters(hf_models.build("mixtral", layers=2)) == ends + 2 * mixtral_layer
+    queries = 16 * h + 16 + 48 * 16  # q_a, its norm, q_b (4 heads of 8 + 4)
+    keys_values = 12 * h + 8 + 64 * 8  # kv_a (latent 8, rotary key 4), its norm, kv_b
+    latent = queries + keys_values + h * h  # o: 4 heads of 8
+    dense = latent + swiglu(64) + norms
+    moe = latent + 4 * h + swiglu(16) + 2 * swiglu(16) + norms  # router, shared, 2 routed
+    assert active_parameters(hf_models.build("deepseek_v3", layers=2)) == ends + dense + moe
+
+    config = {"model": "moe", "vocab": 64, "seq_len": 16, "layers": 2, "heads": 4, "hidden": h}
+    layernorm, expert = 2 * h, (4 * h * h + 4 * h) + (4 * h * h + h)
+    block = 2 * layernorm + (3 * h * h + 3 * h) + (h * h + h) + 4 * h + expert  # 1 of 4
+    embeddings = 64 * h + 16 * h + layernorm  # tied head; positions; final LayerNorm
+    assert active_parameters(build_model(config)) == embeddings + 2 * block
+
+
 def test_data_rows_are_the_files_tokens(tmp_path):
     text = load_data(str(TEXT), 16)
     raw = np.frombuffer(TEXT.read_bytes(), dtype=np.uint8)

@@ -124,6 +124,11 @@ class StatePieces:
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return self._assemble(self._param_pieces("param"))
 
+    def full_buffers(self) -> dict[str, torch.Tensor]:
+        """A transformers model's persistent buffers, whole, from the stage that holds each
+        (as the checkpoint gathers them); float32."""
+        return self._assemble(self._buffer_pieces())
+
     def grad_pieces(self) -> list[Piece]:
         """The reduced gradients (after `finish_gradient_sync`) as this rank's `Piece`s."""
         return self._param_pieces("grad")

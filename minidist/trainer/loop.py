@@ -13,7 +13,8 @@ lesson 18's notebook and the tests call `train_rank` as it is.
   and at the end (`--async-save`: the write in the background, the step blocked only for
   the copy; `--keep-last N`: each into `step_<8 digits>` of `--save`, rank 0 then removing
   the older ones beyond N); rank 0 appends one JSON line per step to `--log`;
-- **export**: `--export-hf DIR`, the whole trained weights as a Hugging Face folder.
+- **export**: `--export-hf DIR`, the whole trained weights and persistent buffers (a
+  DeepSeek-V3 router's bias, gathered from its stage) as a Hugging Face folder.
 
 What a checkpoint holds (`universal.save`, layout-free names): the engine's
 `state_pieces()` (float32 master weights and Adam's states as rectangles of the one-process
@@ -24,10 +25,10 @@ configuration and the data's identity. The engine has no loss scaler (bf16 needs
 
 The log line: step, samples, loss, learning rate, gradient norm (when clipping), eval loss
 and perplexity (when evaluated), the save's blocking seconds (when saved), seconds,
-tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets: one expert of the MoE,
-top-1; Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this
-machine's float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank
-holds by kind and the ring bytes each rank sent by group kind (`compose.fixture`).
+tokens/s, model FLOP/s (6·Ψ·tokens, Ψ the parameters a token meets, `active_parameters`;
+Kaplan et al. 2020) and MFU against `--peak-flops` per rank when given, else this machine's
+float32 matmul rate measured once on rank 0 (`matmul_flops`), the memory each rank holds by
+kind and the ring bytes each rank sent by group kind (`compose.fixture`).
 
 Callbacks, passed in: `progress(start_step, tokens_per_step)` returns the per-step display
 `(loss, seconds, eval_loss)`; `after_step(step, grid)` runs after each step's save (the
@@ -39,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 import warnings
 from pathlib import Path
@@ -60,6 +60,7 @@ from ..compose.fixture import (
     one_step,
     train_one_process,
 )
+from ..compose.model_parts import hf_sizes
 from ..compose.optim import OptimizerConfig, engine_options
 from ..compose.parallelize import parallelize
 from ..deepseek.moe import count_expert_load, load_group, update_routing_bias
@@ -108,17 +109,23 @@ def refuse_another_run(path: Path, layout: dict) -> None:
 
 
 def active_parameters(model: torch.nn.Module) -> int:
-    """Parameters a token meets: the dense ones, and one expert's per MoE layer (top-1)."""
-    dense = expert = 0
-    experts = set()
-    for name, p in model.named_parameters():
-        m = re.search(r"\.experts\.(\d+)\.", name)
-        if m:
-            experts.add(m.group(1))
-            expert += p.numel()
-        else:
-            dense += p.numel()
-    return dense + (expert // len(experts) if experts else 0)
+    """Parameters a token meets: every one but the routed experts it is not sent to. A layer
+    of E routed experts, k per token, counts k/E of them: the course MoE's `ModuleList` and
+    transformers' stacked experts (Mixtral's, DeepSeek-V3's `experts.gate_up_proj`
+    [E, 2f, h]); shared experts and routers are always met."""
+    config = getattr(model, "config", None)
+    idle = 0
+    for name, experts in model.named_modules():
+        if name.rpartition(".")[2] != "experts":
+            continue
+        moe = model.get_submodule(name.rpartition(".")[0])
+        if isinstance(experts, torch.nn.ModuleList):
+            routed = len(experts)
+        else:  # transformers' stacked experts: tensors [E, ...]
+            routed = getattr(experts, "num_experts", None) or hf_sizes(config)["experts"]
+        k = getattr(moe, "k", None) or getattr(moe, "top_k", None) or config.num_experts_per_tok
+        idle += sum(p.numel() for p in experts.parameters()) * (routed - k) // routed
+    return sum(p.numel() for p in model.parameters()) - idle
 
 
 def matmul_flops(n: int = 256, repeats: int = 8) -> float:
@@ -281,9 +288,9 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         saver.close()
         _keep_last(args, grid)
     # export
-    params = engine.full_parameters()
+    params, buffers = engine.full_parameters(), engine.full_buffers()
     if args.export_hf and grid.rank == 0:
-        export_hf(params, config, args.export_hf)
+        export_hf({**params, **buffers}, config, args.export_hf)
     return {
         "losses": losses,
         "norms": norms,
@@ -292,6 +299,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         "step": state.step,
         "resumed_from": resumed_from,
         "params": params,
+        "buffers": buffers,
         "optim": engine.full_optimizer_state(),
         "params_sha256": params_sha256(params),
         "bytes": bytes_by_kind(ledgers[-1], grid) if ledgers else {},
@@ -304,7 +312,9 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
 
 def reference(args) -> dict:
     """The same run in one process (`--compare`, the tests): the same model and rows,
-    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`)."""
+    torch's optimizer, schedule and clipping (`compose.fixture.train_one_process`); with
+    the model's persistent buffers (`buffers`: what is in its state dict beside the
+    parameters)."""
     data, config, optim = prepare(args)
     model = build_model(config, args.seed).to(rank_device())
     every = range(args.global_batch)
@@ -313,4 +323,8 @@ def reference(args) -> dict:
     if args.moe_bias_update_speed:
         count_expert_load(model)
         after_step = lambda: update_routing_bias(model, args.moe_bias_update_speed)  # noqa: E731
-    return train_one_process(model, batches, optim, after_step)
+    out = train_one_process(model, batches, optim, after_step)
+    weights = dict(model.named_parameters(remove_duplicate=False))
+    state = model.state_dict().items()
+    out["buffers"] = {n: t.cpu().clone() for n, t in state if n not in weights}
+    return out

@@ -7,10 +7,10 @@
   tokens, llama's ffn 2·hidden); the vocabulary is the data's, padded to a multiple of 8.
 - `--init-from-hf DIR`: a `save_pretrained` folder, built with transformers' Auto classes
   (`AutoModelForCausalLM.from_pretrained`, float32), its sizes from its config.json.
-- `export_hf(params, config, out)`: the trained whole tensors as a folder `from_pretrained`
-  loads (config.json + model.safetensors): the Hugging Face model's own class, or for the
-  built-in llama `transformers.LlamaForCausalLM` (the same names and numerics). The course
-  GPT has no Hugging Face class here: refused.
+- `export_hf(state, config, out)`: the trained whole tensors (parameters and persistent
+  buffers) as a folder `from_pretrained` loads (config.json + model.safetensors): the
+  Hugging Face model's own class, or for the built-in llama `transformers.LlamaForCausalLM`
+  (the same names and numerics). The course GPT has no Hugging Face class here: refused.
 
 `model_config(args, data)` resolves the sizes and refuses a bad combination with a
 ValueError naming the option and the rule; `build_model(config, seed)` builds it, the same
@@ -204,15 +204,16 @@ def hf_model(cfg: dict) -> nn.Module:
     return LlamaForCausalLM(config)
 
 
-def export_hf(params: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
-    """Write `params` (whole tensors, one-process names) as a `from_pretrained` folder at
-    `out`, atomically (a hidden `.unfinished` folder renamed into place)."""
+def export_hf(state: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
+    """Write `state` (whole tensors, one-process names: the parameters and the persistent
+    buffers, e.g. DeepSeek-V3's trained routing bias) as a `from_pretrained` folder at `out`,
+    atomically (a hidden `.unfinished` folder renamed into place)."""
     check_export(cfg, out)
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     model = hf_model(cfg)
-    missing, unexpected = model.load_state_dict(params, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {n for n in missing if n == "lm_head.weight" and model.config.tie_word_embeddings}
     if set(missing) - tied or unexpected:
         raise ValueError(f"--export-hf: the trained weights do not fit {type(model).__name__}: "
