@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..megatron import theory as tp_theory
 from ..pipeline import theory as pp_theory
-from ..pipeline.schedules import V_SHAPED, schedule
+from ..pipeline.schedules import V_SHAPED, schedule, virtual_stage
 from ..recompute import theory as recompute_theory
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
@@ -39,9 +39,20 @@ def holds_head(layout: Layout) -> bool:
     return layout.pp == 1 or v_shaped(layout)
 
 
+def virtual_stages(layout: Layout) -> tuple[int, list[int]]:
+    """(the pipeline's virtual stages, the ones rank 0 holds as its chunks): 0, p, 2p, ... of
+    p·v interleaved, 0 and 2p-1 of 2p in a V, stage 0 of p otherwise
+    (`pipeline.schedules.virtual_stage`)."""
+    p = layout.pp
+    chunks = 2 if v_shaped(layout) else layout.virtual if layout.schedule == "interleaved" else 1
+    if p == 1:
+        return 1, [0]
+    return p * chunks, [virtual_stage(layout.schedule, 0, c, p) for c in range(chunks)]
+
+
 def stage_layers(model: ModelSpec, layout: Layout) -> int:
-    """Blocks rank 0 holds: the first stage's, or in a V both its chunks'."""
-    if v_shaped(layout):
+    """Blocks rank 0 holds: its stage's, or all its chunks'."""
+    if len(virtual_stages(layout)[1]) > 1:
         return sum(chunk_layers(model, layout))
     return len(three_d_theory.stage_layers(model.layers, layout.pp)[0])
 
@@ -61,12 +72,12 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> list[int]:
     """Blocks of each model chunk of rank 0: virtual stages 0, p, 2p, ... of p·v (one chunk,
     its stage, without interleaving), or 0 and 2p-1 of 2p in a V, dealt out as the pipeline
     lesson's `split_gpt` does."""
-    if v_shaped(layout):
-        stages = three_d_theory.stage_layers(model.layers, 2 * layout.pp)
-        return [len(stages[0]), len(stages[-1])]
-    p, v = layout.pp, layout.virtual if layout.schedule == "interleaved" else 1
-    stages = three_d_theory.stage_layers(model.layers, p * v)
-    return [len(stages[c * p]) for c in range(v)]
+    if layout.pp == 1 and layout.schedule == "interleaved":  # no pipeline: v chunks in a row
+        stages = three_d_theory.stage_layers(model.layers, layout.virtual)
+        return [len(stage) for stage in stages]
+    total, held = virtual_stages(layout)
+    stages = three_d_theory.stage_layers(model.layers, total)
+    return [len(stages[k]) for k in held]
 
 
 def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:

@@ -31,7 +31,7 @@ from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
 from . import experts, llama
-from .activations import holds_head, stage_layers, v_shaped
+from .activations import holds_head, stage_layers, virtual_stages
 from .spec import Layout, ModelSpec
 
 KINDS = ("params", "grads", "optimizer", "activations")  # the keys of `Plan.memory`
@@ -63,10 +63,8 @@ def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     if model.arch == "llama":
         return llama.stage_params(model, layout)
     cfg = (model.layers, model.hidden, model.vocab, model.seq, layout.tp)
-    params = three_d_theory.params_per_rank(0, layout.pp, *cfg)
-    if v_shaped(layout):  # virtual stages 0 and 2p-1 of 2p, each with its tied copy
-        params = sum(three_d_theory.params_per_rank(k, 2 * layout.pp, *cfg)
-                     for k in (0, 2 * layout.pp - 1))  # fmt: skip
+    total, held = virtual_stages(layout)  # with chunks, each its own (a V: both tied copies)
+    params = sum(three_d_theory.params_per_rank(k, total, *cfg) for k in held)
     frozen = model.frozen_numel if holds_head(layout) else 0  # ln_f lives on the last stage
     return params, params - frozen
 
@@ -196,14 +194,17 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
 def _three_d_bytes(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """Lesson 10's {tp, pp, dp} bytes of rank 0 in float32; the Llama's pipeline has no tied
     embedding to reduce, and its ZeRO-1 flat is its own stage's trainable elements."""
-    if v_shaped(layout):  # tp = 1; rank 0 sends as a middle stage: chunk 0's outputs on,
-        # chunk 1's input gradients back; the two tied copies are summed here, no message
-        b = layout.global_batch // layout.dp
-        trainable = _stage_params(model, layout)[1]
+    total, held = virtual_stages(layout)
+    if model.arch != "llama" and len(held) > 1:  # every chunk sends as its virtual stage
+        # would (outputs on, input gradients back); the tied copies meet over the embedding
+        # group unless both are here (a V), summed without a message
+        b, s, h, t = layout.global_batch // layout.dp, model.seq, model.hidden, layout.tp
+        tied = three_d_theory.pp_bytes_sent_per_step(0, 2, 0, s, h, model.vocab, t)  # b = 0
+        sent = sum(pp_theory.p2p_bytes_sent_per_step(k, total, b, s, h, 0) for k in held)
         return {
-            "tp": 0.0,
-            "pp": pp_theory.p2p_bytes_sent_per_step(1, 3, b, model.seq, model.hidden, 0),
-            "dp": three_d_theory.dp_bytes_sent_per_step(trainable, layout.dp),
+            "tp": three_d_theory.tp_bytes_sent_per_step(0, layout.pp, model.layers, b, s, h, t),
+            "pp": sent + (0 if holds_head(layout) else tied),
+            "dp": three_d_theory.dp_bytes_sent_per_step(_stage_params(model, layout)[1], layout.dp),
         }
     if model.arch != "llama":
         cfg = model.layers, layout.global_batch, model.seq, model.hidden, model.vocab
