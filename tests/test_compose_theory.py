@@ -92,7 +92,8 @@ def test_sampled_layouts_are_planned_to_the_byte(draw):
 
 def test_the_hard_cases_are_planned_to_the_byte():
     """K/V replicated over tp = 4 under sp and cp; ZB-V's second backward pass with tp; HSDP
-    in bf16 with recomputation; the GPT's tied embedding across an interleaved pipeline."""
+    in bf16 with recomputation; the GPT's tied embedding across an interleaved pipeline and
+    on one rank in DualPipeV's V."""
     cases = [
         ("llama", dict(tp=4, cp=2, sp=True), {}),
         ("llama", dict(dp_shard=2, tp=2, sp=True, pp=2, schedule="zb-v"), {}),
@@ -102,5 +103,6 @@ def test_the_hard_cases_are_planned_to_the_byte():
             dict(precision="bf16", recompute=True),
         ),
         ("gpt", dict(tp=2, cp=2, pp=2, schedule="interleaved", virtual=2), {}),
+        ("gpt", dict(dp_shard=2, tp=2, pp=2, schedule="dualpipev"), {}),
     ]
     _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])

@@ -178,6 +178,35 @@ def test_interleaving_shrinks_the_bubble():
 # -- published tables ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "kind, p, m",
+    [("zb-v", 2, 4), ("zb-v", 4, 8), ("zb-v", 3, 12), ("zb-v", 4, 3), ("dualpipev", 2, 4),
+     ("dualpipev", 4, 8), ("dualpipev", 3, 12)],
+)  # fmt: skip
+def test_v_schedules_bubble_equals_the_simulator(kind, p, m):
+    """ZB-V's closed form (lesson 09's theory) and DualPipeV's simulated bubble, F = B = W."""
+    from minidist.pipeline import simulate
+    from minidist.pipeline.schedules import schedule
+
+    spec = ModelSpec(layers=8, hidden=32, heads=4, vocab=30, seq=16)
+    layout = Layout(pp=p, microbatches=m, schedule=kind, global_batch=m)
+    timeline = simulate(schedule(kind, p, m), 1.0, 1.0, 1.0, placement="v")
+    assert plan(spec, layout).bubble == pytest.approx(timeline.bubble, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [(dict(tp=2), ["tp=2", "dense GPT"]), (dict(recompute=True), ["recompute=True"])],
+)
+def test_v_schedules_refuse_what_the_engine_does_not_run(kwargs, words):
+    spec = ModelSpec(layers=8, hidden=32, heads=4, vocab=30, seq=16)
+    for kind in ("zb-v", "dualpipev"):
+        with pytest.raises(ValueError) as err:
+            plan(spec, Layout(pp=2, microbatches=4, schedule=kind, **kwargs))
+        for word in [f"schedule={kind!r}", *words]:
+            assert word in str(err.value)
+
+
 def test_zero_table1_reproduced():
     """ZeRO Table 1 (GB, 7.5B, K = 12): the paper prints 3 significant digits (2 decimals
     below 1 GB), hence 0.5% or 0.005 GB."""
@@ -267,6 +296,7 @@ def test_sweep_best_and_frontier():
         (dict(cp=2), 4, ["cp=2", "4"]),
         (dict(tp=3, sp=True), 3, ["tp=3", "heads=4"]),
         (dict(cp=16), 16, ["cp=16", "seq=16", "2·cp=32"]),
+        (dict(pp=2, schedule="zb-v"), 2, ["zb-v", "layers=2", "2 × pp = 4"]),
     ],
 )
 def test_bad_layout_is_named(kwargs, world, words):
@@ -295,6 +325,7 @@ def test_bad_layout_is_named(kwargs, world, words):
         (dict(cp=2.0), ["cp=2.0", "must be an int"]),
         (dict(cp=2, tp=2), ["cp=2", "tp=2", "DDP"]),
         (dict(cp=2, dp=2, zero=1), ["cp=2", "zero=1", "DDP"]),
+        (dict(pp=2, schedule="dualpipev", microbatches=2), ["dualpipev", "microbatches=2", "4"]),
     ],
 )
 def test_bad_layout_fields_are_named(kwargs, words):
@@ -488,31 +519,42 @@ def test_bytes_by_link_class_puts_tp_inside_the_node_and_dp_across():
     assert "bytes_sent[inter-node]=" in "\n".join(p.lines())
 
 
-def _pipeline_peak(kind: str, p: int, m: int, v: int, layers: int) -> int:
+def _pipeline_peak(kind: str, p: int, m: int, v: int, layers: int) -> tuple:
+    """(peak saved bytes, parameters, trainable ones, p2p bytes sent) of this rank, one step."""
     from minidist.megatron.layout import ParallelLayout
     from minidist.pipeline.engine import PipelineParallel
     from minidist.pipeline.fixture import build_pp
 
     model, batches, loss_fn = build_pp(layers=layers)
     pipe = PipelineParallel(model, loss_fn, ParallelLayout(tp=1, pp=p), kind, m, virtual=v)
-    pipe.train_step(batches[0])
-    return pipe.peak_saved_bytes
+    with minidist.comm.record() as ledger:
+        pipe.train_step(batches[0])
+    sent = sum(r.ring_bytes for r in ledger.records if r.tag in ("pp", "pp-tied-embedding"))
+    params = list(pipe.module.parameters())
+    trainable = sum(q.numel() for q in params if q.requires_grad)
+    return pipe.peak_saved_bytes, sum(q.numel() for q in params), trainable, sent
 
 
 @pytest.mark.parametrize(
     "kind, p, m, v, layers",
     [("gpipe", 2, 4, 1, 4), ("zb-h1", 4, 8, 1, 4), ("interleaved", 2, 4, 2, 4),
-     ("interleaved", 4, 8, 2, 8)],
+     ("interleaved", 4, 8, 2, 8), ("interleaved", 2, 4, 2, 5), ("zb-v", 2, 4, 1, 4),
+     ("zb-v", 2, 2, 1, 4), ("dualpipev", 2, 4, 1, 4), ("dualpipev", 3, 8, 1, 6)],
 )  # fmt: skip
 def test_stage0_activations_equal_the_engine_for_every_schedule(kind, p, m, v, layers):
     """Exact: the walk of rank 0's schedule (chunks of 1/v of its layers, the embedding's
-    indices on the first chunk) against the bytes the engine's saved-tensor hooks count."""
+    indices on the first chunk; in a V the head's and the loss's on the second) against the
+    bytes the engine's saved-tensor hooks count; and rank 0's parameters (every chunk's; in
+    a V the tied copy twice) and the bytes it sends on the pipeline (every chunk's)."""
     from minidist.pipeline.fixture import build_pp
 
-    measured = minidist.launch(_pipeline_peak, p, kind, p, m, v, layers)[0]
+    peak, params, trainable, sent = minidist.launch(_pipeline_peak, p, kind, p, m, v, layers)[0]
     spec = ModelSpec.of(build_pp(layers=layers).model)
     layout = Layout(pp=p, microbatches=m, schedule=kind, virtual=v, optimizer="sgd")
-    assert plan(spec, layout).memory["activations"] == measured
+    planned = plan(spec, layout)
+    assert planned.memory["activations"] == peak
+    assert (planned.memory["params"], planned.memory["grads"]) == (4 * params, 4 * trainable)
+    assert planned.traffic[("p2p", "pp")] == sent
 
 
 def test_one_process_activations_equal_what_autograd_saves():

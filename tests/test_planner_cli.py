@@ -77,6 +77,10 @@ def _values(out: str) -> dict[str, str]:
         ([*GPT, "--world", "8", "--cp", "2", "--zero", "1"], ["--cp 2", "--zero 1"]),
         ([*GPT, "--world", "8", "--dp", "2", "--cp", "2"], ["--dp 2", "--cp 2", "--world 8"]),
         ([*GPT[:8], "--seq", "12", "--world", "8", "--cp", "8"], ["cp=8", "seq=12"]),
+        ([*GPT, "--world", "4", "--pp", "2", "--tp", "2", "--schedule", "zb-v"],
+         ["schedule='zb-v'", "tp=2"]),
+        ([*GPT, "--world", "2", "--pp", "2", "--schedule", "dualpipev", "--microbatches", "2"],
+         ["dualpipev", "microbatches=2"]),
     ],
 )  # fmt: skip
 def test_bad_option_is_refused_in_argparse_format(capsys, args, words):
@@ -166,6 +170,17 @@ def test_pipeline_note_says_one_micro_batch(capsys):
     out, err = _run(capsys, *GPT, "--world", "4", "--pp", "4", "--microbatches", "1")
     assert _values(out)["bubble"] == "0.7500"
     assert "pp=4 with 1 micro-batch leaves" in err
+
+
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipev"])
+def test_v_schedules_are_planned(capsys, kind):
+    """Rank 0 holds virtual stages 0 and 3 of 4: the embedding and the head, both its sends."""
+    out, _ = _run(capsys, *GPT, "--world", "2", "--pp", "2", "--schedule", kind,
+                  "--microbatches", "4", "--global-batch", "8", "--precision", "fp32")  # fmt: skip
+    values = _values(out)
+    assert "bytes_sent[all_reduce@pp]" not in values  # the tied copies meet on rank 0
+    assert int(values["bytes_sent[p2p@pp]"]) == 2 * 4 * 8 * 128 * 256  # out and back, fp32
+    assert 0 < float(values["bubble"]) < 0.2
 
 
 def test_sp_and_cp_are_planned_and_swept(capsys):

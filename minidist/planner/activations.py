@@ -5,7 +5,9 @@ Per block: `megatron.theory.activation_bytes_per_layer` (Korthikanti et al. 2022
 4.1, on the course kernels: flash attention, no dropout; replicated outside the tensor-
 parallel regions, split inside), or with full recomputation only the block's input
 (Chen et al. 2016, `recompute.theory.saved_bytes`) plus one block rebuilt in backward. The
-peak comes from walking rank 0's steps of the pipeline lesson's `schedule`.
+peak comes from walking rank 0's steps of the pipeline lesson's `schedule`; with ZB-V and
+DualPipeV rank 0's two chunks are virtual stages 0 and 2p-1 of 2p, the embedding's and the
+head's.
 
 Sequence parallelism (lesson 14) stores the blocks' replicated parts 1/t each
 (`sequence_parallel.theory.activation_bytes_per_layer`); context parallelism (lesson 15)
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from ..megatron import theory as tp_theory
 from ..pipeline import theory as pp_theory
-from ..pipeline.schedules import schedule
+from ..pipeline.schedules import V_SHAPED, schedule, virtual_stage
 from ..recompute import theory as recompute_theory
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
@@ -26,8 +28,32 @@ from .spec import Layout, ModelSpec
 MEAN_BYTES = 4  # the float32 scalar the cross entropy's mean saves (lesson 07's keeps none)
 
 
+def v_shaped(layout: Layout) -> bool:
+    """Two chunks per rank in a V (ZB-V, DualPipeV): rank 0 holds virtual stages 0 and 2p-1
+    of 2p (`pipeline.schedules.virtual_stage`), the embedding and the head both."""
+    return layout.pp > 1 and layout.schedule in V_SHAPED
+
+
+def holds_head(layout: Layout) -> bool:
+    """Whether rank 0 also holds the last (virtual) stage: the final norm, head and loss."""
+    return layout.pp == 1 or v_shaped(layout)
+
+
+def virtual_stages(layout: Layout) -> tuple[int, list[int]]:
+    """(the pipeline's virtual stages, the ones rank 0 holds as its chunks): 0, p, 2p, ... of
+    p·v interleaved, 0 and 2p-1 of 2p in a V, stage 0 of p otherwise
+    (`pipeline.schedules.virtual_stage`)."""
+    p = layout.pp
+    chunks = 2 if v_shaped(layout) else layout.virtual if layout.schedule == "interleaved" else 1
+    if p == 1:
+        return 1, [0]
+    return p * chunks, [virtual_stage(layout.schedule, 0, c, p) for c in range(chunks)]
+
+
 def stage_layers(model: ModelSpec, layout: Layout) -> int:
-    """Blocks on the first pipeline stage."""
+    """Blocks rank 0 holds: its stage's, or all its chunks'."""
+    if len(virtual_stages(layout)[1]) > 1:
+        return sum(chunk_layers(model, layout))
     return len(three_d_theory.stage_layers(model.layers, layout.pp)[0])
 
 
@@ -44,17 +70,21 @@ def in_flight_microbatches(layout: Layout) -> float:
 
 def chunk_layers(model: ModelSpec, layout: Layout) -> list[int]:
     """Blocks of each model chunk of rank 0: virtual stages 0, p, 2p, ... of p·v (one chunk,
-    its stage, without interleaving), dealt out as the pipeline lesson's `split_gpt` does."""
-    p, v = layout.pp, layout.virtual if layout.schedule == "interleaved" else 1
-    stages = three_d_theory.stage_layers(model.layers, p * v)
-    return [len(stages[c * p]) for c in range(v)]
+    its stage, without interleaving), or 0 and 2p-1 of 2p in a V, dealt out as the pipeline
+    lesson's `split_gpt` does."""
+    if layout.pp == 1 and layout.schedule == "interleaved":  # no pipeline: v chunks in a row
+        stages = three_d_theory.stage_layers(model.layers, layout.virtual)
+        return [len(stage) for stage in stages]
+    total, held = virtual_stages(layout)
+    stages = three_d_theory.stage_layers(model.layers, total)
+    return [len(stages[k]) for k in held]
 
 
 def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
     """The most bytes rank 0's (micro-batch, chunk) activations reach while it walks its
     steps of the pipeline lesson's `schedule`: a forward adds its chunk's bytes, the step
     that last needs them (the backward; the weight gradient when the schedule splits it
-    out, ZB-H1) frees them."""
+    out: ZB-H1, ZB-V, DualPipeV) frees them. In a V, chunk 1 is the last virtual stage."""
     if layout.pp == 1:
         return chunk_bytes[0]
     v = layout.virtual if layout.schedule == "interleaved" else 1
@@ -77,8 +107,9 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     attention, no dropout; replicated outside tp regions, split inside), or with full
     recomputation each block's input (Chen et al. 2016) plus one block recomputed, summed
     over the micro-batches alive at the schedule's peak (`peak_activation_bytes`). The first
-    chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank
-    that is also the last stage (pp = 1) the output head's and the loss's (`head_bytes`).
+    chunk's embedding also saves its index tensors (`embedding_index_bytes`), and a rank's
+    chunk that is also the last stage (pp = 1; chunk 1 in a V) the output head's and the
+    loss's (`head_bytes`).
     Sequence parallelism keeps each block's input and the final norm's 1/t (its sequence
     block); the embedding as lesson 07's. Context parallelism: all of it over c (the loss's
     mean scalar aside: one per rank). MoE blocks (`model.experts`, padded to capacity): an
@@ -99,10 +130,12 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     else:
         held = [n * per_layer for n in chunk_layers(model, layout)]
     held[0] += indices
-    if layout.pp == 1 and model.arch == "llama":
-        held[0] += llama.head_bytes(b, model, layout, b * s if layout.tp > 1 else MEAN_BYTES)
-    elif layout.pp == 1:
-        held[0] += head_bytes(b, s, h, model.vocab, layout.tp, e, layout.sp)
+    if holds_head(layout) and model.arch == "llama":
+        held[-1] += llama.head_bytes(b, model, layout, b * s if layout.tp > 1 else MEAN_BYTES)
+    elif holds_head(layout):
+        held[-1] += head_bytes(b, s, h, model.vocab, layout.tp, e, layout.sp)
+    if v_shaped(layout):  # the targets are a view of the replica's batch, as the ids are
+        held[-1] += 8 * (layout.global_batch // layout.dp - b) * s
     # context parallelism: every activation is per token, 1/c, but the loss's mean scalar
     scalar = MEAN_BYTES if layout.pp == 1 and layout.tp == 1 else 0
     peak = (peak_activation_bytes(layout, held) - scalar) / layout.cp + scalar

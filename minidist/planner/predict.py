@@ -8,7 +8,8 @@ all-gathers, context parallelism's ring). This module chooses which, and fills i
 arguments from the `ModelSpec` and the `Layout`.
 
 The rank described is rank 0: the first pipeline stage (which holds the most 1F1B
-activations, and the token embedding), first tp and dp rank. The course's own choices are
+activations, and the token embedding; with ZB-V and DualPipeV also the last virtual stage,
+the head), first tp and dp rank. The course's own choices are
 the defaults, so a course run and its plan agree to the byte: SGD with momentum for tensor
 and pipeline parallelism, Adam for ZeRO and FSDP, float32 unless `precision="mixed"`.
 """
@@ -24,11 +25,13 @@ from ..megatron import theory as tp_theory
 from ..mixed_precision import theory as mp_theory
 from ..offload import theory as offload_theory
 from ..pipeline import theory as pp_theory
+from ..pipeline.schedules import schedule
+from ..pipeline.simulate import simulate
 from ..sequence_parallel import theory as sp_theory
 from ..three_d import theory as three_d_theory
 from ..zero import theory as zero_theory
 from . import experts, llama
-from .activations import stage_layers
+from .activations import holds_head, stage_layers, virtual_stages
 from .spec import Layout, ModelSpec
 
 KINDS = ("params", "grads", "optimizer", "activations")  # the keys of `Plan.memory`
@@ -60,8 +63,9 @@ def _stage_params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     if model.arch == "llama":
         return llama.stage_params(model, layout)
     cfg = (model.layers, model.hidden, model.vocab, model.seq, layout.tp)
-    params = three_d_theory.params_per_rank(0, layout.pp, *cfg)
-    frozen = model.frozen_numel if layout.pp == 1 else 0  # ln_f lives on the last stage
+    total, held = virtual_stages(layout)  # with chunks, each its own (a V: both tied copies)
+    params = sum(three_d_theory.params_per_rank(k, total, *cfg) for k in held)
+    frozen = model.frozen_numel if holds_head(layout) else 0  # ln_f lives on the last stage
     return params, params - frozen
 
 
@@ -190,6 +194,18 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
 def _three_d_bytes(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """Lesson 10's {tp, pp, dp} bytes of rank 0 in float32; the Llama's pipeline has no tied
     embedding to reduce, and its ZeRO-1 flat is its own stage's trainable elements."""
+    total, held = virtual_stages(layout)
+    if model.arch != "llama" and len(held) > 1:  # every chunk sends as its virtual stage
+        # would (outputs on, input gradients back); the tied copies meet over the embedding
+        # group unless both are here (a V), summed without a message
+        b, s, h, t = layout.global_batch // layout.dp, model.seq, model.hidden, layout.tp
+        tied = three_d_theory.pp_bytes_sent_per_step(0, 2, 0, s, h, model.vocab, t)  # b = 0
+        sent = sum(pp_theory.p2p_bytes_sent_per_step(k, total, b, s, h, 0) for k in held)
+        return {
+            "tp": three_d_theory.tp_bytes_sent_per_step(0, layout.pp, model.layers, b, s, h, t),
+            "pp": sent + (0 if holds_head(layout) else tied),
+            "dp": three_d_theory.dp_bytes_sent_per_step(_stage_params(model, layout)[1], layout.dp),
+        }
     if model.arch != "llama":
         cfg = model.layers, layout.global_batch, model.seq, model.hidden, model.vocab
         return three_d_theory.bytes_sent_per_step(
@@ -268,10 +284,14 @@ def bus_traffic(model: ModelSpec, layout: Layout) -> dict[str, float]:
 
 
 def bubble(layout: Layout) -> float:
-    """The pipeline's idle share (`pipeline.theory.bubble_fraction`); 0 without a pipeline."""
+    """The pipeline's idle share (`pipeline.theory.bubble_fraction`, DualPipeV's from lesson
+    09's simulator); 0 without a pipeline."""
     if layout.pp == 1:
         return 0.0
     kind = layout.schedule
+    if kind == "dualpipev":  # no closed form: lesson 09's simulator, F = B = W = 1 per chunk
+        steps = schedule(kind, layout.pp, layout.microbatches)
+        return simulate(steps, 1.0, 1.0, 1.0, placement="v").bubble
     return pp_theory.bubble_fraction(layout.pp, layout.microbatches, kind, layout.virtual)
 
 
@@ -293,5 +313,5 @@ def flops_per_step(model: ModelSpec, layout: Layout) -> float:
         layer = experts.layer_flops(model, layout)
     if layout.recompute:
         layer *= 4 / 3
-    head = 6 * b * s * h * model.vocab if layout.pp == 1 else 0.0
+    head = 6 * b * s * h * model.vocab if holds_head(layout) else 0.0
     return (stage_layers(model, layout) * layer + head) / (layout.tp * layout.cp)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..pipeline.schedules import KINDS as SCHEDULES
+from ..pipeline.schedules import V_SHAPED
 from .model_spec import MAX_LAYERS, ModelSpec, _whole  # noqa: F401 (importable from here)
 
 OPTIMIZERS = ("sgd", "adam")  # sgd: with momentum (one fp32 buffer), adam: two
@@ -102,6 +103,11 @@ class Layout:
             raise ValueError(
                 f"Layout: virtual={self.virtual} chunks per rank need schedule='interleaved', "
                 f"not {self.schedule!r} (which runs one chunk per rank)"
+            )
+        if self.schedule == "dualpipev" and self.pp > 1 and self.microbatches < 2 * self.pp:
+            raise ValueError(
+                f"Layout: dualpipev needs microbatches={self.microbatches} >= 2 × pp = "
+                f"{2 * self.pp} (both chunks' pipelines full before the overlapped pairs)"
             )
         if self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ValueError(
@@ -204,10 +210,34 @@ class Layout:
             )
         if self.pp > model.layers:
             raise ValueError(f"Layout: pp={self.pp} exceeds layers={model.layers}")
+        if self.pp > 1 and self.schedule in V_SHAPED:
+            self._check_v_shaped(model)
         if (self.tp > 1 or self.pp > 1) and self.zero > 1:
             raise ValueError(
                 f"Layout: with tp={self.tp} or pp={self.pp} the course composes ZeRO-1 at most "
                 f"(lesson 10), not zero={self.zero}"
+            )
+
+    def _check_v_shaped(self, model: ModelSpec) -> None:
+        """ZB-V and DualPipeV: 2p chunks of the dense GPT, as lesson 09's engine runs them."""
+        if 2 * self.pp > model.layers:
+            raise ValueError(
+                f"Layout: {self.schedule} needs layers={model.layers} >= 2 × pp = "
+                f"{2 * self.pp} (two chunks per rank, placed in a V)"
+            )
+        bad = {}
+        if self.tp > 1:
+            bad["tp"] = self.tp
+        if self.recompute:
+            bad["recompute"] = True
+        if model.arch != "gpt":
+            bad["arch"] = model.arch
+        if bad:
+            named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+            raise ValueError(
+                f"Layout: schedule={self.schedule!r} with {named}: lesson 09 runs the V "
+                "schedules on the dense GPT (tp=1, no recompute); lesson 17 plans such "
+                "layouts composed (minidist.compose.theory.planned)"
             )
 
 
