@@ -183,6 +183,15 @@ def test_v_schedules_are_planned(capsys, kind):
     assert 0 < float(values["bubble"]) < 0.2
 
 
+def test_the_sweep_of_an_sgd_pipeline_leaves_out_zero_without_adam(capsys):
+    """`--pp 2 --optimizer sgd` plans its layout, then sweeps every other one of the world:
+    the dp-only layouts with ZeRO 1-3 step Adam only, so they are left out of the sweep (they
+    were planned and raised there, after the chosen plan had been printed)."""
+    out, _ = _run(capsys, *GPT, "--world", "4", "--pp", "2", "--optimizer", "sgd")
+    layouts = [line for line in out.splitlines() if line.startswith("layout=")]
+    assert layouts and not any("tp1.pp1.zero" in line and "zero0" not in line for line in layouts)
+
+
 def test_sp_and_cp_are_planned_and_swept(capsys):
     """--sp: reduce-scatters and all-gathers on tp, the sweep keeps sequence parallelism;
     --cp: the ring on cp, the gradients over the data × context ranks."""

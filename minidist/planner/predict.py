@@ -93,7 +93,6 @@ def model_states(model: ModelSpec, layout: Layout) -> dict[str, float]:
     if z == 0:
         tensors = sum(1 for p in model.tensors() if p.requires_grad) if model.has_config else 0
         return _unsharded(model.num_params, model.trainable, tensors, layout)
-    _need_adam(layout)
     f = shard_group(layout)
     if z in (1, 2):
         buckets = zero_buckets(model, layout)
@@ -137,14 +136,6 @@ def _mixed(
         "grads": terms["grads"],
         "optimizer": terms["master"] + terms["moments"] + 4 * steps,
     }
-
-
-def _need_adam(layout: Layout) -> None:
-    if layout.optimizer != "adam":
-        raise ValueError(
-            f"Layout: zero={layout.zero} with optimizer={layout.optimizer!r}: the course's "
-            "ZeRO and FSDP step Adam (K = 12 bytes of state per parameter in ZeRO's count)"
-        )
 
 
 def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:

@@ -171,6 +171,11 @@ class Layout:
         if model.arch == "llama" and (self.sp or self.cp > 1):
             raise ValueError(f"Layout: sp={self.sp}, cp={self.cp} with arch='llama': the planner "
                              "plans the Llama with dp, tp, pp and ZeRO")  # fmt: skip
+        if self.zero and self.optimizer != "adam" and self.tp == self.pp == 1 and not model.experts:
+            raise ValueError(
+                f"Layout: zero={self.zero} with optimizer={self.optimizer!r}: the course's "
+                "ZeRO and FSDP step Adam (K = 12 bytes of state per parameter in ZeRO's count)"
+            )
         if model.experts:
             _moe_layout_only(self, f"a model with experts={model.experts}")
             if model.experts % self.ep:
