@@ -237,13 +237,11 @@ class Layout:
             bad["recompute"] = True
         if model.arch != "gpt":
             bad["arch"] = model.arch
-        if bad:
-            named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
-            raise ValueError(
-                f"Layout: schedule={self.schedule!r} with {named}: lesson 09 runs the V "
-                "schedules on the dense GPT (tp=1, no recompute); lesson 17 plans such "
-                "layouts composed (minidist.compose.theory.planned)"
-            )
+        _refuse(
+            f"schedule={self.schedule!r}",
+            bad,
+            "lesson 09 runs the V schedules on the dense GPT (tp=1, no recompute)",
+        )
 
 
 def _moe_layout_only(layout: Layout, what: str) -> None:
@@ -254,11 +252,20 @@ def _moe_layout_only(layout: Layout, what: str) -> None:
     bad = {k: v for k, v in others.items() if v != (0 if k == "zero" else 1)}
     if layout.recompute:
         bad["recompute"] = True
+    _refuse(
+        what,
+        bad,
+        "lesson 16 runs experts with data and expert parallelism only "
+        "(tp=pp=cp=1, zero=0, microbatches=1, no recompute)",
+    )
+
+
+def _refuse(what: str, bad: dict, which_lesson_runs: str) -> None:
+    """One line naming each setting of `bad` the lesson that runs `what` does not, and where
+    such a layout is planned instead."""
     if bad:
         named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
         raise ValueError(
-            f"Layout: {what} with {named}: lesson 16 runs experts with data and expert "
-            "parallelism only (tp=pp=cp=1, zero=0, microbatches=1, no recompute); "
-            "lesson 17 plans such "
-            "layouts composed (minidist.compose.theory.planned)"
+            f"Layout: {what} with {named}: {which_lesson_runs}; lesson 17 plans "
+            "such layouts composed (minidist.compose.theory.planned)"
         )
