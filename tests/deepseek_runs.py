@@ -25,11 +25,19 @@ def biases(model) -> dict[int, torch.Tensor]:
 
 def reference(speed: float, steps: int = STEPS) -> dict:
     """The untouched model, Adam at LR, the bias updated after each step."""
-    out = hf_runs.reference("deepseek_v3", steps, prepare=count_expert_load,
-                            after_step=lambda model: update_routing_bias(model, speed),
-                            **ROUTING)  # fmt: skip
-    return {"losses": out["losses"], "params": out["params"], "biases": biases(out["model"]),
-            "loads": out["after"]}  # fmt: skip
+    out = hf_runs.reference(
+        "deepseek_v3",
+        steps,
+        prepare=count_expert_load,
+        after_step=lambda model: update_routing_bias(model, speed),
+        **ROUTING,
+    )
+    return {
+        "losses": out["losses"],
+        "params": out["params"],
+        "biases": biases(out["model"]),
+        "loads": out["after"],
+    }
 
 
 def composed(dims: dict, speed: float, steps: int = STEPS) -> dict:

@@ -46,30 +46,47 @@ def _in_place(b, n, s):
 
 
 MISTAKES = [
-    Mistake("sign flipped", (lambda b, n, s: b + s * torch.sign(n - _mean(n)).to(b.dtype),),
-            "sign is flipped"),
-    Mistake("proportional", (lambda b, n, s: b - s * (n - _mean(n)).to(b.dtype),),
-            "proportional"),
-    Mistake("a tie moves", (lambda b, n, s: b - s * torch.where(n > _mean(n), 1, -1).to(b.dtype),),
-            "exactly at the mean"),
-    Mistake("integer mean", (lambda b, n, s: _step(b, n, s, n.sum() // len(n)),),
-            "integer division"),
+    Mistake(
+        "sign flipped",
+        (lambda b, n, s: b + s * torch.sign(n - _mean(n)).to(b.dtype),),
+        "sign is flipped",
+    ),
+    Mistake("proportional", (lambda b, n, s: b - s * (n - _mean(n)).to(b.dtype),), "proportional"),
+    Mistake(
+        "a tie moves",
+        (lambda b, n, s: b - s * torch.where(n > _mean(n), 1, -1).to(b.dtype),),
+        "exactly at the mean",
+    ),
+    Mistake(
+        "integer mean", (lambda b, n, s: _step(b, n, s, n.sum() // len(n)),), "integer division"
+    ),
     Mistake("no speed", (lambda b, n, s: b - torch.sign(n - _mean(n)).to(b.dtype),), "speed"),
-    Mistake("the change only", (lambda b, n, s: -s * torch.sign(n - _mean(n)).to(b.dtype),),
-            "change .* alone"),
-    Mistake("against the sum", (lambda b, n, s: _step(b, n, s, n.sum()),),
-            "MEAN"),
+    Mistake(
+        "the change only",
+        (lambda b, n, s: -s * torch.sign(n - _mean(n)).to(b.dtype),),
+        "change .* alone",
+    ),
+    Mistake("against the sum", (lambda b, n, s: _step(b, n, s, n.sum()),), "MEAN"),
     Mistake("in place", (_in_place,), "in place"),
-    Mistake("float64 returned", (lambda b, n, s: b.double() - s * torch.sign(n - _mean(n)),),
-            "keep bias's dtype"),
+    Mistake(
+        "float64 returned",
+        (lambda b, n, s: b.double() - s * torch.sign(n - _mean(n)),),
+        "keep bias's dtype",
+    ),
     Mistake("a list", (lambda b, n, s: (b - s * torch.sign(n - _mean(n))).tolist(),), "list"),
     Mistake("no return", (lambda b, n, s: None,), "NoneType"),
-    Mistake("load doubled in place", (lambda b, n, s: _step(b, n.mul_(2), s),),
-            "changed `load` in place"),
+    Mistake(
+        "load doubled in place",
+        (lambda b, n, s: _step(b, n.mul_(2), s),),
+        "changed `load` in place",
+    ),
     Mistake("mean of int64", (lambda b, n, s: b - s * torch.sign(n - n.mean()),), "load.float"),
-    Mistake("off by one expert", (lambda b, n, s: torch.cat([b[:1], _step(b, n, s)[1:]]),),
-            r"expert 0 .* moved by 0"),
-]  # fmt: skip
+    Mistake(
+        "off by one expert",
+        (lambda b, n, s: torch.cat([b[:1], _step(b, n, s)[1:]]),),
+        r"expert 0 .* moved by 0",
+    ),
+]
 
 
 def test_each_catalogued_mistake_is_named():

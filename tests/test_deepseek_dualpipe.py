@@ -151,8 +151,20 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
     from minidist.trainer.loop import reference
 
     text = argparse.__file__  # real text this machine has
-    argv = ["--model", "llama", "--data", text, "--seq-len", "16", "--pp", "2",
-            "--schedule", "dualpipev", "--steps", "2"]  # fmt: skip
+    argv = [
+        "--model",
+        "llama",
+        "--data",
+        text,
+        "--seq-len",
+        "16",
+        "--pp",
+        "2",
+        "--schedule",
+        "dualpipev",
+        "--steps",
+        "2",
+    ]
     got = minidist.launch(_train, 2, [argv], timeout_s=600)[0][0]
     want = reference(parse(argv))
     assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
@@ -165,8 +177,13 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.floats(0.5, 2), st.floats(0.5, 2), st.floats(0.05, 1), st.floats(0.05, 1),
-       st.floats(0.0, 0.5))  # fmt: skip
+@given(
+    st.floats(0.5, 2),
+    st.floats(0.5, 2),
+    st.floats(0.05, 1),
+    st.floats(0.05, 1),
+    st.floats(0.0, 0.5),
+)
 def test_figure_4_hides_the_all_to_alls_behind_the_other_chunks_compute(a, m, d, c, pp):
     """Each piece starts when its stream is free and its chunk's previous piece ended; with
     every all-to-all no longer than the compute beside it (dispatch, combine <= attention, MLP)
@@ -204,8 +221,16 @@ def test_pictures_draw(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.booleans(), st.integers(1, 4), st.integers(0, 3), st.floats(0.5, 2), st.floats(0.5, 2),
-       st.floats(0.1, 1), st.floats(0.5, 4), st.floats(0, 1))  # fmt: skip
+@given(
+    st.booleans(),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.floats(0.5, 2),
+    st.floats(0.5, 2),
+    st.floats(0.1, 1),
+    st.floats(0.5, 4),
+    st.floats(0, 1),
+)
 def test_a_pair_starts_when_its_rank_and_both_inputs_are_ready(dual, n, extra, f, b, w, fb, lat):
     """The simulator's rule for pairs: a lone step as lesson 09's; an overlapped pair starts
     when its rank is free and both its forward's and its backward's inputs have arrived (plus
@@ -239,9 +264,11 @@ def test_a_pair_starts_when_its_rank_and_both_inputs_are_ready(dual, n, extra, f
             ready = 0.0
             for step, _, _ in ran[k : k + size]:
                 key, at, total, rank = where(s, step)
-                need = {"F": ("F", key, at - 1) if at else None,
-                        "B": ("F", key, at) if at == total - 1 else ("B", key, at + 1),
-                        "W": None if size > 1 else ("B", key, at)}[step[0]]  # fmt: skip
+                need = {
+                    "F": ("F", key, at - 1) if at else None,
+                    "B": ("F", key, at) if at == total - 1 else ("B", key, at + 1),
+                    "W": None if size > 1 else ("B", key, at),
+                }[step[0]]
                 if need is not None:
                     ready = max(ready, ends[need] + (lat if rank(need[2]) != rank(at) else 0.0))
             start, end = ran[k][1], ran[k + size - 1][2]

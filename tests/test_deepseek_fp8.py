@@ -232,11 +232,14 @@ def _converted_llama():
 def _composed_dp2(steps):
     dims = ParallelDims(dp_shard=2)
     grid = Grid(dims)
-    engine = parallelize(_converted_llama(), dims, grid=grid, microbatches=1, seq_len=SEQ,
-                         lr=hf_runs.LR)  # fmt: skip
+    engine = parallelize(
+        _converted_llama(), dims, grid=grid, microbatches=1, seq_len=SEQ, lr=hf_runs.LR
+    )
     rows = list(data_rows(grid, BATCH))
-    losses = [one_step(engine, grid, ids[rows], hf_runs.shifted(labels)[rows])[0]
-              for ids, labels in hf_models.batches(steps, BATCH, SEQ)]  # fmt: skip
+    losses = [
+        one_step(engine, grid, ids[rows], hf_runs.shifted(labels)[rows])[0]
+        for ids, labels in hf_models.batches(steps, BATCH, SEQ)
+    ]
     return losses, engine.full_parameters()
 
 

@@ -18,15 +18,35 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf  # noqa: E402
 
 
-def attention(dtype=torch.float64, heads=4, q_lora=16, d_c=8, rope=4, nope=8, v=8,
-              interleave=True, hidden=32, bias=False, seed=0):  # fmt: skip
+def attention(
+    dtype=torch.float64,
+    heads=4,
+    q_lora=16,
+    d_c=8,
+    rope=4,
+    nope=8,
+    v=8,
+    interleave=True,
+    hidden=32,
+    bias=False,
+    seed=0,
+):
     """(DeepseekV3Attention, its rotary embedding): random weights, the norms' too."""
     cfg = transformers.DeepseekV3Config(
-        vocab_size=16, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads,
-        q_lora_rank=q_lora, kv_lora_rank=d_c, qk_rope_head_dim=rope, qk_nope_head_dim=nope,
-        v_head_dim=v, rope_interleave=interleave, attention_bias=bias, num_hidden_layers=1,
+        vocab_size=16,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        q_lora_rank=q_lora,
+        kv_lora_rank=d_c,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=v,
+        rope_interleave=interleave,
+        attention_bias=bias,
+        num_hidden_layers=1,
         max_position_embeddings=64,
-    )  # fmt: skip
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     attn = hf.DeepseekV3Attention(cfg, 0).to(dtype).eval()
@@ -73,18 +93,29 @@ F32 = dict(rtol=1e-4, atol=1e-5)
     bias=st.booleans(),
     seq=st.integers(1, 9),
 )
-def test_attention_from_cache_equals_transformers_float64(heads, q_lora, d_c, rope, nope, v,
-                                                          interleave, bias, seq):  # fmt: skip
-    attn, rotary = attention(torch.float64, heads, q_lora, d_c, rope, nope, v, interleave,
-                             hidden=30, bias=bias)  # fmt: skip
+def test_attention_from_cache_equals_transformers_float64(
+    heads, q_lora, d_c, rope, nope, v, interleave, bias, seq
+):
+    attn, rotary = attention(
+        torch.float64, heads, q_lora, d_c, rope, nope, v, interleave, hidden=30, bias=bias
+    )
     got, want = compare(attn, rotary, 2, seq, torch.float64)
     torch.testing.assert_close(got, want, **F64)
 
 
 @pytest.mark.parametrize("q_lora,interleave", [(16, True), (None, False), (7, False)])
 def test_attention_from_cache_float32(q_lora, interleave):
-    attn, rotary = attention(torch.float32, heads=3, q_lora=q_lora, d_c=6, rope=6, nope=5,
-                             v=7, interleave=interleave, hidden=30)  # fmt: skip
+    attn, rotary = attention(
+        torch.float32,
+        heads=3,
+        q_lora=q_lora,
+        d_c=6,
+        rope=6,
+        nope=5,
+        v=7,
+        interleave=interleave,
+        hidden=30,
+    )
     got, want = compare(attn, rotary, 2, 11, torch.float32)
     torch.testing.assert_close(got, want, **F32)
 
@@ -107,8 +138,9 @@ def test_the_cache_holds_latent_and_one_rotary_key_per_token():
     torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-5, atol=1e-5)
     # the rotary key at position 0 is unrotated (cos 1, sin 0)
     raw = attn.kv_a_proj_with_mqa(x)[..., 6:]
-    first = hf.apply_rotary_pos_emb_interleave(raw[:, None, :1], raw[:, None, :1],
-                                               cos[:, :1], sin[:, :1])[0][:, 0]  # fmt: skip
+    first = hf.apply_rotary_pos_emb_interleave(
+        raw[:, None, :1], raw[:, None, :1], cos[:, :1], sin[:, :1]
+    )[0][:, 0]
     torch.testing.assert_close(key_rope[:, :1], first)
 
 
@@ -138,8 +170,10 @@ def test_latent_attention_under_tp_2_equals_one_process():
     from minidist.training import max_abs_diff
 
     dense = {"first_k_dense_replace": 4}
-    runs = [("deepseek_v3", dict(tp=2), dense),
-            ("deepseek_v3", dict(tp=2, sp=True), {**dense, "q_lora_rank": None})]  # fmt: skip
+    runs = [
+        ("deepseek_v3", dict(tp=2), dense),
+        ("deepseek_v3", dict(tp=2, sp=True), {**dense, "q_lora_rank": None}),
+    ]
     got = minidist.launch(hf_runs.several, 2, runs, timeout_s=600)[0]
     for (name, _, extra), result in zip(runs, got):
         want = hf_runs.reference(name, **extra)

@@ -148,8 +148,15 @@ def test_the_trainer_updates_the_bias_and_a_resume_on_another_layout_keeps_it(tm
     ids = torch.randint(3, 128, (32, 16), generator=torch.Generator().manual_seed(1)).numpy()
     __import__("numpy").savez(tmp_path / "rows.npz", input_ids=ids, labels=ids)
     ck = str(tmp_path / "ck")
-    run = ["--model", "deepseek_runs:deepseek_factory", "--data", str(tmp_path / "rows.npz"),
-           "--moe-bias-update-speed", "0.5", "--steps"]  # fmt: skip
+    run = [
+        "--model",
+        "deepseek_runs:deepseek_factory",
+        "--data",
+        str(tmp_path / "rows.npz"),
+        "--moe-bias-update-speed",
+        "0.5",
+        "--steps",
+    ]
     before = [*run, "1", "--dp-shard", "2", "--ep", "2", "--save", ck]
     after = [*run, "3", "--pp", "2", "--resume", ck]
     saved = minidist.launch(deepseek_runs.trained, 2, [before], timeout_s=600)[0][0]
@@ -176,10 +183,21 @@ def test_export_hf_keeps_the_trained_routing_bias(tmp_path):
     ids = torch.randint(3, 128, (32, 16), generator=torch.Generator().manual_seed(1)).numpy()
     __import__("numpy").savez(tmp_path / "rows.npz", input_ids=ids, labels=ids)
     out = tmp_path / "hf"
-    run = ["--model", "deepseek_runs:deepseek_factory", "--data", str(tmp_path / "rows.npz"),
-           "--moe-bias-update-speed", "0.5", "--steps", "3", "--pp", "2"]  # fmt: skip
-    got = minidist.launch(deepseek_runs.trained, 2, [[*run, "--export-hf", str(out)]],
-                          timeout_s=600)[0][0]  # fmt: skip
+    run = [
+        "--model",
+        "deepseek_runs:deepseek_factory",
+        "--data",
+        str(tmp_path / "rows.npz"),
+        "--moe-bias-update-speed",
+        "0.5",
+        "--steps",
+        "3",
+        "--pp",
+        "2",
+    ]
+    got = minidist.launch(
+        deepseek_runs.trained, 2, [[*run, "--export-hf", str(out)]], timeout_s=600
+    )[0][0]
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
     key = "model.layers.1.mlp.gate.e_score_correction_bias"
     bias, want = back.get_buffer(key), reference(parse(run))["buffers"][key]
@@ -194,10 +212,12 @@ def test_export_hf_keeps_the_trained_routing_bias(tmp_path):
         (["--moe-bias-update-speed", "-0.1"], "--moe-bias-update-speed=-0.1 must be a finite"),
         (["--moe-bias-update-speed", "nan"], "--moe-bias-update-speed=nan must be a finite"),
         (["--model", "llama", "--moe-bias-update-speed", "0.1"], "the llama model has no router"),
-        (["--model", "hf_models:qwen2_factory", "--moe-bias-update-speed", "1e-3"],
-         "the factory model has no router"),
+        (
+            ["--model", "hf_models:qwen2_factory", "--moe-bias-update-speed", "1e-3"],
+            "the factory model has no router",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_speeds_and_models_without_a_biased_router_exit_2(capsys, argv, words):
     from minidist.__main__ import main
 

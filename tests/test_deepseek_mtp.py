@@ -28,13 +28,19 @@ def _by_hand(model, hidden, ids, labels):
     mtp, eps = model.mtp, model.config.rms_norm_eps
     s = ids.shape[1]
     emb = model.model.embed_tokens.weight[ids[:, 1:]]
-    both = [_rms(hidden[:, :-1], mtp.hidden_norm.weight, eps),
-            _rms(emb, mtp.embedding_norm.weight, eps)]  # fmt: skip
+    both = [
+        _rms(hidden[:, :-1], mtp.hidden_norm.weight, eps),
+        _rms(emb, mtp.embedding_norm.weight, eps),
+    ]
     x = torch.cat(both, -1) @ mtp.projection.weight.t()
     pos = torch.arange(s - 1)[None]
     mask = torch.full((s - 1, s - 1), float("-inf")).triu(1)[None, None]
-    x = mtp.layer(x, attention_mask=mask, position_ids=pos,
-                  position_embeddings=model.model.rotary_emb(x, position_ids=pos))  # fmt: skip
+    x = mtp.layer(
+        x,
+        attention_mask=mask,
+        position_ids=pos,
+        position_embeddings=model.model.rotary_emb(x, position_ids=pos),
+    )
     logits = _rms(x, mtp.norm.weight, eps) @ model.lm_head.weight.t()
     pairs = [(b, i) for b in range(ids.shape[0]) for i in range(s - 2) if labels[b, i + 2] != -100]
     terms = [-F.log_softmax(logits[b, i], -1)[labels[b, i + 2]] for b, i in pairs]

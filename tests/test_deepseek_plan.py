@@ -15,11 +15,26 @@ from minidist.deepseek import plan
 
 
 def tiny(**extra):
-    sizes = dict(vocab_size=97, hidden_size=24, intermediate_size=40, moe_intermediate_size=12,
-                 num_hidden_layers=5, num_attention_heads=3, num_key_value_heads=3,
-                 n_routed_experts=6, n_shared_experts=1, num_experts_per_tok=2, n_group=3,
-                 topk_group=2, first_k_dense_replace=2, q_lora_rank=10, kv_lora_rank=6,
-                 qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5)  # fmt: skip
+    sizes = dict(
+        vocab_size=97,
+        hidden_size=24,
+        intermediate_size=40,
+        moe_intermediate_size=12,
+        num_hidden_layers=5,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        n_routed_experts=6,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=3,
+        topk_group=2,
+        first_k_dense_replace=2,
+        q_lora_rank=10,
+        kv_lora_rank=6,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=6,
+        v_head_dim=5,
+    )
     return transformers.DeepseekV3Config(**{**sizes, **extra})
 
 
@@ -41,11 +56,17 @@ def meta_counts(c):
     dense=st.integers(0, 3),
     shared=st.integers(0, 2),
 )
-def test_counts_equal_the_transformers_model_on_the_meta_device(q_lora, tied, bias, layers,
-                                                                dense, shared):  # fmt: skip
-    c = tiny(q_lora_rank=q_lora, tie_word_embeddings=tied, attention_bias=bias,
-             num_hidden_layers=layers, first_k_dense_replace=min(dense, layers),
-             n_shared_experts=shared)  # fmt: skip
+def test_counts_equal_the_transformers_model_on_the_meta_device(
+    q_lora, tied, bias, layers, dense, shared
+):
+    c = tiny(
+        q_lora_rank=q_lora,
+        tie_word_embeddings=tied,
+        attention_bias=bias,
+        num_hidden_layers=layers,
+        first_k_dense_replace=min(dense, layers),
+        n_shared_experts=shared,
+    )
     counts = plan.parameter_counts(c)
     total, routed = meta_counts(c)
     assert counts["total"] == total

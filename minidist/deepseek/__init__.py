@@ -12,7 +12,15 @@ from .moe import count_expert_load, nodes_per_token, sequence_balance_loss, upda
 from .mtp import add_multi_token_prediction
 
 __all__ = [
-    "Fp8Linear", "add_multi_token_prediction", "attention_from_cache", "convert_to_fp8_training",
-    "count_expert_load", "fp8_matmul", "latent_cache", "nodes_per_token", "quantize",
-    "sequence_balance_loss", "update_routing_bias",
-]  # fmt: skip
+    "Fp8Linear",
+    "add_multi_token_prediction",
+    "attention_from_cache",
+    "convert_to_fp8_training",
+    "count_expert_load",
+    "fp8_matmul",
+    "latent_cache",
+    "nodes_per_token",
+    "quantize",
+    "sequence_balance_loss",
+    "update_routing_bias",
+]

@@ -58,29 +58,48 @@ class Segment:
 # Figure 4's order on each stream. The backward chunk starts from the gradient of its last
 # combine (an all-to-all), so communication opens with it while the forward chunk's
 # attention computes; each all-to-all of one chunk then runs beside the other's compute.
-_COMPUTE = (("attention", "F"), ("mlp", "B"), ("mlp", "W"), ("mlp", "F"),
-            ("attention", "B"), ("attention", "W"))  # fmt: skip
-_COMMUNICATION = (("combine", "B"), ("dispatch", "F"), ("dispatch", "B"), ("combine", "F"),
-                  ("pp", "B"), ("pp", "F"))  # fmt: skip
+_COMPUTE = (
+    ("attention", "F"),
+    ("mlp", "B"),
+    ("mlp", "W"),
+    ("mlp", "F"),
+    ("attention", "B"),
+    ("attention", "W"),
+)
+_COMMUNICATION = (
+    ("combine", "B"),
+    ("dispatch", "F"),
+    ("dispatch", "B"),
+    ("combine", "F"),
+    ("pp", "B"),
+    ("pp", "F"),
+)
 WAITS_FOR = {  # what each piece waits for: the chunk's previous piece
-    ("dispatch", "F"): ("attention", "F"), ("mlp", "F"): ("dispatch", "F"),
-    ("combine", "F"): ("mlp", "F"), ("pp", "F"): ("combine", "F"),
-    ("mlp", "B"): ("combine", "B"), ("mlp", "W"): ("mlp", "B"),
-    ("dispatch", "B"): ("mlp", "B"), ("attention", "B"): ("dispatch", "B"),
-    ("attention", "W"): ("attention", "B"), ("pp", "B"): ("attention", "B"),
-}  # fmt: skip
+    ("dispatch", "F"): ("attention", "F"),
+    ("mlp", "F"): ("dispatch", "F"),
+    ("combine", "F"): ("mlp", "F"),
+    ("pp", "F"): ("combine", "F"),
+    ("mlp", "B"): ("combine", "B"),
+    ("mlp", "W"): ("mlp", "B"),
+    ("dispatch", "B"): ("mlp", "B"),
+    ("attention", "B"): ("dispatch", "B"),
+    ("attention", "W"): ("attention", "B"),
+    ("pp", "B"): ("attention", "B"),
+}
 
 
 def overlapped_pair(
-    attention: float = 1.0, mlp: float = 1.0, dispatch: float = 1.0, combine: float = 1.0,
+    attention: float = 1.0,
+    mlp: float = 1.0,
+    dispatch: float = 1.0,
+    combine: float = 1.0,
     pp: float = 0.25,
-) -> list[Segment]:  # fmt: skip
+) -> list[Segment]:
     """One forward chunk (attention, dispatch, MLP, combine) overlapped with one backward
     chunk (the same in reverse, each compute split into B and W, as long as its forward: a
     full backward is twice a forward), on a compute and a communication stream: each piece
     starts when its stream is free and its chunk's previous piece has ended."""
-    times = {"attention": attention, "mlp": mlp, "dispatch": dispatch, "combine": combine,
-             "pp": pp}  # fmt: skip
+    times = {"attention": attention, "mlp": mlp, "dispatch": dispatch, "combine": combine, "pp": pp}
     ends: dict[tuple[str, str], float] = {}
     out, free = [], {"compute": 0.0, "communication": 0.0}
     queues = {"compute": list(_COMPUTE), "communication": list(_COMMUNICATION)}

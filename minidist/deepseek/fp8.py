@@ -109,15 +109,18 @@ def fp8_matmul(
     core that runs the whole K."""
     (m, k), (k2, n) = a.data.shape, b.data.shape
     if k != k2:
-        raise ValueError(f"fp8_matmul: inner dimensions differ: a {tuple(a.data.shape)}, "
-                         f"b {tuple(b.data.shape)}")  # fmt: skip
+        raise ValueError(
+            f"fp8_matmul: inner dimensions differ: a {tuple(a.data.shape)}, b {tuple(b.data.shape)}"
+        )
     if promote_every is None:
         sa, sb = a.expanded_scale(), b.expanded_scale()
         av, bv = a.data.float() * sa, b.data.float() * sb
         return _limited_sum(av.t()[:, :, None], bv[:, None, :], accumulator_bits)
     if any(kb < k and kb % promote_every for kb in (a.block[1], b.block[0])):
-        raise ValueError(f"fp8_matmul: promote_every={promote_every} must divide the blocks "
-                         f"along K ({a.block[1]}, {b.block[0]})")  # fmt: skip
+        raise ValueError(
+            f"fp8_matmul: promote_every={promote_every} must divide the blocks "
+            f"along K ({a.block[1]}, {b.block[0]})"
+        )
     c = -(-k // promote_every)
     pad = c * promote_every - k
     # every slice at once: [slice, M, j] and [slice, j, N]; FP8 products are exact in float32
@@ -151,8 +154,9 @@ class Fp8Config:
 
 def _gemm(a, a_block, b, b_block, cfg: Fp8Config) -> torch.Tensor:
     """a [M, K] @ b [K, N] with both quantized along K as `a_block`, `b_block` say."""
-    return fp8_matmul(quantize(a, a_block), quantize(b, b_block), cfg.promote_every,
-                      cfg.accumulator_bits)  # fmt: skip
+    return fp8_matmul(
+        quantize(a, a_block), quantize(b, b_block), cfg.promote_every, cfg.accumulator_bits
+    )
 
 
 def _transposed(block):

@@ -76,15 +76,21 @@ def tiny_llama(vocab: int, seed: int = 0, hidden: int = 128, layers: int = 2):
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden,
-                                   intermediate_size=2 * hidden, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
 
 
-def train_losses(mode: str, steps: int = 40, batch: int = 8, seq: int = 32, lr: float = 3e-3,
-                 seed: int = 0) -> list[float]:  # fmt: skip
+def train_losses(
+    mode: str, steps: int = 40, batch: int = 8, seq: int = 32, lr: float = 3e-3, seed: int = 0
+) -> list[float]:
     """The loss per step of the tiny Llama on the toy-grammar corpus, Adam on float32 master
     weights, in `mode`: "float32", "bf16" (CPU autocast) or "fp8" (every Linear but the head
     in simulated FP8, outputs rounded to bf16, the rest in float32)."""

@@ -84,8 +84,11 @@ def attention_from_cache(
     mixed = torch.einsum("bhst,btc->bhsc", weights, latent)  # Σ_t p_t c_t, still latent
     out_w = attn.o_proj.weight.view(-1, h, d_v)
     absorbed = torch.einsum("ohv,hvc->ohc", out_w, up_value)  # W_UV absorbed: W_O,h · W_UV,h
-    return F.linear(mixed.transpose(1, 2).reshape(b, q_len, h * attn.kv_lora_rank),
-                    absorbed.reshape(-1, h * attn.kv_lora_rank), attn.o_proj.bias)  # fmt: skip
+    return F.linear(
+        mixed.transpose(1, 2).reshape(b, q_len, h * attn.kv_lora_rank),
+        absorbed.reshape(-1, h * attn.kv_lora_rank),
+        attn.o_proj.bias,
+    )
 
 
 def cache_elements_per_token(

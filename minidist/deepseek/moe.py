@@ -49,8 +49,10 @@ def count_expert_load(model: nn.Module, required: bool = True) -> int:
     `required` (a pipeline stage of only dense layers has none)."""
     found = routers(model)
     if not found and required:
-        raise ValueError(f"count_expert_load: {type(model).__name__} has no router with an "
-                         f"{BIAS} (a DeepSeek-V3 MoE layer)")  # fmt: skip
+        raise ValueError(
+            f"count_expert_load: {type(model).__name__} has no router with an "
+            f"{BIAS} (a DeepSeek-V3 MoE layer)"
+        )
     for _, router in found:
         if not hasattr(router, "expert_load"):
             # float32 (the router adds it to float32 scores): a bf16 model (lesson 12) would
@@ -131,12 +133,26 @@ def load_over_steps(speed: float, steps: int = 40, seed: int = 0, experts: int =
 
     torch.manual_seed(seed)
     cfg = DeepseekV3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
-        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4,
-        qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=32,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        q_lora_rank=16,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        max_position_embeddings=32,
+    )
     model = DeepseekV3ForCausalLM(cfg)
     count_expert_load(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

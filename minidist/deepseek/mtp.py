@@ -36,9 +36,12 @@ class MultiTokenPrediction(nn.Module):
         self.norm = norm(d, eps=cfg.rms_norm_eps)
 
     def forward(
-        self, model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
+        self,
+        model: nn.Module,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
         labels: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """The mean cross entropy of predicting labels[:, i + 2] at positions i (labels as the
         model takes them, unshifted; -100 ignored)."""
         embedded = model.get_input_embeddings()(input_ids[:, 1:])  # Emb(t_{i+1}), shared
@@ -68,8 +71,9 @@ def add_multi_token_prediction(model: nn.Module, weight: float = 0.3) -> nn.Modu
     model.model.norm.register_forward_pre_hook(keep_hidden)
     main_forward = model.forward
 
-    def forward(input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                **kwargs):  # fmt: skip
+    def forward(
+        input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs
+    ):
         out = main_forward(input_ids=input_ids, labels=labels, **kwargs)
         if labels is not None:
             mtp_loss = model.mtp(model, seen.pop("hidden"), input_ids, labels)

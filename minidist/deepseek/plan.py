@@ -135,8 +135,9 @@ def stage_params(c, recipe: Recipe, stage: int) -> dict[str, int]:
     if not 0 <= stage < recipe.pp:
         raise ValueError(f"stage_params: stage={stage} must be in [0, {recipe.pp})")
     if c.n_routed_experts % recipe.ep:
-        raise ValueError(f"stage_params: ep={recipe.ep} must divide n_routed_experts="
-                         f"{c.n_routed_experts}")  # fmt: skip
+        raise ValueError(
+            f"stage_params: ep={recipe.ep} must divide n_routed_experts={c.n_routed_experts}"
+        )
     counts = layers_per_stage(c.num_hidden_layers, recipe.pp)
     first = sum(counts[:stage])
     held = range(first, first + counts[stage])
@@ -163,10 +164,15 @@ def model_state_bytes(c, recipe: Recipe, stage: int) -> dict[str, float]:
     held = stage_params(c, recipe, stage)
     weights = WEIGHT_BYTES * held["total"]
     grads = GRAD_BYTES * held["total"]
-    optimizer = OPTIMIZER_BYTES * (held["dense"] / recipe.dp
-                                   + held["routed experts"] / recipe.expert_dp)  # fmt: skip
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer,
-            "total": weights + grads + optimizer}  # fmt: skip
+    optimizer = OPTIMIZER_BYTES * (
+        held["dense"] / recipe.dp + held["routed experts"] / recipe.expert_dp
+    )
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "total": weights + grads + optimizer,
+    }
 
 
 def expected_nodes(experts: int, nodes: int, k: int) -> float:

@@ -15,8 +15,9 @@ def plot_cache_per_token(elements: Mapping[str, float], bytes_per_element: int =
     fig, ax = plt.subplots(figsize=(6, 3))
     names = list(elements)
     kib = [elements[n] * bytes_per_element / 1024 for n in names]
-    bars = ax.barh(names, kib, color=["#c44e52" if n.startswith("MLA") else "#4c72b0"
-                                      for n in names])  # fmt: skip
+    bars = ax.barh(
+        names, kib, color=["#c44e52" if n.startswith("MLA") else "#4c72b0" for n in names]
+    )
     ax.bar_label(bars, labels=[f"{k:,.0f} KiB" for k in kib], padding=3, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(right=max(kib) * 8)

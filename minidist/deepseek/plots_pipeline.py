@@ -30,12 +30,24 @@ def plot_overlapped_pair(segments: list[Segment], title: str = "") -> Figure:
     for seg in segments:
         color = PP_COLOR if seg.part == "pp" else OP_COLORS[seg.op]
         comm = seg.stream == "communication" and seg.part != "pp"
-        ax.broken_barh([(seg.start, seg.end - seg.start)], (rows[seg.stream] - 0.4, 0.8),
-                       facecolors=color, edgecolor="white", hatch="//" if comm else None,
-                       alpha=0.75 if comm else 1.0)  # fmt: skip
+        ax.broken_barh(
+            [(seg.start, seg.end - seg.start)],
+            (rows[seg.stream] - 0.4, 0.8),
+            facecolors=color,
+            edgecolor="white",
+            hatch="//" if comm else None,
+            alpha=0.75 if comm else 1.0,
+        )
         if seg.part != "pp":
-            ax.text((seg.start + seg.end) / 2, rows[seg.stream], f"{seg.part.upper()}\n({seg.op})",
-                    ha="center", va="center", fontsize=7, color="white")  # fmt: skip
+            ax.text(
+                (seg.start + seg.end) / 2,
+                rows[seg.stream],
+                f"{seg.part.upper()}\n({seg.op})",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     span = max(s.end for s in segments)
     ax.set_yticks([0, 1])
     ax.set_yticklabels(["communication", "computation"])
@@ -43,20 +55,33 @@ def plot_overlapped_pair(segments: list[Segment], title: str = "") -> Figure:
     ax.set_xlabel("time units")
     handles = [Patch(color=OP_COLORS[o], label=OP_NAMES[o]) for o in "FBW"]
     handles.append(Patch(color=PP_COLOR, label="pipeline send"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4,
-              fontsize=8, frameon=False)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
     name = f"{title} · " if title else ""
-    ax.set_title(f"{name}{span:g} overlapped against {serial_time(segments):g} one after the "
-                 "other", fontsize=10)  # fmt: skip
+    ax.set_title(
+        f"{name}{span:g} overlapped against {serial_time(segments):g} one after the other",
+        fontsize=10,
+    )
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
 
 
 def plot_dual_schedule(
-    steps: list[list[tuple]], placement: str = "dual", forward: float = 1.0,
-    backward: float = 1.0, weight: float = 1.0, paired: float | None = None, title: str = "",
-) -> Figure:  # fmt: skip
+    steps: list[list[tuple]],
+    placement: str = "dual",
+    forward: float = 1.0,
+    backward: float = 1.0,
+    weight: float = 1.0,
+    paired: float | None = None,
+    title: str = "",
+) -> Figure:
     """`steps` from `dualpipe.dualpipe` (placement "dual": chunk = direction, the reverse one
     lighter) or `schedule("dualpipev", ...)` (placement "v"), simulated with lesson 09's
     costs (`backward` the input gradient's) and `paired` for an overlapped pair."""
@@ -70,7 +95,15 @@ def plot_dual_schedule(
             n = steps_together([step for step, _, _ in ran], k)
             if n > 1:
                 start, end = ran[k][1], ran[k + n - 1][2]
-                ax.add_patch(Rectangle((start, p - 1 - s - 0.42), end - start, 0.84, fill=False,
-                                       edgecolor="black", linewidth=1.2))  # fmt: skip
+                ax.add_patch(
+                    Rectangle(
+                        (start, p - 1 - s - 0.42),
+                        end - start,
+                        0.84,
+                        fill=False,
+                        edgecolor="black",
+                        linewidth=1.2,
+                    )
+                )
             k += n
     return fig

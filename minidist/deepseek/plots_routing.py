@@ -15,12 +15,15 @@ def plot_expert_load(runs: dict[str, torch.Tensor], layer: int = 0) -> Figure:
     """One panel per run of `runs` ({label: [steps, layers, experts] loads}): MoE layer
     `layer`'s tokens per expert over the steps, over the mean (1 = balanced), one line per
     expert, and the most loaded expert's in black."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.2), sharey=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(4.5 * len(runs), 3.2), sharey=True, squeeze=False
+    )
     for ax, (label, loads) in zip(axes[0], runs.items()):
         if loads.dim() != 3 or not 0 <= layer < loads.shape[1]:
-            raise ValueError(f"plot_expert_load: {label}'s loads {tuple(loads.shape)} must be "
-                             f"[steps, layers, experts] with layer {layer} in range")  # fmt: skip
+            raise ValueError(
+                f"plot_expert_load: {label}'s loads {tuple(loads.shape)} must be "
+                f"[steps, layers, experts] with layer {layer} in range"
+            )
         share = loads[:, layer].double()
         share = share / share.mean(-1, keepdim=True)
         for e in range(share.shape[-1]):
@@ -41,8 +44,12 @@ def plot_nodes_per_token(counts: Mapping[str, torch.Tensor], nodes: int) -> Figu
     width = 0.8 / len(counts)
     for i, (name, spans) in enumerate(counts.items()):
         share = torch.bincount(spans.flatten(), minlength=nodes + 1)[1:].double() / spans.numel()
-        ax.bar([n + 1 + (i - (len(counts) - 1) / 2) * width for n in range(nodes)],
-               share.numpy(), width=width, label=name)  # fmt: skip
+        ax.bar(
+            [n + 1 + (i - (len(counts) - 1) / 2) * width for n in range(nodes)],
+            share.numpy(),
+            width=width,
+            label=name,
+        )
     ax.set_xticks(range(1, nodes + 1))
     ax.set_xlabel("nodes a token's experts span")
     ax.set_ylabel("share of tokens")

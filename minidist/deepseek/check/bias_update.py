@@ -86,20 +86,28 @@ def check_bias_update(update) -> None:
         if not torch.equal(n, load):
             fail(f"{what} changed `load` in place: leave the measured load as it was.")
         if not torch.equal(b, bias):
-            fail(f"{what} updated `bias` in place (bias -= ..., bias.sub_(...)): the router's "
-                 "buffer is the caller's to write; return a NEW tensor.")  # fmt: skip
+            fail(
+                f"{what} updated `bias` in place (bias -= ..., bias.sub_(...)): the router's "
+                "buffer is the caller's to write; return a NEW tensor."
+            )
         if not isinstance(out, torch.Tensor) or out.shape != bias.shape:
             form = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            fail(f"{what} returned {form}: return the new bias, a tensor of shape "
-                 f"{tuple(bias.shape)}.")  # fmt: skip
+            fail(
+                f"{what} returned {form}: return the new bias, a tensor of shape "
+                f"{tuple(bias.shape)}."
+            )
         if out.dtype != bias.dtype:
-            fail(f"{what} returned {out.dtype}: keep bias's dtype ({bias.dtype}); sign of the "
-                 "float64 load must be cast back, .to(bias.dtype).")  # fmt: skip
+            fail(
+                f"{what} returned {out.dtype}: keep bias's dtype ({bias.dtype}); sign of the "
+                "float64 load must be cast back, .to(bias.dtype)."
+            )
         got.append(out)
     wrong = [i for i, (c, g) in enumerate(zip(cases, got)) if not _close(g, bias_step(*c))]
     if not wrong:
-        passed(f"b − γ·sign(load − mean) on {len(cases)} loads of 2 to 8 experts (experts at "
-               "the mean, all balanced), float32 and float64")  # fmt: skip
+        passed(
+            f"b − γ·sign(load − mean) on {len(cases)} loads of 2 to 8 experts (experts at "
+            "the mean, all balanced), float32 and float64"
+        )
         return
     for name, alt in MISTAKES.items():
         if all(_close(g, alt(*c)) for c, g in zip(cases, got)):
@@ -108,6 +116,8 @@ def check_bias_update(update) -> None:
     want = bias_step(bias, load, speed)
     i = int((got[wrong[0]].double() - want.double()).abs().argmax())
     mean = load.double().mean().item()
-    fail(f"update on load {load.tolist()} (mean {mean:.4g}), speed {speed}: expert {i} (load "
-         f"{int(load[i])}) moved by {float(got[wrong[0]][i] - bias[i]):.6g}, want "
-         f"{float(want[i] - bias[i]):.6g} (−γ·sign(load − mean)).")  # fmt: skip
+    fail(
+        f"update on load {load.tolist()} (mean {mean:.4g}), speed {speed}: expert {i} (load "
+        f"{int(load[i])}) moved by {float(got[wrong[0]][i] - bias[i]):.6g}, want "
+        f"{float(want[i] - bias[i]):.6g} (−γ·sign(load − mean))."
+    )

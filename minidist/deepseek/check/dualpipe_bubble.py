@@ -15,9 +15,15 @@ from ...course.check import call_learner, fail, passed
 from ..theory import bubble as _table_2
 
 # (pp, F, B, W, FB): DualPipe's pp of 2 to 8, DualPipeV's 2n stages for n = 3, 5, 7 ranks
-CASES = [(2, 1.0, 2.0, 0.5, 2.6), (4, 1.0, 2.0, 0.5, 2.6), (6, 1.3, 2.9, 0.8, 3.7),
-         (8, 0.7, 1.6, 0.4, 2.0), (10, 1.1, 2.3, 0.9, 3.1), (14, 2.0, 4.5, 1.2, 6.0),
-         (8, 1.0, 2.0, 1.0, 3.0)]  # fmt: skip
+CASES = [
+    (2, 1.0, 2.0, 0.5, 2.6),
+    (4, 1.0, 2.0, 0.5, 2.6),
+    (6, 1.3, 2.9, 0.8, 3.7),
+    (8, 0.7, 1.6, 0.4, 2.0),
+    (10, 1.1, 2.3, 0.9, 3.1),
+    (14, 2.0, 4.5, 1.2, 6.0),
+    (8, 1.0, 2.0, 1.0, 3.0),
+]
 
 
 def _right(pp, F, B, W, FB):
@@ -76,5 +82,7 @@ def check_dualpipe_bubble(bubble) -> None:
         if all(_close(g, alt(*c)) for g, c in zip(got, CASES)):
             fail(f"bubble: {name}.")
     case, value = next((c, g) for g, c in zip(got, CASES) if not _close(g, _right(*c)))
-    fail(f"bubble{case} (pp, F, B, W, FB): got {value:.6g}, want {_right(*case):.6g} = "
-         "(PP/2 - 1)(F&B + B - 3W).")  # fmt: skip
+    fail(
+        f"bubble{case} (pp, F, B, W, FB): got {value:.6g}, want {_right(*case):.6g} = "
+        "(PP/2 - 1)(F&B + B - 3W)."
+    )
