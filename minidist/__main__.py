@@ -4,6 +4,7 @@ exercises [--check] | grade ... | site | gpucheck`."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--world-size", type=positive_int, default=2)
     bench.add_argument("--rounds", type=positive_int, default=15)
     bench.add_argument("--steps", type=positive_int, default=5, help="steps per timed round")
+    for size in ("--hidden", "--seq-len", "--layers"):
+        bench.add_argument(size, type=positive_int, help="the model's size (benches that take it)")
 
     plan = sub.add_parser("plan", help="predict memory, bytes and step time of a layout")
     from .planner.cli import add_arguments
@@ -119,10 +122,19 @@ def main(argv: list[str] | None = None) -> int:
         from .registry import benches
 
         if args.name not in benches():
-            bench.error(f"argument name: unknown bench {args.name!r}; choose one of "
-                        f"{sorted(benches())}")  # fmt: skip
-
-        return run_bench(args.name, args.world_size, args.rounds, args.steps)
+            bench.error(
+                f"argument name: unknown bench {args.name!r}; choose one of {sorted(benches())}"
+            )
+        sizes = {k: getattr(args, k) for k in ("hidden", "seq_len", "layers")}
+        sizes = {k: v for k, v in sizes.items() if v is not None}
+        taken = inspect.signature(benches()[args.name]).parameters
+        if untaken := [k for k in sizes if k not in taken]:
+            flag = "--" + untaken[0].replace("_", "-")
+            bench.error(f"argument {flag}: bench {args.name} has no model size to set")
+        try:  # the bench checks its sizes and layout before any rank starts
+            return run_bench(args.name, args.world_size, args.rounds, args.steps, **sizes)
+        except ValueError as e:
+            bench.error(str(e))
     if args.command == "plan":
         from .planner.cli import run_plan
 

@@ -12,12 +12,14 @@ packages (`@bench(name)` in `minidist/<lesson>/lesson.py`, found through `minidi
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from . import comm
@@ -59,12 +61,48 @@ def interleaved_ab(
     return result
 
 
-def run_bench(name: str, world_size: int, rounds: int, steps: int) -> int:
+def matmul_flops(m: int, k: int, n: int, repeats: int = 8) -> float:
+    """FLOP/s of one float32 [m, k] @ [k, n] matmul on this process's device and threads
+    (the median of `repeats`, after one untimed call)."""
+    from .runtime.device import rank_device
+
+    a, b = (torch.randn(*shape, device=rank_device()) for shape in ((m, k), (k, n)))
+    times = []
+    for _ in range(repeats + 1):
+        if a.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if a.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / sorted(times[1:])[repeats // 2]
+
+
+def peak_flops(
+    per_process: float, world_size: int, threads: int | None = None, on_gpu: bool = False
+) -> float:
+    """The world's peak FLOP/s from one process's measured matmul rate (`matmul_flops`, on
+    `threads` intra-op threads, the default `torch.get_num_threads()`, as each rank runs).
+    Each rank has its own GPU; on CPUs the ranks of one machine share its cores, so a machine
+    gives at most `per_process / threads` per core, whatever the number of ranks on it
+    (LOCAL_WORLD_SIZE under torchrun, else all of them)."""
+    if on_gpu:
+        return per_process * world_size
+    threads = threads or torch.get_num_threads()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    machines = max(1, world_size // local)
+    return machines * per_process / threads * min(cores or 1, local * threads)
+
+
+def run_bench(name: str, world_size: int, rounds: int, steps: int, **sizes) -> int:
     registered = benches()
     if name not in registered:
         raise SystemExit(f"bench: unknown name {name!r}; choose one of {sorted(registered)}")
     doc = " ".join((registered[name].__doc__ or "").split("\n\n")[0].split())
+    results = registered[name](world_size, rounds, steps, **sizes)
     print(f"# bench {name}: {doc}", file=sys.stderr)  # what the lines measure; stdout stays
-    for key, value in registered[name](world_size, rounds, steps).items():
+    for key, value in results.items():
         print(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return 0

@@ -45,8 +45,9 @@ def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **siz
     if callable(name):
         model = name(vocab)
     elif name == "llama":
-        model: nn.Module = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, kv_heads=2, ffn=64,
-                                                        **sizes))  # fmt: skip
+        model: nn.Module = LlamaForCausalLM(
+            LlamaConfig(vocab_size=vocab, kv_heads=2, ffn=2 * sizes["hidden"], **sizes)
+        )
     elif name == "moe":
         model = moe_gpt(GPTConfig(vocab_size=vocab, **sizes), experts=4, k=1,
                         capacity_factor=4.0, seed=seed)  # fmt: skip

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..bench import matmul_flops, peak_flops
 from ..checkpoint_files import CheckpointError, keep_last, newest, step_path
 from ..checkpoint_pin import pin
 from ..compose.dims import Grid, ParallelDims
@@ -128,15 +129,23 @@ def active_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) - idle
 
 
-def matmul_flops(n: int = 256, repeats: int = 8) -> float:
-    """This machine's float32 matmul FLOP/s (one process, the median of `repeats`)."""
-    a = torch.randn(n, n, device=rank_device())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / sorted(times)[len(times) // 2]
+def world_peak_flops(args, model, seq_len: int, world_size: int) -> float:
+    """The world's peak FLOP/s the MFU is against: `--peak-flops` per rank, or under `--log`
+    rank 0's float32 matmul at the model's sizes (a micro-batch's tokens by hidden by
+    hidden), per core, times the cores the ranks share (`bench.peak_flops`); else 0."""
+    if args.peak_flops:
+        return args.peak_flops * world_size
+    if not args.log:
+        return 0.0
+    hidden = getattr(getattr(model, "config", None), "hidden_size", 256)
+    mine = peak_flops(
+        matmul_flops(args.micro_batch * seq_len, hidden, hidden),
+        world_size,
+        on_gpu=rank_device().type == "cuda",
+    )
+    everyone = [None] * world_size
+    comm.all_gather_object(everyone, mine, tag="log")  # rank 0's measure for everyone
+    return everyone[0]
 
 
 def _resume(args, engine, layout: dict):
@@ -195,8 +204,9 @@ def _log(args, engine, grid, state, record: dict, ledger, psi, peak, tokens) -> 
     flops = 6 * psi * tokens / seconds
     line = {"step": state.step, "samples": state.samples, **record,
             "tokens_per_s": tokens / seconds, "model_flops_per_s": flops,
-            "mfu": flops / (peak * grid.dims.world_size), "peak_flops_per_rank": peak,
-            "peak_from": "--peak-flops" if args.peak_flops else "matmul fitted here",
+            "mfu": flops / peak, "peak_flops": peak,
+            "peak_flops_per_rank": peak / grid.dims.world_size,
+            "peak_from": "--peak-flops" if args.peak_flops else "matmul measured here",
             "memory_per_rank": [m for m, _ in everyone],
             "bytes_per_rank": [b for _, b in everyone]}  # fmt: skip
     with open(args.log, "a") as f:
@@ -238,11 +248,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
     resumed_from = state.step
     show = progress(resumed_from, tokens) if progress is not None else None
     saver = AsyncSaver() if args.async_save and args.save else None
-    peak = args.peak_flops or (matmul_flops() if args.log else 0.0)
-    if args.log:  # rank 0's measure for everyone
-        everyone = [None] * pdims.world_size
-        comm.all_gather_object(everyone, peak, tag="log")
-        peak = everyone[0]
+    peak = world_peak_flops(args, model, data.seq_len, pdims.world_size)
     # loop
     rows = data_rows(grid, args.global_batch)  # this data rank's rows of every batch
     losses, norms, times, ledgers, evals, samples = [], [], [], [], [], []
@@ -280,7 +286,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         if args.log:
             _log(args, engine, grid, state, record, ledger, psi, peak, tokens)
         if show is not None:
-            mfu = 6 * psi * tokens / seconds / (peak * pdims.world_size) if peak else None
+            mfu = 6 * psi * tokens / seconds / peak if peak else None
             show(loss, seconds, record.get("eval_loss"), mfu)
         if after_step is not None:
             after_step(state.step, grid)
