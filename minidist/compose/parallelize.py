@@ -133,6 +133,30 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
     return sizes
 
 
+def check_course_layout(model: nn.Module, dims: ParallelDims, recompute: bool = False) -> None:
+    """Refuse, in one line, what `parallelize` cannot compose for one of the course's models
+    (call it in the parent, on the model or its copy on the meta device)."""
+    sizes = model_sizes(model)
+    dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
+    for moe in sizes["moes"]:
+        if dims.tp > 1:
+            raise ValueError(
+                f"parallelize: an MoE model with tp={dims.tp}: the course MoE's experts inside "
+                "tensor parallelism are not composed here (use ep over dp_shard, or tp = 1)"
+            )
+        if moe.capacity_factor * moe.k < moe.num_experts:
+            raise ValueError(
+                f"parallelize: capacity_factor={moe.capacity_factor} drops tokens (need "
+                f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
+                "routing groups, so on the layout"
+            )
+    if recompute and dims.schedule in SPLIT_BACKWARD:
+        raise ValueError(
+            f"parallelize: recompute with schedule={dims.schedule!r} is not composed on the "
+            "course models (the split backward would recompute twice)"
+        )
+
+
 class ComposedParallel(StatePieces, PipelineParallel):
     """This rank's chunks of `model` under `dims`, trained by lesson 09's engine; the
     optimizer is built in (`step()` after `finish_gradient_sync()`)."""
@@ -159,20 +183,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 raise ValueError("parallelize: seq_len= (the batches' sequence length) is "
                                  "needed for a transformers model")  # fmt: skip
             sizes.update(check_layout(model, dims, seq_len))
-        dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
-        for moe in sizes["moes"]:
-            if dims.tp > 1:
-                raise ValueError(f"parallelize: an MoE model with tp={dims.tp}: experts "
-                                 "inside tensor parallelism are not composed here")  # fmt: skip
-            if moe.capacity_factor * moe.k < moe.num_experts:
-                raise ValueError(
-                    f"parallelize: capacity_factor={moe.capacity_factor} drops tokens (need "
-                    f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
-                    "routing groups, so on the layout"
-                )
-        if recompute and dims.schedule in SPLIT_BACKWARD and not self.hf:
-            raise ValueError(f"parallelize: recompute with schedule={dims.schedule!r} is not "
-                             "composed (the split backward would recompute twice)")  # fmt: skip
+        else:
+            check_course_layout(model, dims, recompute)
         grid = grid or Grid(dims)
         self.dims, self.grid, self.sizes, self.precision = dims, grid, sizes, precision
         self.kind, self.m, self.p, self.v = dims.schedule, microbatches, dims.pp, dims.chunks

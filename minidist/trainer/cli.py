@@ -49,6 +49,7 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..cli_checks import positive_int
@@ -145,7 +146,7 @@ def check_run(args: argparse.Namespace) -> dict:
     against the layout, the optimizer, the export folder, a resume of another run -> the
     model's configuration."""
     from ..checkpoint_files import newest
-    from ..compose.parallelize import check_layout
+    from ..compose.parallelize import check_course_layout, check_layout
     from .loop import layout_of, prepare, refuse_another_run
     from .models import build_model, check_export, skeleton
 
@@ -160,6 +161,10 @@ def check_run(args: argparse.Namespace) -> dict:
                          "vocab-parallel embedding and head split it evenly)")  # fmt: skip
     if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
         check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
+    if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta
+        with torch.device("meta"):
+            model = build_model(config, args.seed)
+        check_course_layout(model, ParallelDims(**dims_of(args)), args.recompute)
     if config["model"] == "factory":
         check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)),
                      data.seq_len)  # fmt: skip
