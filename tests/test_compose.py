@@ -89,8 +89,9 @@ def test_bad_sizes_for_the_model_or_world_are_refused():
         ParallelDims(tp=8).check_model(heads=4, layers=4, seq_len=16)
     with pytest.raises(ValueError, match="ep=4 must divide the experts=6"):
         ParallelDims(dp_shard=4, ep=4).check_model(heads=4, layers=4, seq_len=16, experts=6)
-    with pytest.raises(ValueError, match="must divide the layers=4"):
-        ParallelDims(pp=3).check_model(heads=4, layers=4, seq_len=16)
+    with pytest.raises(ValueError, match="need at least one layer each, more than the layers=4"):
+        ParallelDims(pp=5).check_model(heads=4, layers=4, seq_len=16)
+    ParallelDims(pp=3).check_model(heads=4, layers=4, seq_len=16)  # uneven: 2, 1, 1
     with pytest.raises(ValueError, match="must equal the world size 8"):
         ParallelDims(tp=2, pp=2).check_world(8)
 

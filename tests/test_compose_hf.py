@@ -117,7 +117,7 @@ def test_composed_layouts_of_8_ranks_equal_one_process():
 REFUSED = [
     ("phi3", dict(tp=2), "fuses Q, K, V with 2 KV heads"),
     ("llama", dict(tp=8), "tp=8 must divide the heads=4"),
-    ("llama", dict(pp=3), "must divide the layers=4"),
+    ("llama", dict(pp=5), "need at least one layer each, more than the layers=4"),
     ("llama", dict(ep=2, dp_shard=2), "ep=2 needs a model with experts"),
     ("mixtral", dict(ep=3, dp_shard=3), "ep=3 must divide the experts=4"),
     ("llama", dict(cp=3), "sequence length 16 must divide by 2·cp"),

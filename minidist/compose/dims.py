@@ -113,10 +113,10 @@ class ParallelDims:
         """Refuse sizes the model cannot be split into, naming the argument and the rule."""
         if heads % self.tp:
             raise ValueError(f"ParallelDims: tp={self.tp} must divide the heads={heads}")
-        if layers % (self.pp * self.chunks):
+        if layers < self.pp * self.chunks:  # uneven stages are fine (`holdings.stage_layers`)
             raise ValueError(
-                f"ParallelDims: pp × chunks per rank = {self.pp} × {self.chunks} must divide "
-                f"the layers={layers} (equal stages)"
+                f"ParallelDims: pp × chunks per rank = {self.pp} × {self.chunks} stages need at "
+                f"least one layer each, more than the layers={layers}"
             )
         split = 2 * self.cp * (self.tp if self.sp else 1)
         if seq_len % split:

@@ -14,14 +14,22 @@ from ..pipeline.schedules import virtual_stage
 SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
 
 
+def stage_layers(layers: int, stages: int, index: int) -> range:
+    """The layers of (virtual) stage `index` of `stages`: runs of equal length, the first
+    `layers mod stages` stages one layer longer (numpy's `array_split`); every stage holds at
+    least one when layers >= stages (`ParallelDims.check_model`)."""
+    per, extra = divmod(layers, stages)
+    start = index * per + min(index, extra)
+    return range(start, start + per + (index < extra))
+
+
 def chunks(dims, pp_rank: int, layers: int) -> list[tuple[int, range, bool, bool]]:
     """(virtual stage, its layers, first, last) of each chunk of pipeline rank `pp_rank`."""
     stages = dims.pp * dims.chunks
-    per = layers // stages
     out = []
     for c in range(dims.chunks):
         vs = virtual_stage(dims.schedule, pp_rank, c, dims.pp)
-        out.append((vs, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1))
+        out.append((vs, stage_layers(layers, stages, vs), vs == 0, vs == stages - 1))
     return out
 
 

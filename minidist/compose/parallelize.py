@@ -15,6 +15,7 @@ each later step works on what the earlier ones left):
 
 1. pipeline split (lesson 09): the rank's chunks (`Chunk`: 1, `virtual` interleaved, or 2
    in ZB-V's and DualPipeV's V), driven by lesson 09's engine with any of its schedules;
+   any layers ≥ stages, the first `layers mod stages` stages one layer longer;
 2. tensor and sequence parallelism from a plan (lesson 07 and 14, `megatron.plan`);
 3. attention: the rank's heads, rotary at global positions, lesson 15's ring attention over
    cp on the zig-zag split (`ComposedAttention`);
@@ -66,6 +67,7 @@ from .attention import ComposedAttention, Positions
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel, expert_modules
+from .holdings import stage_layers
 from .model_parts import find_parts, hf_sizes, is_hf
 from .optim import OptimizerConfig, shard_optimizer
 from .split import StageContext, split_model
@@ -196,7 +198,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
         tp = grid.group("tp") if dims.tp > 1 else None
         cp = grid.group("cp") if dims.cp > 1 else None
         stages = self.p * self.v
-        per = sizes["layers"] // stages
         self.transposed, self.tied_copy = [], {}
         self.chunks = []
         if self.hf:
@@ -204,9 +205,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
         plan = plan or (None if self.hf else GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
         for c in range(0 if self.hf else self.v):
             vs = virtual_stage(self.kind, self.stage_index, c, self.p)
-            chunk = Chunk(
-                model, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1, self.ctx
-            )  # fmt: skip  (1. the pipeline split)
+            held = stage_layers(sizes["layers"], stages, vs)  # 1. the pipeline split
+            chunk = Chunk(model, held, vs == 0, vs == stages - 1, self.ctx)
             if tp is not None:  # 2. tensor and sequence parallelism
                 apply_plan(chunk, plan, tp, dims.sp, required=False)
                 if chunk.kind == "gpt" and chunk.first and chunk.last:
