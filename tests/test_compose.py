@@ -128,3 +128,33 @@ def test_what_is_not_composed_is_refused_before_any_group_is_made():
         parallelize(gpt, ParallelDims(), precision="fp16")
     with pytest.raises(ValueError, match="neither the course GPT"):
         parallelize(torch.nn.Linear(2, 2), ParallelDims())
+
+
+def _sp_records(name: str, layers: int) -> list[tuple[str, float]]:
+    """(tag, ring bytes) of each collective of activations in one step under tp 2 (sp)."""
+    from minidist import comm
+    from minidist.compose.dims import Grid
+    from minidist.compose.fixture import build
+    from minidist.compose.parallelize import parallelize
+
+    pdims = ParallelDims(tp=2, sp=True)
+    model, batches = build(name, steps=1, global_batch=2, layers=layers)
+    engine = parallelize(model, pdims, grid=Grid(pdims), microbatches=1)
+    with comm.record() as ledger:
+        engine.train_step(batches[0])
+    activations = ("sp-gather", "sp-reduce-scatter", "sp-scatter")  # not the norms' gradients
+    return [(r.tag, r.ring_bytes) for r in ledger.records if r.tag.startswith(activations)]
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt"])
+def test_sequence_parallelism_sends_korthikantis_4_gathers_and_4_scatters_per_layer(name):
+    """Korthikanti et al. 2022 §4.2.2, per layer and micro-batch: the attention's and the
+    MLP's input all-gathered once each (q, k, v and gate, up share it), their gradients
+    reduce-scattered; each block's output reduce-scattered, its gradient all-gathered: 8
+    collectives of (t-1)/t·s·b·h float32 elements. Two more layers add exactly those."""
+    t, s, b, h = 2, 16, 2, 32
+    one = (t - 1) / t * s * b * h * 4
+    few, more = (minidist.launch(_sp_records, t, name, n)[0] for n in (2, 4))
+    assert len(more) - len(few) == 2 * 8
+    assert sum(x for _, x in more) - sum(x for _, x in few) == 2 * 8 * one
+    assert all(x == one for _, x in more)

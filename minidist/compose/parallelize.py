@@ -73,7 +73,7 @@ from .optim import OptimizerConfig, shard_optimizer
 from .split import StageContext, split_model
 from .stage import Chunk, family
 from .state import StatePieces
-from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
+from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear, enter_once
 
 
 def model_sizes(model: nn.Module) -> dict:
@@ -215,6 +215,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 chunk.tp_size, chunk.tp_rank = dims.tp, grid.rank_in("tp")
             for layer in chunk.layers():  # 3. attention; 4. experts; 5. recompute
                 self._attention(layer, sizes, tp, cp)
+                if tp is not None:  # 2. the tp entry once per module input
+                    enter_once(layer, tp, dims.sp)
                 if isinstance(getattr(layer, "mlp", None), MoEMLP) and dims.ep > 1:
                     layer.mlp = MoEMLP(ExpertParallelMoE(
                         layer.mlp.moe, grid.group("ep"), grid.group("expert_dp"),

@@ -15,9 +15,11 @@ from .stage import family
 
 def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):
     """([(op, phase, elements per token, in a layer)], partial) for one micro-batch of one
-    chunk on the tp group, from the plan's styles (lessons 07 and 14): a column-parallel
-    input is all-reduced in backward (f) or, under sequence parallelism, all-gathered in
-    forward and again in backward before its gradient is reduce-scattered; a row-parallel
+    chunk on the tp group, from the plan's styles (lessons 07 and 14): the input a layer's
+    column-parallel projections share (q, k, v; gate, up) enters once (`enter_once`):
+    all-reduced in backward (f) or, under sequence parallelism, all-gathered in forward and
+    its gradient reduce-scattered; the head's input outside the layers, under sp, is also
+    gathered again in backward (lesson 14's `linear_with_sequence_gather`); a row-parallel
     output is all-reduced in forward (g) or reduce-scattered (all-gathered in backward); the
     vocabulary-parallel embedding like a row output, the head like a column input; the loss's
     three float32 all-reduces per token (max, sum of exponentials, target logit). `partial`:
@@ -29,13 +31,19 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
     enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
     column = [("all_gather", "B")] + enter if sp else enter
     row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
-    calls = []
+    calls, entered = [], set()
     for name, module in model.named_modules():
         style = _style(plan, name)
         if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
             continue
         in_layer = name.split(".")[0] == "blocks" or name.startswith("model.layers.")
-        if style == "colwise_kv" and not _kv_split(model, name, dims.tp):
+        if in_layer and style in ("colwise", "colwise_qkv", "colwise_kv"):
+            region = name.rpartition(".")[0]  # the projections' module: one entry for all
+            if region in entered:
+                continue
+            entered.add(region)
+            ops, width = enter, module.in_features  # the gathered input is saved: no re-gather
+        elif style == "colwise_kv" and not _kv_split(model, name, dims.tp):
             ops, width = enter, h  # a replicated K/V: its input enters the region
         elif style in ("colwise", "colwise_qkv", "colwise_kv"):
             ops, width = column, module.in_features

@@ -34,6 +34,7 @@ query heads (sections of unequal size); experts under tp.
 from __future__ import annotations
 
 import copy
+import weakref
 from fnmatch import fnmatchcase
 
 import torch
@@ -149,6 +150,40 @@ class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = super().forward(ids)
         return out * torch.as_tensor(self.embed_scale, dtype=out.dtype, device=out.device)
+
+
+def enter_once(layer: nn.Module, group, sp: bool) -> None:
+    """The column-parallel projections of each module of `layer` that share one input (q, k,
+    v; gate, up) take the tp entry once for it, not once each: Megatron's fused projections,
+    torchtitan's `PrepareModuleInput`. Under sequence parallelism the gathered input is what
+    the projections save for backward, so backward reduce-scatters its gradient once and
+    re-gathers nothing (Korthikanti et al. 2022, section 4.2.2: 4 all-gathers and 4
+    reduce-scatters per layer). The projections see the entry through a hook of their own,
+    so the module that holds them need not be called (a user's layer may call them itself)."""
+    for module in list(layer.modules()):
+        projections = [m for m in module.children() if hasattr(m, "entered")]
+        if projections:
+            entry = _SharedEntry(group, sp)
+            for m in projections:
+                m.entered = True
+                m.register_forward_pre_hook(entry)
+
+
+class _SharedEntry:
+    """f (or the sequence all-gather) of an input once for every projection it feeds: the
+    entered form is reused while the same input tensor comes back (weak references, so
+    nothing outlives the step; without autograd keeping it, it is entered again)."""
+
+    def __init__(self, group, sp: bool):
+        self.enter, self.group = gather_from_sequence if sp else copy_to_tp, group
+        self.last = (lambda: None, lambda: None)
+
+    def __call__(self, module, args):
+        x, (seen, out) = args[0], (r() for r in self.last)
+        if seen is not x or out is None:
+            out = self.enter(x, self.group)
+            self.last = (weakref.ref(x), weakref.ref(out))
+        return (out, *args[1:])
 
 
 def _enter_region(group, sp: bool):

@@ -67,6 +67,7 @@ class ReplicatedLinear(nn.Module):
     gradient is summed over tp (`tp_partial`)."""
 
     sequence_parallel = False
+    entered = False  # the input entered the region once, before the module's projections
 
     def __init__(self, dense: nn.Linear, group):
         super().__init__()
@@ -77,8 +78,10 @@ class ReplicatedLinear(nn.Module):
             p.tp_partial = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        enter = gather_from_sequence if self.sequence_parallel else copy_to_tp
-        return F.linear(enter(x, self.group), self.weight, self.bias)
+        if not self.entered:
+            enter = gather_from_sequence if self.sequence_parallel else copy_to_tp
+            x = enter(x, self.group)
+        return F.linear(x, self.weight, self.bias)
 
 
 def _build(style: str, module: nn.Module, parent: nn.Module, group, name: str) -> nn.Module:
