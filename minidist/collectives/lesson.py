@@ -33,7 +33,11 @@ def ring_row(world_size: int, out_dir: Path) -> TourRow:
     results = launch(_ring_rank, world_size, numel)
     diff = max(d for d, _ in results)
     return TourRow(
-        "ring all-reduce", diff < TOUR_TOL, diff, None, None,
+        "ring all-reduce",
+        diff < TOUR_TOL,
+        diff,
+        None,
+        None,
         bytes_per_rank=results[0][1],
         bytes_theory=theory.ring_all_reduce_bytes(numel, world_size),
-    )  # fmt: skip
+    )

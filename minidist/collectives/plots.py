@@ -47,12 +47,25 @@ def _draw_holdings(
         for j, v in enumerate(t.reshape(-1).tolist()):
             shade = norm(v)
             edge = changed is not None and bool(changed[rank][j])
-            ax.add_patch(Rectangle(
-                (j, -rank), 1, 0.9, facecolor=_CMAP(shade),
-                edgecolor="black" if edge else "white", linewidth=2.5 if edge else 1,
-            ))  # fmt: skip
-            ax.text(j + 0.5, -rank + 0.45, f"{v:g}", ha="center", va="center", fontsize=9,
-                    color="white" if shade > 0.6 else "black")  # fmt: skip
+            ax.add_patch(
+                Rectangle(
+                    (j, -rank),
+                    1,
+                    0.9,
+                    facecolor=_CMAP(shade),
+                    edgecolor="black" if edge else "white",
+                    linewidth=2.5 if edge else 1,
+                )
+            )
+            ax.text(
+                j + 0.5,
+                -rank + 0.45,
+                f"{v:g}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if shade > 0.6 else "black",
+            )
         if chunk:
             # thin gaps between elements, thick ones between chunks
             for b in range(chunk, t.numel(), chunk):
@@ -76,9 +89,11 @@ def plot_collective(
     """Each rank's tensor before and after collective `name` (a thick line every `chunk`)."""
     widths = [max(t.numel() for t in before), max(t.numel() for t in after)]
     fig, axes = plt.subplots(
-        1, 2, figsize=(1.6 + 0.55 * sum(widths), 0.8 + 0.45 * len(before)),
+        1,
+        2,
+        figsize=(1.6 + 0.55 * sum(widths), 0.8 + 0.45 * len(before)),
         gridspec_kw={"width_ratios": widths},
-    )  # fmt: skip
+    )
     norm = _norm([before, after])
     _draw_holdings(axes[0], before, "before", norm, chunk)
     _draw_holdings(axes[1], after, "after", norm, chunk)
@@ -123,11 +138,13 @@ def plot_cost_model(
             m = models[n]
             grid = np.geomspace(min(sizes), max(sizes), 100)
             ax.plot(
-                grid, m.predict(comm.ring_bytes("all_reduce", 1, n) * grid) * 1e3, "-",
+                grid,
+                m.predict(comm.ring_bytes("all_reduce", 1, n) * grid) * 1e3,
+                "-",
                 color=color,
                 label=f"α-β fit, N={n}: α={m.alpha_s * 1e6:.0f} µs, "
                 f"bw={m.bandwidth_bytes_per_s / 1e9:.2f} GB/s",
-            )  # fmt: skip
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tensor size S (bytes)")

@@ -49,12 +49,13 @@ def context_parallel_row(world_size: int, out_dir: Path) -> TourRow:
     fig.savefig(out_dir / "cp_work.png", dpi=100, bbox_inches="tight")
     return TourRow(
         f"context parallel (c={c}, zig-zag; memory: activations/layer)",
-        all(matches(d) for d in diffs), max(d["param"] for d in diffs),
+        all(matches(d) for d in diffs),
+        max(d["param"] for d in diffs),
         memory_per_rank=launch(layer_activations_rank, c)[0],
         memory_theory=dense // c,
         bytes_per_rank=sent,
         bytes_theory=theory.bytes_sent_per_step(cfg.layers, b, s, cfg.hidden, c, runs[0].trainable),
-    )  # fmt: skip
+    )
 
 
 BENCH = dict(batch=2, heads=8, seq=1024, dim=64)

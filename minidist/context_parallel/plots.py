@@ -28,10 +28,17 @@ def plot_causal_work(c: int = 4):
                         for j in range(per):
                             y, x = qc * per + i, kc * per + j
                             masked = x > y
-                            ax.add_patch(Rectangle((x, n - 1 - y), 1, 1,
-                                         facecolor="white" if masked else colors[r],
-                                         edgecolor="gray", hatch="//" if masked else None,
-                                         linewidth=0.5))  # fmt: skip
+                            ax.add_patch(
+                                Rectangle(
+                                    (x, n - 1 - y),
+                                    1,
+                                    1,
+                                    facecolor="white" if masked else colors[r],
+                                    edgecolor="gray",
+                                    hatch="//" if masked else None,
+                                    linewidth=0.5,
+                                )
+                            )
         ax.set_xlim(0, n)
         ax.set_ylim(0, n)
         ax.set_aspect("equal")
@@ -43,17 +50,28 @@ def plot_causal_work(c: int = 4):
             f"{layout}: computed blocks by rank\n(hatched: computed, then masked)", fontsize=9
         )
     handles = [Rectangle((0, 0), 1, 1, facecolor=colors[r]) for r in range(c)]
-    axes[1].legend(handles, [f"rank {r}" for r in range(c)], title="computed by",
-                   loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # fmt: skip
+    axes[1].legend(
+        handles,
+        [f"rank {r}" for r in range(c)],
+        title="computed by",
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+    )
     ax = axes[2]
     width = 0.38
     # the layouts in grays and hatches: the colours of the other two panels are ranks
     styles = {"contiguous": dict(color="0.75", hatch=""), "zigzag": dict(color="0.35", hatch="..")}
     for i, layout in enumerate(("contiguous", "zigzag")):
         work = theory.causal_work(layout, 2 * c * 8, c)
-        ax.bar([r + (i - 0.5) * width for r in range(c)], work, width, edgecolor="black",
-               label=f"{layout} (max/mean {theory.imbalance(layout, c):.2f})",
-               **styles[layout])  # fmt: skip
+        ax.bar(
+            [r + (i - 0.5) * width for r in range(c)],
+            work,
+            width,
+            edgecolor="black",
+            label=f"{layout} (max/mean {theory.imbalance(layout, c):.2f})",
+            **styles[layout],
+        )
     ax.set_xticks(range(c), [f"rank {r}" for r in range(c)])
     ax.set_ylabel("score elements per head and sequence")
     ax.set_title(f"causal work per rank, c = {c}, s = {16 * c}", fontsize=9)
@@ -93,10 +111,17 @@ def plot_ring_steps(c: int = 4):
     return fig
 
 
-_LANE_COLORS = {"compute": "tab:blue", "cp-kv-forward": "tab:orange",
-                "cp-kv-backward": "tab:orange", "cp-dkv-backward": "tab:red"}  # fmt: skip
-_LANE_LABELS = {"compute": "attention on the block held", "cp-kv-forward": "K,V to the next rank",
-                "cp-dkv-backward": "dK,dV accumulator to the next rank"}  # fmt: skip
+_LANE_COLORS = {
+    "compute": "tab:blue",
+    "cp-kv-forward": "tab:orange",
+    "cp-kv-backward": "tab:orange",
+    "cp-dkv-backward": "tab:red",
+}
+_LANE_LABELS = {
+    "compute": "attention on the block held",
+    "cp-kv-forward": "K,V to the next rank",
+    "cp-dkv-backward": "dK,dV accumulator to the next rank",
+}
 
 
 def plot_ring_timeline(timelines, title: str = ""):
@@ -112,11 +137,24 @@ def plot_ring_timeline(timelines, title: str = ""):
             y = compute_y if what == "compute" else comm_y
             label = _LANE_LABELS.get(what) if what not in seen else None
             seen.add(what)
-            ax.barh(y, 1e3 * (end - start), left=1e3 * start, height=0.7,
-                    color=_LANE_COLORS[what], edgecolor="black", linewidth=0.4,
-                    label=label)  # fmt: skip
-        ax.vlines(1e3 * t.forward_end, comm_y - 0.45, compute_y + 0.45, color="black",
-                  linestyle=":", linewidth=1.0)  # fmt: skip
+            ax.barh(
+                y,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.7,
+                color=_LANE_COLORS[what],
+                edgecolor="black",
+                linewidth=0.4,
+                label=label,
+            )
+        ax.vlines(
+            1e3 * t.forward_end,
+            comm_y - 0.45,
+            compute_y + 0.45,
+            color="black",
+            linestyle=":",
+            linewidth=1.0,
+        )
         ticks += [compute_y, comm_y]
         labels += [f"rank {rank} compute", f"transfers (K,V overlap {100 * t.overlap:.0f}%)"]
     ax.set_yticks(ticks, labels)

@@ -88,8 +88,9 @@ class _Ring:
         got = torch.empty_like(tensor)
         works = comm.batch_isend_irecv(
             [("send", tensor.contiguous(), self.next), ("recv", got, self.prev)],
-            group=self.group, tag=tag,
-        )  # fmt: skip
+            group=self.group,
+            tag=tag,
+        )
         return got, works, tag, posted_at
 
     @staticmethod
@@ -189,8 +190,16 @@ class _RingAttention(torch.autograd.Function):
 _WORK: list[int] = []  # chunk pairs computed by each forward on this rank (for the lesson)
 
 
-def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq: int | None = None,
-                   scale: float | None = None, window: int | None = None):  # fmt: skip
+def ring_attention(
+    q,
+    k,
+    v,
+    group=None,
+    layout: str = "zigzag",
+    seq: int | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+):
     """Causal attention of this rank's queries over the whole sequence split across `group`.
 
     q, k, v: [batch, heads, s/c, head_dim], this rank's tokens in the `layout`'s order
@@ -214,8 +223,9 @@ def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"ring_attention: {name} must be a [batch, heads, s/c, head_dim] "
-                             f"tensor; got {got}")  # fmt: skip
+            raise ValueError(
+                f"ring_attention: {name} must be a [batch, heads, s/c, head_dim] tensor; got {got}"
+            )
     for name, t in (("k", k), ("v", v)):
         if (t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device):
             raise ValueError(

@@ -59,9 +59,10 @@ class GradBucket:
         self.index = index
         self.params = params
         self.buffer = torch.zeros(
-            sum(p.numel() for p in params), dtype=dtype or params[0].dtype,
+            sum(p.numel() for p in params),
+            dtype=dtype or params[0].dtype,
             device=params[0].device,
-        )  # fmt: skip
+        )
         self.slots: dict[int, torch.Tensor] = {}  # id(param) -> view of its slot
         offset = 0
         for p in params:

@@ -52,12 +52,14 @@ def _dp_row(kind: str, label: str, world_size: int, out_dir: Path) -> TourRow:
     fig = plot_timeline([r[3] for r in results], title=f"{kind} data parallel, {world_size} ranks")
     fig.savefig(out_dir / f"dp_{kind}_timeline.png", dpi=100, bbox_inches="tight")
     return TourRow(
-        label, diff < TOUR_TOL, diff,
+        label,
+        diff < TOUR_TOL,
+        diff,
         memory_per_rank=results[0][2],
         memory_theory=theory.model_state_bytes_per_rank(n_params, psi, "sgd"),
         bytes_per_rank=results[0][1],
         bytes_theory=theory.bytes_sent_per_step(psi, world_size),
-    )  # fmt: skip
+    )
 
 
 @tour_row("naive DP", lesson=1)

@@ -34,14 +34,27 @@ def plot_timeline(timelines: Sequence[StepTimeline], title: str = "") -> Figure:
             ("step", t.backward_end, t.step_end),
         ]
         for name, start, end in phases:
-            ax.barh(compute_y, 1e3 * (end - start), left=1e3 * start, height=0.7,
-                    color=_COLORS[name], label=_LABELS[name] if rank == 0 else None)  # fmt: skip
+            ax.barh(
+                compute_y,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.7,
+                color=_COLORS[name],
+                label=_LABELS[name] if rank == 0 else None,
+            )
         for i, (start, end, tag, _) in enumerate(t.comm):
             # alternate shades so back-to-back all-reduces stay distinguishable
-            ax.barh(comm_y, 1e3 * (end - start), left=1e3 * start, height=0.7,
-                    color=_COLORS["comm"], alpha=1.0 if i % 2 == 0 else 0.6,
-                    edgecolor="black", linewidth=0.4,
-                    label="all-reduce" if rank == 0 and i == 0 else None)  # fmt: skip
+            ax.barh(
+                comm_y,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.7,
+                color=_COLORS["comm"],
+                alpha=1.0 if i % 2 == 0 else 0.6,
+                edgecolor="black",
+                linewidth=0.4,
+                label="all-reduce" if rank == 0 and i == 0 else None,
+            )
             if len(t.comm) <= 12:
                 ax.text(1e3 * start, comm_y + 0.42, tag, fontsize=6, va="bottom")
         ticks += [compute_y, comm_y]
@@ -69,11 +82,25 @@ def plot_buckets(
         left = 0
         for i in indices:
             width = param_bytes[i] / 1024
-            ax.barh(-b, width, left=left, height=0.7, color=cmap(i % 20), edgecolor="black",
-                    linewidth=0.4)  # fmt: skip
+            ax.barh(
+                -b,
+                width,
+                left=left,
+                height=0.7,
+                color=cmap(i % 20),
+                edgecolor="black",
+                linewidth=0.4,
+            )
             if width > 0.04 * widest:  # tiny biases would only add clutter
-                ax.text(left + width / 2, -b, param_names[i], ha="center", va="center",
-                        fontsize=6, rotation=0 if width > 0.2 * widest else 90)  # fmt: skip
+                ax.text(
+                    left + width / 2,
+                    -b,
+                    param_names[i],
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    rotation=0 if width > 0.2 * widest else 90,
+                )
             left += width
     ax.set_yticks([-b for b in range(len(buckets))], [f"bucket {b}" for b in range(len(buckets))])
     ax.set_xlabel("KiB")

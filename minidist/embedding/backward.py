@@ -56,9 +56,16 @@ def _launch_kernel(src, src_idx, scale, dst, dst_idx) -> None:
     block_n = min(256, max(16, 1 << (n - 1).bit_length()))
     block_d = min(128, max(16, 1 << (d - 1).bit_length()))
     gather_scale_scatter_add_kernel[(-(-n // block_n),)](
-        src.contiguous(), src_idx.contiguous(), scale.contiguous(), dst, dst_idx.contiguous(),
-        n, d, BLOCK_N=block_n, BLOCK_D=block_d,
-    )  # fmt: skip
+        src.contiguous(),
+        src_idx.contiguous(),
+        scale.contiguous(),
+        dst,
+        dst_idx.contiguous(),
+        n,
+        d,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+    )
 
 
 def gather_scale_scatter_add(backend: str, src, src_idx, scale, dst, dst_idx) -> None:
@@ -71,9 +78,14 @@ def gather_scale_scatter_add(backend: str, src, src_idx, scale, dst, dst_idx) ->
 
 
 def segment_sum_gradients(
-    rows: torch.Tensor, bags: torch.Tensor, grad_pooled: torch.Tensor, weights: torch.Tensor,
-    loss_scale: float = 1.0, *, backend: str = "torch",
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    weights: torch.Tensor,
+    loss_scale: float = 1.0,
+    *,
+    backend: str = "torch",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(unique_rows, row_grads): row_grads[u] = Σ_{i: rows[i] = unique_rows[u]}
     weights[i]·grad_pooled[bags[i]] / loss_scale. Occurrences with a row < 0 (a key missing
     at evaluation) are skipped. `unique_rows` is sorted ascending."""
@@ -90,9 +102,13 @@ def segment_sum_gradients(
     run = occurrence_bags(run_offsets)  # the run (unique row) of each sorted occurrence
     row_grads = grad_pooled.new_zeros(unique_rows.numel(), grad_pooled.shape[1])
     gather_scale_scatter_add(
-        backend, grad_pooled.contiguous(), bags[order], weights[order].to(grad_pooled.dtype),
-        row_grads, run,
-    )  # fmt: skip
+        backend,
+        grad_pooled.contiguous(),
+        bags[order],
+        weights[order].to(grad_pooled.dtype),
+        row_grads,
+        run,
+    )
     if loss_scale != 1.0:
         row_grads = row_grads / loss_scale
     return unique_rows, row_grads

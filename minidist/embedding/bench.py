@@ -72,9 +72,11 @@ def table_vs_dict(n: int, rounds: int, steps: int) -> dict[str, float]:
 
     find = interleaved_ab(lambda: table.find(keys), dict_find, rounds, steps)
     insert = interleaved_ab(
-        lambda: HashTable(n, max_load=0.5, backend="torch").insert(keys), dict_insert, rounds,
+        lambda: HashTable(n, max_load=0.5, backend="torch").insert(keys),
+        dict_insert,
+        rounds,
         steps,
-    )  # fmt: skip
+    )
     return {
         "hash_find_speedup_vs_dict": 1 / find.ratio,
         "hash_insert_speedup_vs_dict": 1 / insert.ratio,
@@ -123,8 +125,9 @@ def bag_vs_dense(samples: int, rounds: int, steps: int, dim: int = 16) -> dict[s
     with torch.no_grad():
         dense.weight.copy_(layer.weight[:distinct])
         diff = float((layer(values, offsets) - dense(rows, offsets)).abs().max())
-        ab = interleaved_ab(lambda: layer(values, offsets), lambda: dense(rows, offsets),
-                            rounds, steps)  # fmt: skip
+        ab = interleaved_ab(
+            lambda: layer(values, offsets), lambda: dense(rows, offsets), rounds, steps
+        )
     return {
         "embedding_bag_ratio_vs_dense": ab.ratio,
         "embedding_bag_ms_hash": 1e3 * statistics.median(ab.seconds_a),
@@ -186,8 +189,11 @@ def gpu_figures(rounds: int) -> dict[str, float]:
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
     r = kernel_throughput(device, "triton", 1 << 24, 1 << 20, rounds)
-    out = {"gpu": torch.cuda.get_device_name(device), "gpu_copy_bytes_per_s": bandwidth,
-           "triton_load_factor": r["load_factor"]}  # fmt: skip
+    out = {
+        "gpu": torch.cuda.get_device_name(device),
+        "gpu_copy_bytes_per_s": bandwidth,
+        "triton_load_factor": r["load_factor"],
+    }
     for op in ("find", "insert"):
         out[f"triton_{op}_keys_per_s"] = r[f"{op}_keys_per_s"]
         out[f"triton_{op}_bandwidth_fraction"] = r[f"{op}_bytes_per_s"] / bandwidth

@@ -81,9 +81,12 @@ class CriteoData:
 
 
 def criteo_data(
-    seed: int = 0, samples: int = 1024, slots: int = SLOTS, alpha: float = 1.1,
+    seed: int = 0,
+    samples: int = 1024,
+    slots: int = SLOTS,
+    alpha: float = 1.1,
     largest_vocab: int = 2000,
-) -> CriteoData:  # fmt: skip
+) -> CriteoData:
     """The synthetic data set; the same for the same arguments."""
     if not 1 <= slots <= SLOTS:
         raise ValueError(f"criteo_data: slots={slots} must be in 1..{SLOTS}")

@@ -85,9 +85,12 @@ def csr_from_slots(
 
 
 def csr_from_ids(
-    keys: torch.Tensor, sample_ids: torch.Tensor, slot_ids: torch.Tensor, batch_size: int,
+    keys: torch.Tensor,
+    sample_ids: torch.Tensor,
+    slot_ids: torch.Tensor,
+    batch_size: int,
     slots: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Occurrence i = (keys[i], sample sample_ids[i], slot slot_ids[i]) -> (values,
     row_offsets) with batch_size·slots bags, sample-major; a bag's keys keep input order."""
     who = "csr_from_ids"

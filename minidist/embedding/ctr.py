@@ -152,10 +152,19 @@ def _embedding(kind, dim, slots, capacity, keys, placement, scheme):
 
 
 def build_ctr(
-    model: str, embedding: str = "hash", *, slots: int, dense: int, dim: int = 8,
-    hidden: tuple[int, ...] = (32, 16), capacity: int = 1 << 14, keys=None,
-    placement: str = "hashed", scheme: str = "reduce_scatter", seed: int = 0,
-) -> CTRModel:  # fmt: skip
+    model: str,
+    embedding: str = "hash",
+    *,
+    slots: int,
+    dense: int,
+    dim: int = 8,
+    hidden: tuple[int, ...] = (32, 16),
+    capacity: int = 1 << 14,
+    keys=None,
+    placement: str = "hashed",
+    scheme: str = "reduce_scatter",
+    seed: int = 0,
+) -> CTRModel:
     """Wide&Deep or DLRM; `capacity` is per rank for the model-parallel embeddings
     (`placement` and `scheme` of the distributed slots, HugeCTR's reduce-scatter unless
     `scheme="all_to_all"`). The dense part is initialised from
@@ -190,8 +199,16 @@ def make_optimizers(model: CTRModel, sparse_lr: float = SPARSE_LR, dense_lr: flo
     return sparse, torch.optim.Adam(model.dense.parameters(), lr=dense_lr)
 
 
-def train_steps(model: CTRModel, optimizers, data, steps: int, global_batch: int,
-                rank: int = 0, world: int = 1, first_step: int = 0) -> list[float]:  # fmt: skip
+def train_steps(
+    model: CTRModel,
+    optimizers,
+    data,
+    steps: int,
+    global_batch: int,
+    rank: int = 0,
+    world: int = 1,
+    first_step: int = 0,
+) -> list[float]:
     """`steps` steps on global batches `first_step`, ...; rank takes its 1/world of each.
     Returns this rank's mean loss per step (the mean over ranks is the global batch's)."""
     if global_batch % world:
@@ -245,8 +262,15 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[positive].sum() - p * (p + 1) / 2) / (p * q))
 
 
-def ctr_on_rank(model: str, embedding: str, data, steps: int, global_batch: int,
-                eval_range: tuple[int, int], **sizes) -> dict:  # fmt: skip
+def ctr_on_rank(
+    model: str,
+    embedding: str,
+    data,
+    steps: int,
+    global_batch: int,
+    eval_range: tuple[int, int],
+    **sizes,
+) -> dict:
     """What each rank of a world runs: `model` with model-parallel embeddings (`embedding`
     'distributed' or 'localized') and its dense part in `BucketedDataParallel`, trained
     `steps` steps; returns its losses, key-sorted dumps, the dense parameters, the logits of
@@ -271,8 +295,14 @@ def ctr_on_rank(model: str, embedding: str, data, steps: int, global_batch: int,
     share = (hi - lo) // world
     logits = predict(net, data, lo + rank * share, lo + (rank + 1) * share)
     dense_params = {n: p.detach().clone() for n, p in net.dense.module.named_parameters()}
-    return dict(losses=losses, dumps=net.dumps(), dense=dense_params, logits=logits,
-                sent=ledger.total_ring_bytes(), memory=memory)  # fmt: skip
+    return dict(
+        losses=losses,
+        dumps=net.dumps(),
+        dense=dense_params,
+        logits=logits,
+        sent=ledger.total_ring_bytes(),
+        memory=memory,
+    )
 
 
 def merge_dumps(dumps: list[tuple[torch.Tensor, torch.Tensor]]):

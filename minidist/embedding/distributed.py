@@ -122,8 +122,9 @@ def _check_slots(row_offsets: torch.Tensor, slots: int, who: str) -> int:
 
 
 class _SlotEmbedding(nn.Module):
-    def __init__(self, capacity_per_rank, dim, slots, mode, group, backend, local_mode,
-                 loss_scale, auto_grow):  # fmt: skip
+    def __init__(
+        self, capacity_per_rank, dim, slots, mode, group, backend, local_mode, loss_scale, auto_grow
+    ):
         super().__init__()
         if not isinstance(slots, int) or slots <= 0:
             raise ValueError(f"{type(self).__name__}: slots={slots!r} must be an int > 0")
@@ -133,9 +134,14 @@ class _SlotEmbedding(nn.Module):
         # on the device the group's collectives move: a rank's GPU under NCCL, else the CPU
         device = comm.group_device(group) if dist.is_initialized() else None
         self.local = HashEmbeddingBag(
-            capacity_per_rank, dim, local_mode, device=device, backend=backend,
-            loss_scale=loss_scale, auto_grow=auto_grow,
-        )  # fmt: skip
+            capacity_per_rank,
+            dim,
+            local_mode,
+            device=device,
+            backend=backend,
+            loss_scale=loss_scale,
+            auto_grow=auto_grow,
+        )
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (keys, vectors), key-sorted; the union over ranks is the embedding."""
@@ -146,10 +152,19 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
     """Keys placed on owner ranks, pooled by one of two `scheme`s; see the module docstring."""
 
     def __init__(
-        self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        placement: str = "modulo", scheme: str = "reduce_scatter", group=None, backend=None,
-        loss_scale: float = 1.0, auto_grow: bool = False,
-    ):  # fmt: skip
+        self,
+        capacity_per_rank: int,
+        dim: int,
+        slots: int,
+        mode: str = "sum",
+        *,
+        placement: str = "modulo",
+        scheme: str = "reduce_scatter",
+        group=None,
+        backend=None,
+        loss_scale: float = 1.0,
+        auto_grow: bool = False,
+    ):
         who = "DistributedSlotSparseEmbeddingHash"
         if placement not in PLACEMENTS:
             raise ValueError(f"{who}: placement={placement!r} must be one of {PLACEMENTS}")
@@ -193,8 +208,10 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
             raise error
         if (info[:, 1] < 0).any():
             bad = (info[:, 1] < 0).nonzero()[:, 0].tolist()
-            raise ValueError(f"{who}: rank(s) {bad} brought a malformed batch (their error says "
-                             "why); no rank changed anything")  # fmt: skip
+            raise ValueError(
+                f"{who}: rank(s) {bad} brought a malformed batch (their error says "
+                "why); no rank changed anything"
+            )
         if (info[:, 1] != bags).any():
             raise ValueError(
                 f"{who}: every rank must bring the same number of bags, got "
@@ -211,8 +228,9 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
             every = counts.new_empty(n * bags)
             comm.all_gather(every, counts, group=self.group, tag="embedding bag lengths")
             scale = scale / every[gbag].to(scale.dtype)
-        partial = pool(layer.weight, layer.rows(keys), gbag, scale, n * bags, layer.backend,
-                       layer.loss_scale)  # fmt: skip
+        partial = pool(
+            layer.weight, layer.rows(keys), gbag, scale, n * bags, layer.backend, layer.loss_scale
+        )
         return _ReduceScatter.apply(partial, self.group)
 
     def _all_to_all(self, values, row_offsets, bags, order, send):
@@ -222,8 +240,9 @@ class DistributedSlotSparseEmbeddingHash(_SlotEmbedding):
         # The owner looks the keys up: bags of one key each, through the layer's kernel.
         ones = torch.arange(keys.numel() + 1, device=keys.device)
         layer = self.local
-        found = embedding_bag(layer.weight, layer.rows(keys), ones, "sum", layer.backend,
-                              layer.loss_scale)  # fmt: skip
+        found = embedding_bag(
+            layer.weight, layer.rows(keys), ones, "sum", layer.backend, layer.loss_scale
+        )
         vectors = _AllToAll.apply(found, send_l, recv_l, self.group)
         per_key = vectors[torch.argsort(order)]
         counts = row_offsets[1:] - row_offsets[:-1]
@@ -237,9 +256,17 @@ class LocalizedSlotSparseEmbeddingHash(_SlotEmbedding):
     """Slot s on rank s mod N; see the module docstring."""
 
     def __init__(
-        self, capacity_per_rank: int, dim: int, slots: int, mode: str = "sum", *,
-        group=None, backend=None, loss_scale: float = 1.0, auto_grow: bool = False,
-    ):  # fmt: skip
+        self,
+        capacity_per_rank: int,
+        dim: int,
+        slots: int,
+        mode: str = "sum",
+        *,
+        group=None,
+        backend=None,
+        loss_scale: float = 1.0,
+        auto_grow: bool = False,
+    ):
         super().__init__(
             capacity_per_rank, dim, slots, mode, group, backend, mode, loss_scale, auto_grow
         )

@@ -132,9 +132,15 @@ def localized_counts(data: CTRData, step: int, world: int, global_batch: int):
 
 
 def slot_embedding_on_rank(
-    data: CTRData, placements: tuple[str, ...], steps: int, global_batch: int,
-    capacity_per_rank: int, dim: int = DIM, scheme: str = "reduce_scatter", mode: str = "sum",
-) -> dict:  # fmt: skip
+    data: CTRData,
+    placements: tuple[str, ...],
+    steps: int,
+    global_batch: int,
+    capacity_per_rank: int,
+    dim: int = DIM,
+    scheme: str = "reduce_scatter",
+    mode: str = "sum",
+) -> dict:
     """Each placement of `DistributedSlotSparseEmbeddingHash` (`scheme`, combiner `mode`),
     trained `steps` steps; the placement "localized" is `LocalizedSlotSparseEmbeddingHash`
     (slot s whole on rank s mod N) instead."""
@@ -163,14 +169,18 @@ def slot_embedding_on_rank(
             pooled_steps.append(pooled.detach())
         weight = layer.local.weight
         out[placement] = dict(
-            pooled=pooled_steps, sent=sent, dump=layer.dump(), keys=layer.local.table.size,
+            pooled=pooled_steps,
+            sent=sent,
+            dump=layer.dump(),
+            keys=layer.local.table.size,
             memory=tensor_bytes([weight]) + tensor_bytes(optimizer_state_tensors(opt)),
-        )  # fmt: skip
+        )
     return out
 
 
-def reference(data: CTRData, steps: int, global_batch: int, capacity: int, dim: int = DIM,
-              mode: str = "sum"):  # fmt: skip
+def reference(
+    data: CTRData, steps: int, global_batch: int, capacity: int, dim: int = DIM, mode: str = "sum"
+):
     """One HashEmbeddingBag on the global batches: (pooled per step, key-sorted dump)."""
     layer = HashEmbeddingBag(capacity, dim, mode)
     opt = SparseAdagrad([layer.weight], lr=LR)

@@ -200,8 +200,16 @@ def _triton_insert(t: HashTable, keys: torch.Tensor, rows_in: torch.Tensor | Non
     rows = torch.empty_like(keys)
     n, block = keys.numel(), _block(keys.numel())
     insert_kernel[(-(-n // block),)](
-        keys, rows if rows_in is None else rows_in.contiguous(), rows,
-        t._slot_keys, t._slot_rows, t._counter, n, t.num_slots - 1, EMPTY_KEY,
-        ASSIGN=rows_in is None, BLOCK=block,
-    )  # fmt: skip
+        keys,
+        rows if rows_in is None else rows_in.contiguous(),
+        rows,
+        t._slot_keys,
+        t._slot_rows,
+        t._counter,
+        n,
+        t.num_slots - 1,
+        EMPTY_KEY,
+        ASSIGN=rows_in is None,
+        BLOCK=block,
+    )
     return rows

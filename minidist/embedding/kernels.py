@@ -78,9 +78,15 @@ def insert_kernel(
 
 @triton.jit
 def find_kernel(
-    keys_ptr, rows_out_ptr, slot_keys_ptr, slot_rows_ptr, n, slot_mask, empty,
+    keys_ptr,
+    rows_out_ptr,
+    slot_keys_ptr,
+    slot_rows_ptr,
+    n,
+    slot_mask,
+    empty,
     BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     key = tl.load(keys_ptr + offs, mask=inb, other=0)

@@ -56,9 +56,12 @@ class _PoolFunction(torch.autograd.Function):
             scale = torch.where(present, scale.to(weight.dtype), 0.0)
         if backend == "torch" and row_offsets is not None:  # torch's fused bag kernel
             out = F.embedding_bag(
-                rows.clamp(min=0), weight.detach(), row_offsets[:-1], mode="sum",
+                rows.clamp(min=0),
+                weight.detach(),
+                row_offsets[:-1],
+                mode="sum",
                 per_sample_weights=scale,
-            )  # fmt: skip
+            )
         else:
             bags = occurrence_bags(row_offsets) if bags is None else bags
             out = weight.new_zeros(num_bags, weight.shape[1])
@@ -78,9 +81,12 @@ class _PoolFunction(torch.autograd.Function):
             rows, bags, grad_out, scale, ctx.loss_scale, backend=ctx.backend
         )
         grad = torch.sparse_coo_tensor(
-            unique_rows[None], grad_rows, ctx.weight_shape, is_coalesced=True,
+            unique_rows[None],
+            grad_rows,
+            ctx.weight_shape,
+            is_coalesced=True,
             check_invariants=False,
-        )  # fmt: skip
+        )
         return grad, None, None, None, None, None, None, None
 
 
@@ -122,10 +128,18 @@ class HashEmbeddingBag(nn.Module):
     """
 
     def __init__(
-        self, capacity: int, dim: int, mode: str = "sum", *, max_load: float = 0.75,
-        device=None, backend=None, init_scale: float = 0.05, loss_scale: float = 1.0,
+        self,
+        capacity: int,
+        dim: int,
+        mode: str = "sum",
+        *,
+        max_load: float = 0.75,
+        device=None,
+        backend=None,
+        init_scale: float = 0.05,
+        loss_scale: float = 1.0,
         auto_grow: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"HashEmbeddingBag: mode={mode!r} must be one of {MODES}")

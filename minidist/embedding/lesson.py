@@ -78,8 +78,15 @@ def _slot_step_bytes(to: list, rank: int, dim: int, bags: int, scheme: str, mode
     return theory.distributed_slot_step_bytes(to[rank], [t[rank] for t in to], rank, dim)
 
 
-def step_bytes_theory(data: CTRData, step: int, world: int, placement: str, dim: int,
-                      scheme: str = "reduce_scatter", mode: str = "sum") -> list:  # fmt: skip
+def step_bytes_theory(
+    data: CTRData,
+    step: int,
+    world: int,
+    placement: str,
+    dim: int,
+    scheme: str = "reduce_scatter",
+    mode: str = "sum",
+) -> list:
     """Every rank's bytes at `step` of `slot_embedding_on_rank` (GLOBAL_BATCH samples):
     `theory.distributed_slot_reduce_scatter_step_bytes` (the default scheme) or
     `theory.distributed_slot_step_bytes` (`scheme="all_to_all"`, which has no mean term)."""
@@ -94,8 +101,9 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
 
     data = ctr_data(seed=0, samples=STEPS * GLOBAL_BATCH)
     n = world_size if GLOBAL_BATCH % world_size == 0 else 1
-    runs = launch(slot_embedding_on_rank, n, data, PLACEMENTS, STEPS, GLOBAL_BATCH,
-                  CAPACITY_PER_RANK)  # fmt: skip
+    runs = launch(
+        slot_embedding_on_rank, n, data, PLACEMENTS, STEPS, GLOBAL_BATCH, CAPACITY_PER_RANK
+    )
     ref = reference(data, STEPS, GLOBAL_BATCH, n * CAPACITY_PER_RANK)
     diff = max(max_diff_vs_reference(runs, p, ref) for p in PLACEMENTS)
     dim = runs[0]["hashed"]["dump"][1].shape[1]
@@ -105,20 +113,23 @@ def hash_embedding_row(world_size: int, out_dir: Path) -> TourRow:
     _save(plot_load_imbalance(data.keys(), n), out_dir / "embedding_load_imbalance.png")
     _save(plot_bytes_per_step(measured, predicted), out_dir / "embedding_bytes_per_step.png")
     return TourRow(
-        f"distributed slots (HugeCTR, N={n})", diff <= 1e-6, diff,
+        f"distributed slots (HugeCTR, N={n})",
+        diff <= 1e-6,
+        diff,
         memory_per_rank=runs[0]["hashed"]["memory"],
         memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
         bytes_per_rank=measured["hashed"][0],
         bytes_theory=predicted["hashed"][0],
-    )  # fmt: skip
+    )
 
 
 @tour_row("localized slots (HugeCTR)", lesson=11)
 def localized_slots_row(world_size: int, out_dir: Path) -> TourRow:
     data = ctr_data(seed=0, samples=STEPS * GLOBAL_BATCH)
     n = world_size if GLOBAL_BATCH % world_size == 0 else 1
-    runs = launch(slot_embedding_on_rank, n, data, ("localized",), STEPS, GLOBAL_BATCH,
-                  CAPACITY_PER_RANK)  # fmt: skip
+    runs = launch(
+        slot_embedding_on_rank, n, data, ("localized",), STEPS, GLOBAL_BATCH, CAPACITY_PER_RANK
+    )
     ref = reference(data, STEPS, GLOBAL_BATCH, n * CAPACITY_PER_RANK)
     diff = max_diff_vs_reference(runs, "localized", ref)
     dim = runs[0]["localized"]["dump"][1].shape[1]
@@ -126,18 +137,19 @@ def localized_slots_row(world_size: int, out_dir: Path) -> TourRow:
     bags_to, keys_to = localized_counts(data, last, n, GLOBAL_BATCH)
     bags_from = [bags_to[r][0] for r in range(n)]  # what rank 0's slots get from each rank
     return TourRow(
-        f"localized slots (HugeCTR, N={n})", diff <= 1e-6, diff,
+        f"localized slots (HugeCTR, N={n})",
+        diff <= 1e-6,
+        diff,
         memory_per_rank=runs[0]["localized"]["memory"],
         memory_theory=theory.embedding_state_bytes_per_rank(CAPACITY_PER_RANK, dim, "adagrad"),
         bytes_per_rank=runs[0]["localized"]["sent"][last],
-        bytes_theory=theory.localized_slot_step_bytes(
-            bags_to[0], keys_to[0], bags_from, 0, dim
-        ),
-    )  # fmt: skip
+        bytes_theory=theory.localized_slot_step_bytes(bags_to[0], keys_to[0], bags_from, 0, dim),
+    )
 
 
-def ctr_step_bytes_theory(data, step: int, world: int, dims, psi: int,
-                          scheme: str = "reduce_scatter") -> list[float]:  # fmt: skip
+def ctr_step_bytes_theory(
+    data, step: int, world: int, dims, psi: int, scheme: str = "reduce_scatter"
+) -> list[float]:
     """Bytes each rank sends in CTR training step `step`: every table's distributed-slot
     step (hashed placement, `scheme`, sum combiner) and DDP's all-reduce of the Ψ = `psi`
     MLP gradients."""
@@ -179,10 +191,20 @@ def wide_deep_row(world_size: int, out_dir: Path) -> TourRow:
     data = criteo_data(seed=0, samples=(CTR_STEPS + 1) * CTR_BATCH)
     n = world_size if CTR_BATCH % world_size == 0 else 1
     held_out = (CTR_STEPS * CTR_BATCH, data.samples)
-    runs = launch(ctr_on_rank, n, "wide_deep", "distributed", data, CTR_STEPS, CTR_BATCH,
-                  held_out, capacity=CTR_CAPACITY)  # fmt: skip
-    one = build_ctr("wide_deep", "hash", slots=data.slots, dense=data.dense.shape[1],
-                    capacity=n * CTR_CAPACITY)  # fmt: skip
+    runs = launch(
+        ctr_on_rank,
+        n,
+        "wide_deep",
+        "distributed",
+        data,
+        CTR_STEPS,
+        CTR_BATCH,
+        held_out,
+        capacity=CTR_CAPACITY,
+    )
+    one = build_ctr(
+        "wide_deep", "hash", slots=data.slots, dense=data.dense.shape[1], capacity=n * CTR_CAPACITY
+    )
     losses = train_steps(one, make_optimizers(one), data, CTR_STEPS, CTR_BATCH)
     world_losses = [sum(r["losses"][i] for r in runs) / n for i in range(CTR_STEPS)]
     diff = max(abs(a - b) for a, b in zip(world_losses, losses))
@@ -196,13 +218,18 @@ def wide_deep_row(world_size: int, out_dir: Path) -> TourRow:
     predicted = ctr_step_bytes_theory(data, CTR_STEPS - 1, n, one.dims.values(), psi)
     curves = {f"{n} ranks": world_losses, "one process": losses}
     _save(plot_ctr_losses(curves, "Wide&Deep, hash embeddings + DDP"), out_dir / "ctr_losses.png")
-    memory = sum(theory.embedding_state_bytes_per_rank(CTR_CAPACITY, d, "adagrad")
-                 for d in one.dims.values())  # fmt: skip
+    memory = sum(
+        theory.embedding_state_bytes_per_rank(CTR_CAPACITY, d, "adagrad") for d in one.dims.values()
+    )
     return TourRow(
-        f"Wide&Deep (hash emb. + DDP, N={n})", diff <= CTR_TOL, diff,
-        memory_per_rank=runs[0]["memory"], memory_theory=memory,
-        bytes_per_rank=runs[0]["sent"], bytes_theory=predicted[0],
-    )  # fmt: skip
+        f"Wide&Deep (hash emb. + DDP, N={n})",
+        diff <= CTR_TOL,
+        diff,
+        memory_per_rank=runs[0]["memory"],
+        memory_theory=memory,
+        bytes_per_rank=runs[0]["sent"],
+        bytes_theory=predicted[0],
+    )
 
 
 @bench("embedding")

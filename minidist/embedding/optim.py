@@ -158,9 +158,13 @@ class SparseAdam(_RowOptimizer):
     STATE = ("exp_avg", "exp_avg_sq")
 
     def __init__(
-        self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
         update: str = "local",
-    ):  # fmt: skip
+    ):
         _positive("SparseAdam", lr=lr, eps=eps)
         if not all(0 <= b < 1 for b in betas) or len(betas) != 2:
             raise ValueError(f"SparseAdam: betas={betas!r} must be two numbers in [0, 1)")

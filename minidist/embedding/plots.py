@@ -81,9 +81,14 @@ def plot_probe_chains(table: HashTable, keys: Sequence[int], title: str = "") ->
         for a, b in zip(chain, chain[1:]):
             rad = -0.15 if b < a else -0.5  # a wrap-around arrow: a flatter arc
             arrow = FancyArrowPatch(
-                (a + 0.5, 1.05), (b + 0.5, 1.05), connectionstyle=f"arc3,rad={rad}",
-                arrowstyle="-|>", mutation_scale=10, color=colors(i % 10), lw=1.4,
-            )  # fmt: skip
+                (a + 0.5, 1.05),
+                (b + 0.5, 1.05),
+                connectionstyle=f"arc3,rad={rad}",
+                arrowstyle="-|>",
+                mutation_scale=10,
+                color=colors(i % 10),
+                lw=1.4,
+            )
             ax.add_patch(arrow)
         ax.plot(chain[0] + 0.5, -0.15, "^", color=colors(i % 10), ms=7)
     for s in range(n):
@@ -143,9 +148,10 @@ def plot_load_imbalance(keys: torch.Tensor, world: int) -> Figure:
 
 
 def plot_bytes_per_step(
-    measured: Mapping[str, Sequence[float]], theory: Mapping[str, Sequence[float]],
+    measured: Mapping[str, Sequence[float]],
+    theory: Mapping[str, Sequence[float]],
     title: str = "Distributed slots, reduce-scatter scheme: bytes per step (forward + backward)",
-) -> Figure:  # fmt: skip
+) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     width = 0.38
     for j, placement in enumerate(measured):
@@ -177,14 +183,24 @@ def plot_sort_dedup(rows, order, unique_rows, run_offsets) -> Figure:
         ax.text(i + 0.45, top + 0.35, str(r), ha="center", va="center")
         ax.text(i + 0.45, top + 0.9, f"i={i}", ha="center", fontsize=7, color="gray")
     for j, i in enumerate(order):  # stable sort: occurrence i goes to place j
-        ax.annotate("", (j + 0.45, mid + 0.72), (i + 0.45, top - 0.02),
-                    arrowprops=dict(arrowstyle="-|>", color=color[rows[i]], lw=1))  # fmt: skip
+        ax.annotate(
+            "",
+            (j + 0.45, mid + 0.72),
+            (i + 0.45, top - 0.02),
+            arrowprops=dict(arrowstyle="-|>", color=color[rows[i]], lw=1),
+        )
         ax.add_patch(Rectangle((j, mid), 0.9, 0.7, facecolor=color[rows[i]], alpha=0.55))
         ax.text(j + 0.45, mid + 0.35, str(rows[i]), ha="center", va="center")
     for u, (a, b) in enumerate(zip(run_offsets, run_offsets[1:])):
         ax.plot([a + 0.02, b - 0.12], [mid - 0.15] * 2, color=color[unique_rows[u]], lw=3)
-        ax.text((a + b - 0.1) / 2, mid - 0.6, f"row {unique_rows[u]}\nΣ of {b - a}",
-                ha="center", va="center", fontsize=7)  # fmt: skip
+        ax.text(
+            (a + b - 0.1) / 2,
+            mid - 0.6,
+            f"row {unique_rows[u]}\nΣ of {b - a}",
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     for a in run_offsets:
         ax.text(a - 0.05, mid - 1.15, str(a), ha="center", fontsize=8, color="black")
     ax.text(-0.3, top + 0.35, "rows", ha="right", va="center")
@@ -193,14 +209,20 @@ def plot_sort_dedup(rows, order, unique_rows, run_offsets) -> Figure:
     ax.set_xlim(-1.6, n + 0.2)
     ax.set_ylim(-0.4, top + 1.2)
     ax.axis("off")
-    ax.set_title(f"Backward: stable sort by row, {len(unique_rows)} runs of equal rows, one "
-                 "gradient sum per unique row")  # fmt: skip
+    ax.set_title(
+        f"Backward: stable sort by row, {len(unique_rows)} runs of equal rows, one "
+        "gradient sum per unique row"
+    )
     return fig
 
 
-def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequence[int]],
-                    keys: Sequence[Sequence[int]], dim: int,
-                    scheme: str = "reduce_scatter") -> Figure:  # fmt: skip
+def plot_placements(
+    distributed: Sequence[Sequence[int]],
+    bags: Sequence[Sequence[int]],
+    keys: Sequence[Sequence[int]],
+    dim: int,
+    scheme: str = "reduce_scatter",
+) -> Figure:
     """`distributed[r][q]`: key occurrences rank r sends to owner q (distributed slots);
     `bags[r][q]`, `keys[r][q]`: bags and their keys rank r sends to slot owner q (localized;
     rank r's batch has Σ_q bags[r][q] bags). Each arrow r -> q is labelled, naming both ranks
@@ -212,19 +234,31 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
     own_bags = [sum(b) for b in bags]
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 1.5 * world))
     if scheme == "reduce_scatter":
-        first = ("Distributed slots (reduce-scatter): (key, bag) pairs to the owner", lambda r, q: (
-            f"{distributed[r][q]} keys + bag ids ({16 * distributed[r][q]} B)",
-            f"partial sums of its {own_bags[r]} bags ({4 * dim * own_bags[r]} B)"))  # fmt: skip
+        first = (
+            "Distributed slots (reduce-scatter): (key, bag) pairs to the owner",
+            lambda r, q: (
+                f"{distributed[r][q]} keys + bag ids ({16 * distributed[r][q]} B)",
+                f"partial sums of its {own_bags[r]} bags ({4 * dim * own_bags[r]} B)",
+            ),
+        )
     else:
-        first = ("Distributed slots (all-to-all): each key to its owner", lambda r, q: (
-            f"{distributed[r][q]} keys ({8 * distributed[r][q]} B)",
-            f"{distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)"))  # fmt: skip
+        first = (
+            "Distributed slots (all-to-all): each key to its owner",
+            lambda r, q: (
+                f"{distributed[r][q]} keys ({8 * distributed[r][q]} B)",
+                f"{distributed[r][q]} vectors ({4 * dim * distributed[r][q]} B)",
+            ),
+        )
     panels = (
         first,
-        ("Localized slots: each bag to its slot's owner", lambda r, q: (
-            f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B)",
-            f"{bags[r][q]} pooled ({4 * dim * bags[r][q]} B)")),
-    )  # fmt: skip
+        (
+            "Localized slots: each bag to its slot's owner",
+            lambda r, q: (
+                f"{bags[r][q]} bags, {keys[r][q]} keys ({8 * (bags[r][q] + keys[r][q])} B)",
+                f"{bags[r][q]} pooled ({4 * dim * bags[r][q]} B)",
+            ),
+        ),
+    )
     for ax, (title, label) in zip(axes, panels):
         for r in range(world):
             y = world - 1 - r
@@ -236,8 +270,14 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
             for q in range(world):
                 y0, y1 = world - 1 - r + 0.5, world - 1 - q + 0.5
                 own = r == q
-                ax.annotate("", (4.8, y1), (1.2, y0), arrowprops=dict(
-                    arrowstyle="<|-|>", color="#999999" if own else "#333333", lw=1.0))  # fmt: skip
+                ax.annotate(
+                    "",
+                    (4.8, y1),
+                    (1.2, y0),
+                    arrowprops=dict(
+                        arrowstyle="<|-|>", color="#999999" if own else "#333333", lw=1.0
+                    ),
+                )
                 out, back = label(r, q)
                 # crossing arrows: each label names its two ranks and sits on its sender's
                 # side of the crossing (above it for an arrow going down, below for one up)
@@ -248,15 +288,26 @@ def plot_placements(distributed: Sequence[Sequence[int]], bags: Sequence[Sequenc
                     else f"rank {r} → rank {q}: {out}\nrank {q} → rank {r}: {back}"
                 )
                 box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1)
-                ax.text(x, y, text, ha="center", va="center", fontsize=7,
-                        color="#777777" if own else "black", bbox=box)  # fmt: skip
+                ax.text(
+                    x,
+                    y,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="#777777" if own else "black",
+                    bbox=box,
+                )
         ax.set_xlim(-0.1, 6.1)
         ax.set_ylim(-0.1, world + 0.1)
         ax.axis("off")
         ax.set_title(title, fontsize=10)
-    fig.suptitle(f"One forward on N = {world}: what goes out (keys, int64) and comes back "
-                 f"(vectors, float32, D = {dim}); the backward sends the gradients of what came "
-                 "back", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"One forward on N = {world}: what goes out (keys, int64) and comes back "
+        f"(vectors, float32, D = {dim}); the backward sends the gradients of what came "
+        "back",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 

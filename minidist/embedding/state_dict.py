@@ -54,11 +54,13 @@ def embedding_state_dict(layer, optimizer=None) -> dict:
     keys, rows = local.table.items()
     table_states, other = _table_states(optimizer, local.weight)
     return dict(
-        keys=keys.clone(), vectors=local.weight.detach()[rows].clone(),
+        keys=keys.clone(),
+        vectors=local.weight.detach()[rows].clone(),
         optimizer={name: t.detach()[rows].clone() for name, t in table_states.items()},
         optimizer_other={k: (v.clone() if torch.is_tensor(v) else v) for k, v in other.items()},
-        dim=local.dim, mode=layer.mode,
-    )  # fmt: skip
+        dim=local.dim,
+        mode=layer.mode,
+    )
 
 
 def load_embedding_state_dict(layer, optimizer, state: dict) -> None:
@@ -117,7 +119,10 @@ def _merge(states: list[dict], mine, who: str) -> dict:
                 f"{who}: the ranks saved different optimizer counters ({others[0]} vs {other})"
             )
     return dict(
-        keys=merged["keys"], vectors=merged["vectors"],
+        keys=merged["keys"],
+        vectors=merged["vectors"],
         optimizer={k[len("optimizer.") :]: v for k, v in merged.items() if k.startswith("opt")},
-        optimizer_other=others[0], dim=states[0]["dim"], mode=states[0]["mode"],
-    )  # fmt: skip
+        optimizer_other=others[0],
+        dim=states[0]["dim"],
+        mode=states[0]["mode"],
+    )

@@ -33,8 +33,14 @@ TOKENS = 24  # per group (per rank)
 LR = 0.1
 
 
-def build(groups: int, k: int = 1, capacity_factor: float = 1.0, steps: int = 3,
-          shift: float = 0.0, seed: int = 0):  # fmt: skip
+def build(
+    groups: int,
+    k: int = 1,
+    capacity_factor: float = 1.0,
+    steps: int = 3,
+    shift: float = 0.0,
+    seed: int = 0,
+):
     """(the MoE, [(x, target)] per step for `groups` groups of TOKENS tokens). `shift` adds
     a common direction to every token, which sends most of them to the same experts."""
     moe = MoE(**SIZES, k=k, capacity_factor=capacity_factor, seed=seed)
@@ -62,8 +68,14 @@ class Step(NamedTuple):
     grads: dict[str, torch.Tensor]  # reference names, and "input": the rows' gradient
 
 
-def reference(groups: int, k: int = 1, capacity_factor: float = 1.0, steps: int = 3,
-              alpha: float = 0.01, shift: float = 0.0):  # fmt: skip
+def reference(
+    groups: int,
+    k: int = 1,
+    capacity_factor: float = 1.0,
+    steps: int = 3,
+    alpha: float = 0.01,
+    shift: float = 0.0,
+):
     """The MoE in one process: per step a `Step` (rows of every group), final parameters."""
     moe, batches = build(groups, k, capacity_factor, steps, shift)
     opt = torch.optim.SGD(moe.parameters(), lr=LR)
@@ -75,9 +87,15 @@ def reference(groups: int, k: int = 1, capacity_factor: float = 1.0, steps: int 
         (F.mse_loss(x + y, target) + alpha * aux).backward()
         rs = moe.routings
         grads = {n: _grad(p) for n, p in moe.named_parameters()} | {"input": x.grad}
-        trace.append(Step(y.detach(), torch.stack([r.aux.detach() for r in rs]),
-                          torch.cat([r.experts for r in rs]), torch.cat([r.kept for r in rs]),
-                          grads))  # fmt: skip
+        trace.append(
+            Step(
+                y.detach(),
+                torch.stack([r.aux.detach() for r in rs]),
+                torch.cat([r.experts for r in rs]),
+                torch.cat([r.kept for r in rs]),
+                grads,
+            )
+        )
         opt.step()
     return trace, {n: p.detach().clone() for n, p in moe.named_parameters()}
 
@@ -109,8 +127,14 @@ def groups_for(e: int) -> tuple:
     return mine[0], mine[1]
 
 
-def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int = 3,
-                  alpha: float = 0.01, pad_to_capacity: bool = False) -> EPRun:  # fmt: skip
+def train_on_rank(
+    e: int,
+    k: int = 1,
+    capacity_factor: float = 1.0,
+    steps: int = 3,
+    alpha: float = 0.01,
+    pad_to_capacity: bool = False,
+) -> EPRun:
     """On a rank: `ExpertParallelMoE` over EP groups of e ranks (× n/e data-parallel),
     trained on this rank's group of tokens like `reference` (padded to capacity or not)."""
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -131,10 +155,15 @@ def train_on_rank(e: int, k: int = 1, capacity_factor: float = 1.0, steps: int =
             ((F.mse_loss(xr + y, tr) + alpha * aux) / n).backward()
             ep.finish_gradient_sync()
             r = ep.routing
-            trace.append(Step(
-                y.detach(), aux.detach().view(1), r.experts, r.kept,
-                {names[m]: _grad(p) for m, p in ep.named_parameters()} | {"input": xr.grad},
-            ))  # fmt: skip
+            trace.append(
+                Step(
+                    y.detach(),
+                    aux.detach().view(1),
+                    r.experts,
+                    r.kept,
+                    {names[m]: _grad(p) for m, p in ep.named_parameters()} | {"input": xr.grad},
+                )
+            )
             sent.append(ep.sent_rows)
             opt.step()
     params = {names[m]: p.detach().clone() for m, p in ep.named_parameters()}
@@ -194,8 +223,9 @@ def build_gpt(groups: int, steps: int = GPT_STEPS):
     g = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(steps):
-        ids = torch.randint(0, MOE_GPT["vocab_size"], (GPT_BATCH, MOE_GPT["seq_len"] + 1),
-                            generator=g, device="cpu")  # fmt: skip
+        ids = torch.randint(
+            0, MOE_GPT["vocab_size"], (GPT_BATCH, MOE_GPT["seq_len"] + 1), generator=g, device="cpu"
+        )
         batches.append((ids[:, :-1], ids[:, 1:]))
     return model, batches
 

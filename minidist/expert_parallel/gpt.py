@@ -48,9 +48,13 @@ class MoEMLP(nn.Module):
 
 
 def moe_gpt(
-    cfg: GPTConfig, experts: int, k: int = 1, capacity_factor: float = 1.0, groups: int = 1,
+    cfg: GPTConfig,
+    experts: int,
+    k: int = 1,
+    capacity_factor: float = 1.0,
+    groups: int = 1,
     seed: int = 0,
-) -> GPT:  # fmt: skip
+) -> GPT:
     """The course GPT with every block's MLP an MoE of `experts` experts (layer i seeded
     `seed + i`), routing each layer's tokens in `groups` contiguous groups."""
     model = GPT(cfg)
@@ -81,9 +85,11 @@ class ExpertParallelGPT(nn.Module):
         for block in model.blocks:  # bad input first, before any collective
             if not isinstance(block.mlp, MoEMLP):
                 got = type(block.mlp).__name__
-                raise ValueError("ExpertParallelGPT: model must come from moe_gpt (every "
-                                 f"block's mlp an MoEMLP), got {got}; for a model of your "
-                                 "own, use minidist.parallelize (lesson 17)")  # fmt: skip
+                raise ValueError(
+                    "ExpertParallelGPT: model must come from moe_gpt (every "
+                    f"block's mlp an MoEMLP), got {got}; for a model of your "
+                    "own, use minidist.parallelize (lesson 17)"
+                )
         verify_same_model(model, None, "ExpertParallelGPT", {"pad_to_capacity": pad_to_capacity})
         broadcast_parameters(model)  # ranks seeded differently still start from one model
         self.module = copy.deepcopy(model)
@@ -116,8 +122,7 @@ class ExpertParallelGPT(nn.Module):
         named = [(n, p.grad) for n, p in self.module.named_parameters() if p.grad is not None]
         all_reduce_flat([g for n, g in named if not is_expert(n)], None, "ep dense grads")
         if self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
-            all_reduce_flat([g for n, g in named if is_expert(n)], self.dp_group,
-                            "ep expert grads")  # fmt: skip
+            all_reduce_flat([g for n, g in named if is_expert(n)], self.dp_group, "ep expert grads")
 
 
 __all__ = ["MoEMLP", "moe_gpt", "aux_loss", "is_expert", "ExpertParallelGPT"]

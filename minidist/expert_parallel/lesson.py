@@ -77,22 +77,33 @@ def expert_parallel_row(world_size: int, out_dir: Path) -> TourRow:
     ref, ref_params = reference(n, k, cf)
     matches, worst = _diff(runs, n, ref, ref_params)
     steps = len(runs[0].trace)
-    theory_bytes = sum(
-        theory.bytes_sent_per_step(send_matrix(runs, e, s), 0, SIZES["hidden"],
-                                   SIZES["num_experts"], runs[0].router_params,
-                                   runs[0].expert_params, n, n // e)
-        for s in range(steps)
-    ) / steps  # fmt: skip
+    theory_bytes = (
+        sum(
+            theory.bytes_sent_per_step(
+                send_matrix(runs, e, s),
+                0,
+                SIZES["hidden"],
+                SIZES["num_experts"],
+                runs[0].router_params,
+                runs[0].expert_params,
+                n,
+                n // e,
+            )
+            for s in range(steps)
+        )
+        / steps
+    )
     h, f, experts = SIZES["hidden"], SIZES["ffn"], SIZES["num_experts"]
     expert = 2 * h * f + f + h
     return TourRow(
         f"expert parallel (E={experts}, k={k}, e={e} x d={n // e}; memory: params/rank)",
-        matches, worst,
+        matches,
+        worst,
         memory_per_rank=4 * (runs[0].router_params + runs[0].expert_params),
         memory_theory=4 * (h * experts + experts // e * expert),
         bytes_per_rank=sum(r.ring_bytes for r in runs[0].records) / steps,
         bytes_theory=theory_bytes,
-    )  # fmt: skip
+    )
 
 
 def gpt_theory(world_size: int, e: int) -> tuple[int, float]:
@@ -105,9 +116,16 @@ def gpt_theory(world_size: int, e: int) -> tuple[int, float]:
     tokens = GPT_BATCH // world_size * MOE_GPT["seq_len"]
     cap = capacity(tokens, GPT_MOE["experts"], GPT_MOE["k"], GPT_MOE["capacity_factor"])
     sent = theory.padded_bytes_sent_per_step(
-        MOE_GPT["layers"], GPT_MOE["experts"], e, cap, MOE_GPT["hidden"], replicated,
-        experts // e, world_size, world_size // e,
-    )  # fmt: skip
+        MOE_GPT["layers"],
+        GPT_MOE["experts"],
+        e,
+        cap,
+        MOE_GPT["hidden"],
+        replicated,
+        experts // e,
+        world_size,
+        world_size // e,
+    )
     return theory.model_state_bytes_per_rank(replicated, experts, e), sent
 
 
@@ -127,8 +145,10 @@ def expert_parallel_gpt_row(world_size: int, out_dir: Path) -> TourRow:
     return TourRow(
         f"expert parallel GPT (E={GPT_MOE['experts']}, k={GPT_MOE['k']}, padded to capacity, "
         f"e={e} x d={n // e}; memory: model states/rank)",
-        worst < 1e-5, worst,
-        memory_per_rank=runs[0].memory.total, memory_theory=memory,
+        worst < 1e-5,
+        worst,
+        memory_per_rank=runs[0].memory.total,
+        memory_theory=memory,
         bytes_per_rank=sum(r.ring_bytes for r in runs[0].records) / steps,
         bytes_theory=sent,
-    )  # fmt: skip
+    )

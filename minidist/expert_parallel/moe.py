@@ -31,9 +31,14 @@ class MoE(nn.Module):
     """Router W_r [h, E] (no bias) and E experts; `forward(x, groups)` -> (output, aux)."""
 
     def __init__(
-        self, hidden: int, ffn: int, num_experts: int, k: int = 1,
-        capacity_factor: float = 1.0, seed: int = 0,
-    ):  # fmt: skip
+        self,
+        hidden: int,
+        ffn: int,
+        num_experts: int,
+        k: int = 1,
+        capacity_factor: float = 1.0,
+        seed: int = 0,
+    ):
         super().__init__()
         check_routing_args("MoE", num_experts, k, capacity_factor)
         with torch.random.fork_rng(devices=[]):
@@ -50,8 +55,10 @@ class MoE(nn.Module):
         """x [T, h] -> (the experts' weighted sum [T, h], the mean of the groups' aux losses);
         the groups' routings are kept in `self.routings`."""
         if x.dim() != 2 or x.shape[0] % groups:
-            raise ValueError(f"MoE: x must be [tokens, hidden] with tokens divisible by "
-                             f"groups={groups}; got {tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"MoE: x must be [tokens, hidden] with tokens divisible by "
+                f"groups={groups}; got {tuple(x.shape)}"
+            )
         outs, auxes, self.routings = [], [], []
         for xg in x.chunk(groups):
             r = self.route(xg)

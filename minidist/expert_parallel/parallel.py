@@ -81,22 +81,30 @@ class ExpertParallelMoE(nn.Module):
         under pipeline parallelism, the ranks of its stage)."""
         super().__init__()
         if not isinstance(pad_to_capacity, bool):
-            raise ValueError(f"ExpertParallelMoE: pad_to_capacity={pad_to_capacity!r} must be "
-                             "True or False")  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: pad_to_capacity={pad_to_capacity!r} must be True or False"
+            )
         e, r = dist.get_world_size(ep_group), dist.get_rank(ep_group)
         d = dist.get_world_size(dp_group) if dp_group is not None else 1
         n = dist.get_world_size(world)
         if e * d != n:  # else some ranks' copies of an expert would never be reduced together
             where = f"the world of {n} ranks" if world is None else f"the {n} ranks of `world`"
-            raise ValueError(f"ExpertParallelMoE: ep_group ({e} ranks) × dp_group ({d}) must "
-                             f"cover {where} (pass the dp_group of the ranks holding the "
-                             "same experts)")  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: ep_group ({e} ranks) × dp_group ({d}) must "
+                f"cover {where} (pass the dp_group of the ranks holding the "
+                "same experts)"
+            )
         if moe.num_experts % e:
-            raise ValueError(f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
-                             f"divisible by the expert-parallel group's size {e}")  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: num_experts={moe.num_experts} must be "
+                f"divisible by the expert-parallel group's size {e}"
+            )
         check_grid(ep_group, dp_group, world)
-        config = {"k": moe.k, "capacity_factor": moe.capacity_factor,
-                  "pad_to_capacity": pad_to_capacity}  # fmt: skip
+        config = {
+            "k": moe.k,
+            "capacity_factor": moe.capacity_factor,
+            "pad_to_capacity": pad_to_capacity,
+        }
         verify_same_model(moe, world, "ExpertParallelMoE", config)
         broadcast_parameters(moe, world)  # ranks seeded differently still place one model's experts
         self.per = moe.num_experts // e
@@ -120,8 +128,10 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2 or x.shape[1] != self.router.in_features:
-            raise ValueError(f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
-                             f" (this rank's tokens); got {tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: x must be [tokens, {self.router.in_features}]"
+                f" (this rank's tokens); got {tuple(x.shape)}"
+            )
         if self.pad_to_capacity and x.shape[0] != self.agreed_tokens:
             self._agree_on_tokens(x)
         logits = self.router(x)
@@ -149,8 +159,11 @@ class ExpertParallelMoE(nn.Module):
             comm.all_gather(everyone, mine, group=self.ep_group, tag="ep padded tokens")
         counts = everyone.tolist()
         if len(set(counts)) > 1:
-            ranks = (dist.get_process_group_ranks(self.ep_group) if self.ep_group is not None
-                     else list(range(self.e)))  # fmt: skip
+            ranks = (
+                dist.get_process_group_ranks(self.ep_group)
+                if self.ep_group is not None
+                else list(range(self.e))
+            )
             raise ValueError(
                 f"ExpertParallelMoE(pad_to_capacity=True): ranks {ranks} of the ep_group routed "
                 f"{counts} tokens; padded to capacity, every rank must route the same number "
@@ -166,8 +179,13 @@ class ExpertParallelMoE(nn.Module):
         if self.pad_to_capacity:
             cap = capacity(x.shape[0], self.num_experts, self.k, self.capacity_factor)
             split = [self.per * cap] * self.e
-            _all_to_all(x.new_full((self.num_experts * cap, x.shape[1]), float("nan")), split,
-                        split, self.ep_group, "ep dispatch")  # fmt: skip
+            _all_to_all(
+                x.new_full((self.num_experts * cap, x.shape[1]), float("nan")),
+                split,
+                split,
+                self.ep_group,
+                "ep dispatch",
+            )
         else:
             bad = torch.full((self.e, self.per), -1, dtype=torch.int64, device=logits.device)
             comm.all_to_all(torch.empty_like(bad), bad, group=self.ep_group, tag="ep counts")
@@ -181,8 +199,10 @@ class ExpertParallelMoE(nn.Module):
         comm.all_to_all(got, counts.contiguous(), group=self.ep_group, tag="ep counts")
         if bool((got < 0).any()):
             ranks = torch.nonzero((got < 0).any(1)).flatten().tolist()
-            raise ValueError(f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
-                             "that are not finite (a NaN or inf in their input)")  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
+                "that are not finite (a NaN or inf in their input)"
+            )
         send, recv = counts.sum(1).tolist(), got.sum(1).tolist()
         self.sent_rows = send
         rows = _AllToAll.apply(x[t], recv, send, self.ep_group, "ep dispatch")
@@ -208,10 +228,13 @@ class ExpertParallelMoE(nn.Module):
         sent_nan = rows.detach()[:, 0, 0, 0].isnan()  # a rank that refused its tokens
         if bool(sent_nan.any()):  # sends NaN in every row; a real row of NaN was refused there
             ranks = torch.nonzero(sent_nan).flatten().tolist()
-            raise ValueError(f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
-                             "that are not finite (a NaN or inf in their input)")  # fmt: skip
-        outs = [f(rows[:, i].reshape(-1, h)).view(self.e, 1, cap, h)
-                for i, f in enumerate(self.experts)]  # fmt: skip
+            raise ValueError(
+                f"ExpertParallelMoE: ranks {ranks} of the ep_group routed tokens "
+                "that are not finite (a NaN or inf in their input)"
+            )
+        outs = [
+            f(rows[:, i].reshape(-1, h)).view(self.e, 1, cap, h) for i, f in enumerate(self.experts)
+        ]
         done = torch.cat(outs, dim=1).reshape(num, h)
         return _AllToAll.apply(done, split, split, self.ep_group, "ep combine")[where]
 
@@ -237,14 +260,19 @@ def check_grid(ep_group, dp_group, world=None) -> None:
     dev = comm.group_device(world)
     rows = torch.zeros(2, n, dtype=torch.int64, device=dev)
     for i, group in enumerate((ep_group, dp_group)):
-        ranks = dist.get_process_group_ranks(group) if group is not None else (
-            members if i == 0 else [me])  # fmt: skip
+        ranks = (
+            dist.get_process_group_ranks(group)
+            if group is not None
+            else (members if i == 0 else [me])
+        )
         rows[i, ranks] = 1
     everyone = torch.empty(len(members) * 2 * n, dtype=torch.int64, device=dev)
     comm.all_gather(everyone, rows.reshape(-1), group=world, tag="ep grid check")
     everyone = everyone.view(len(members), 2, n).cpu()
-    sets = {r: [frozenset(torch.nonzero(everyone[j, i]).flatten().tolist()) for i in (0, 1)]
-            for j, r in enumerate(members)}  # fmt: skip
+    sets = {
+        r: [frozenset(torch.nonzero(everyone[j, i]).flatten().tolist()) for i in (0, 1)]
+        for j, r in enumerate(members)
+    }
     for r, (ep, dp) in sets.items():
         problem = None
         if not (ep | dp) <= sets.keys():

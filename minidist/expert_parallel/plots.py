@@ -18,8 +18,15 @@ def plot_capacity(routings: dict[float, object], num_experts: int):
         kept, dropped = tokens_per_expert(r, num_experts)
         xs = range(num_experts)
         ax.bar(xs, kept.tolist(), color="tab:blue", label="kept")
-        ax.bar(xs, dropped.tolist(), bottom=kept.tolist(), color="white", edgecolor="tab:red",
-               hatch="//", label="dropped")  # fmt: skip
+        ax.bar(
+            xs,
+            dropped.tolist(),
+            bottom=kept.tolist(),
+            color="white",
+            edgecolor="tab:red",
+            hatch="//",
+            label="dropped",
+        )
         ax.axhline(r.capacity, color="black", linestyle="--", linewidth=1)
         ax.text(num_experts - 0.5, r.capacity, f" C = {r.capacity}", va="bottom", ha="right")
         ax.set_xticks(list(xs))
@@ -64,8 +71,13 @@ def plot_balance(runs: dict[float, object]):
     return fig
 
 
-def plot_padding(factors: list[float], exact: list[float], padded: list[float],
-                 balanced: float, dropped: list[int]):  # fmt: skip
+def plot_padding(
+    factors: list[float],
+    exact: list[float],
+    padded: list[float],
+    balanced: float,
+    dropped: list[int],
+):
     """All-to-all bytes per rank and step against the capacity factor: exact dispatch (the
     measured routing: only kept tokens move), padded to capacity (E/e·C rows to every rank,
     whatever the routing) and the balanced estimate (every assignment kept, spread evenly);
@@ -75,8 +87,12 @@ def plot_padding(factors: list[float], exact: list[float], padded: list[float],
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
     ax.plot(factors, exact, "o-", label="exact: the kept rows only (measured)")
     ax.plot(factors, padded, "s--", label="padded to capacity (GShard; = theory)")
-    ax.axhline(balanced, color="gray", linestyle=":",
-               label="balanced estimate: nothing dropped, 1/e of it stays home")  # fmt: skip
+    ax.axhline(
+        balanced,
+        color="gray",
+        linestyle=":",
+        label="balanced estimate: nothing dropped, 1/e of it stays home",
+    )
     ax.set_xlabel("capacity factor")
     ax.set_ylabel("all-to-all bytes per rank and step")
     ax.set_xticks(factors)

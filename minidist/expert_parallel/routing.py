@@ -46,8 +46,7 @@ def check_routing_args(who: str, num_experts, k, capacity_factor) -> None:
         raise ValueError(f"{who}: need ints 1 <= k={k!r} <= num_experts={num_experts!r}")
     real = isinstance(capacity_factor, (int, float)) and not isinstance(capacity_factor, bool)
     if not (real and math.isfinite(capacity_factor) and capacity_factor > 0):
-        raise ValueError(f"{who}: capacity_factor={capacity_factor!r} must be a finite number "
-                         "> 0")  # fmt: skip
+        raise ValueError(f"{who}: capacity_factor={capacity_factor!r} must be a finite number > 0")
 
 
 def capacity(tokens: int, num_experts: int, k: int = 1, capacity_factor: float = 1.0) -> int:
@@ -85,8 +84,10 @@ def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.0) -> Rou
     bad = ~torch.isfinite(logits.detach()).all(-1)  # (detached: abs() would save logits)
     if bool(bad.any()):  # a NaN would be routed somewhere and shift every later token's slot
         which = torch.nonzero(bad).flatten()[:8].tolist()
-        raise ValueError(f"route: the router's logits of tokens {which} (of {tokens}) are not "
-                         "finite: a NaN or inf reached the MoE's input")  # fmt: skip
+        raise ValueError(
+            f"route: the router's logits of tokens {which} (of {tokens}) are not "
+            "finite: a NaN or inf reached the MoE's input"
+        )
     cap = capacity(tokens, num_experts, k, capacity_factor)
     probs = torch.softmax(logits, dim=-1)
     top, experts = probs.topk(k, dim=-1)  # ties: torch.topk's order, the same on every rank

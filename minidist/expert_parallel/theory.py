@@ -22,10 +22,17 @@ from .. import comm
 from .routing import capacity, load_balancing_loss
 
 __all__ = [
-    "capacity", "load_balancing_loss", "all_to_all_bytes", "bytes_sent_per_step",
-    "balanced_all_to_all_bytes", "counts_bytes", "padded_all_to_all_bytes", "expert_flops",
-    "padded_bytes_sent_per_step", "model_state_bytes_per_rank",
-]  # fmt: skip
+    "capacity",
+    "load_balancing_loss",
+    "all_to_all_bytes",
+    "bytes_sent_per_step",
+    "balanced_all_to_all_bytes",
+    "counts_bytes",
+    "padded_all_to_all_bytes",
+    "expert_flops",
+    "padded_bytes_sent_per_step",
+    "model_state_bytes_per_rank",
+]
 
 
 def all_to_all_bytes(send, rank: int, hidden: int, element_size: int = 4) -> dict[str, float]:
@@ -42,8 +49,9 @@ def all_to_all_bytes(send, rank: int, hidden: int, element_size: int = 4) -> dic
     }
 
 
-def padded_all_to_all_bytes(num_experts: int, e: int, cap: int, hidden: int,
-                            element_size: int = 4) -> dict[str, float]:  # fmt: skip
+def padded_all_to_all_bytes(
+    num_experts: int, e: int, cap: int, hidden: int, element_size: int = 4
+) -> dict[str, float]:
     """{ledger tag: bytes} one rank sends per MoE layer with `pad_to_capacity=True`: E/e · C
     rows to each of the e-1 other ranks, in each of the four all-to-alls."""
     per = num_experts // e * cap
@@ -63,9 +71,16 @@ def counts_bytes(num_experts: int, e: int) -> float:
 
 
 def bytes_sent_per_step(
-    send, rank: int, hidden: int, num_experts: int, router_params: int,
-    expert_params: int, world: int, d: int, counts: bool = True,
-) -> float:  # fmt: skip
+    send,
+    rank: int,
+    hidden: int,
+    num_experts: int,
+    router_params: int,
+    expert_params: int,
+    world: int,
+    d: int,
+    counts: bool = True,
+) -> float:
     """All a rank sends in one step: the all-to-alls for the measured `send`, the counts
     (none when padded to capacity: `counts=False`),
     the router's gradient all-reduce over `world` ranks, the local experts' (`expert_params`
@@ -79,8 +94,9 @@ def bytes_sent_per_step(
     )
 
 
-def balanced_all_to_all_bytes(tokens: int, hidden: int, k: int, e: int,
-                              element_size: int = 4) -> float:  # fmt: skip
+def balanced_all_to_all_bytes(
+    tokens: int, hidden: int, k: int, e: int, element_size: int = 4
+) -> float:
     """What a planner can use before any routing is measured: every rank's T·k assignments
     spread evenly over the e ranks and none dropped, so (e-1)/e of them leave: dispatch,
     combine and their two gradients, 4 · T·k·(e-1)/e · h · element_size bytes per layer."""
@@ -88,9 +104,17 @@ def balanced_all_to_all_bytes(tokens: int, hidden: int, k: int, e: int,
 
 
 def padded_bytes_sent_per_step(
-    layers: int, num_experts: int, e: int, cap: int, hidden: int, replicated_params: int,
-    expert_params: int, world: int, d: int, element_size: int = 4,
-) -> float:  # fmt: skip
+    layers: int,
+    num_experts: int,
+    e: int,
+    cap: int,
+    hidden: int,
+    replicated_params: int,
+    expert_params: int,
+    world: int,
+    d: int,
+    element_size: int = 4,
+) -> float:
     """All a rank of `ExpertParallelGPT` (padded to capacity) sends per step: each MoE layer's
     four all-to-alls (`padded_all_to_all_bytes`), the replicated parameters' gradients (the
     routers' included) all-reduced over the `world`, the rank's experts' (`expert_params`
@@ -103,18 +127,28 @@ def padded_bytes_sent_per_step(
     )
 
 
-def model_state_bytes_per_rank(replicated_params: int, expert_params: int, e: int,
-                               state_copies: int = 3) -> int:  # fmt: skip
+def model_state_bytes_per_rank(
+    replicated_params: int, expert_params: int, e: int, state_copies: int = 3
+) -> int:
     """Bytes of model states one rank keeps: the replicated parameters and 1/e of the experts,
     float32, `state_copies` times (3: parameter, gradient and SGD's momentum)."""
     if expert_params % e:
-        raise ValueError(f"model_state_bytes_per_rank: expert_params={expert_params} must "
-                         f"divide by e={e}")  # fmt: skip
+        raise ValueError(
+            f"model_state_bytes_per_rank: expert_params={expert_params} must divide by e={e}"
+        )
     return 4 * state_copies * (replicated_params + expert_params // e)
 
 
-def padded_saved_bytes(tokens: int, hidden: int, num_experts: int, k: int, e: int, cap: int,
-                       kept: int, element_size: int = 4) -> int:  # fmt: skip
+def padded_saved_bytes(
+    tokens: int,
+    hidden: int,
+    num_experts: int,
+    k: int,
+    e: int,
+    cap: int,
+    kept: int,
+    element_size: int = 4,
+) -> int:
     """Bytes one MoE layer saves for backward on a rank with `pad_to_capacity=True`, as
     autograd saves them for this course's code (torch 2.13, measured with saved-tensor
     hooks), T = `tokens` routed by the rank, K = `kept` of its T·k assignments:

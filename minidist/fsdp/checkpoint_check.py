@@ -57,10 +57,12 @@ def _read(path: Path) -> tuple[Pinned, Metadata, dict]:
         unfinished = path.with_name(f".{path.name}{UNFINISHED}")
         replaced = path.with_name(f".{path.name}{REPLACED}")
         hint = (
-            f"; {unfinished} is an unfinished save, it never completed" if unfinished.exists()
-            else f"; the checkpoint it replaced is in {replaced}" if replaced.exists()
+            f"; {unfinished} is an unfinished save, it never completed"
+            if unfinished.exists()
+            else f"; the checkpoint it replaced is in {replaced}"
+            if replaced.exists()
             else ""
-        )  # fmt: skip
+        )
         raise FileNotFoundError(f"no checkpoint at {path}{hint}") from None
     try:
         meta = verify(pinned)
@@ -109,17 +111,20 @@ def _check(meta: Metadata, layout: dict, s: _Sharded, optimizer) -> None:
     for name in [*my_params, *(n for n in saved_params if n not in my_params)]:
         if saved_params.get(name) != my_params.get(name):
             raise _mismatch(
-                f"trainable parameter {name}", saved_params.get(name, "no such parameter"),
+                f"trainable parameter {name}",
+                saved_params.get(name, "no such parameter"),
                 my_params.get(name, "no such parameter"),
-            )  # fmt: skip
+            )
     saved_units, my_units = [u["key"] for u in layout["units"]], [u["key"] for u in mine["units"]]
     if saved_units != my_units:
         i = next((i for i, (a, b) in enumerate(zip(saved_units, my_units)) if a != b), None)
         i = min(len(saved_units), len(my_units)) if i is None else i
         raise _mismatch(
             f"flat unit {i} (the same parameters grouped otherwise: another wrap policy or "
-            "bucket size; load_full reads any grouping)", _item(saved_units, i), _item(my_units, i),
-        )  # fmt: skip
+            "bucket size; load_full reads any grouping)",
+            _item(saved_units, i),
+            _item(my_units, i),
+        )
     saved_whole = {
         k[len("model.") :]: tuple(md.size)
         for k, md in meta.state_dict_metadata.items()
@@ -129,9 +134,10 @@ def _check(meta: Metadata, layout: dict, s: _Sharded, optimizer) -> None:
     for name in [*my_whole, *(n for n in saved_whole if n not in my_whole)]:
         if saved_whole.get(name) != my_whole.get(name):
             raise _mismatch(
-                f"frozen parameter or buffer {name}", _shape(saved_whole.get(name)),
+                f"frozen parameter or buffer {name}",
+                _shape(saved_whole.get(name)),
                 _shape(my_whole.get(name)),
-            )  # fmt: skip
+            )
     if optimizer is None:
         return
     opt = layout["optimizer"]

@@ -74,10 +74,11 @@ def _sharded(model) -> _Sharded:
         else:  # hybrid: rows are shard groups, columns replica groups
             f = dist.get_world_size(model.shard_group)
             mesh = DeviceMesh.from_group(
-                [model.replicate_group, model.shard_group], _device(units),
+                [model.replicate_group, model.shard_group],
+                _device(units),
                 mesh=torch.arange(model.world, device="cpu").view(model.world // f, f),
                 mesh_dim_names=("replicate", "shard"),
-            )  # fmt: skip
+            )
             placements = (Replicate(), Shard(0))
         paths = _module_paths(model.module)
         aliases = {
@@ -142,9 +143,13 @@ def _dtensor(chunk: torch.Tensor, layout, s: _Sharded) -> DTensor:
     """This rank's padded chunk as a DTensor of the unpadded flat tensor (local: valid part)."""
     _, n = _valid(layout)
     return DTensor.from_local(
-        chunk[:n], s.mesh, s.placements, run_check=False,
-        shape=torch.Size([layout.numel]), stride=(1,),
-    )  # fmt: skip
+        chunk[:n],
+        s.mesh,
+        s.placements,
+        run_check=False,
+        shape=torch.Size([layout.numel]),
+        stride=(1,),
+    )
 
 
 def _optimizer_units(optimizer, units) -> list[list]:

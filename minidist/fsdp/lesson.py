@@ -87,12 +87,14 @@ def _fsdp_row(label: str, world_size: int, out_dir: Path, shard_size: int) -> To
     fig.savefig(out_dir / f"{name}_timeline.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return TourRow(
-        label, diff < PARAM_TOL and grad_diff < GRAD_TOL, diff,
+        label,
+        diff < PARAM_TOL and grad_diff < GRAD_TOL,
+        diff,
         memory_per_rank=memory,
         memory_theory=memory_theory,
         bytes_per_rank=sent,
         bytes_theory=sum(bytes_theory.values()),
-    )  # fmt: skip
+    )
 
 
 @tour_row("FSDP (ZeRO-3)", lesson=3)

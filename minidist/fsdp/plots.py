@@ -46,31 +46,60 @@ def plot_flat_param(
     cmap = plt.get_cmap("tab20")
     left, small = 0, 0
     for i, (name, n) in enumerate(zip(names, numels)):
-        ax.barh(1, n, left=left, height=0.8, color=cmap(i % 20), edgecolor="black",
-                linewidth=0.5)  # fmt: skip
+        ax.barh(1, n, left=left, height=0.8, color=cmap(i % 20), edgecolor="black", linewidth=0.5)
         if n > 0.04 * full:  # the label inside, where it fits
             ax.text(left + n / 2, 1, f"{name}\n{n}", ha="center", va="center", fontsize=7)
         else:  # a small parameter: its label above the bar, on one of three levels
             y = 1.55 + 0.3 * (small % 3)
             x = left + n / 2
             ax.plot([x, x], [1.4, y], color="black", linewidth=0.5)
-            ax.text(x, y, f" {name} ({n}) " , ha="left" if x < 0.8 * full else "right",
-                    va="center", fontsize=6)  # fmt: skip
+            ax.text(
+                x,
+                y,
+                f" {name} ({n}) ",
+                ha="left" if x < 0.8 * full else "right",
+                va="center",
+                fontsize=6,
+            )
             small += 1
         left += n
     if full > total:
-        ax.barh(1, full - total, left=total, height=0.8, color="white", hatch="///",
-                edgecolor="black", linewidth=0.5)  # fmt: skip
+        ax.barh(
+            1,
+            full - total,
+            left=total,
+            height=0.8,
+            color="white",
+            hatch="///",
+            edgecolor="black",
+            linewidth=0.5,
+        )
     ranks = plt.get_cmap("tab10" if world_size <= 10 else "tab20")
     for r in range(world_size):
         start = r * chunk
         owned = max(0, min(chunk, total - start))  # elements of parameters, not padding
-        ax.barh(0, chunk, left=start, height=0.8, color=ranks(r % ranks.N), alpha=0.75,
-                edgecolor="black", linewidth=0.5)  # fmt: skip
+        ax.barh(
+            0,
+            chunk,
+            left=start,
+            height=0.8,
+            color=ranks(r % ranks.N),
+            alpha=0.75,
+            edgecolor="black",
+            linewidth=0.5,
+        )
         if owned < chunk:
             pad_left = start + owned
-            ax.barh(0, chunk - owned, left=pad_left, height=0.8, color="none", hatch="///",
-                    edgecolor="black", linewidth=0.5)  # fmt: skip
+            ax.barh(
+                0,
+                chunk - owned,
+                left=pad_left,
+                height=0.8,
+                color="none",
+                hatch="///",
+                edgecolor="black",
+                linewidth=0.5,
+            )
         ax.text(start + chunk / 2, 0, f"r{r}", ha="center", va="center", fontsize=7)
         ax.axvline(start, color="black", linewidth=0.6, linestyle=":")
     ax.set_yticks([1, 0], ["flat parameter", "owner (chunk)"])
@@ -81,9 +110,12 @@ def plot_flat_param(
         f"= {world_size} chunks of {chunk})"
     )
     ax.set_title(title or f"a unit's flat parameter on {world_size} ranks")
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="///",
-                             label="padding (zeros)")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7)  # fmt: skip
+    ax.legend(
+        handles=[Patch(facecolor="white", edgecolor="black", hatch="///", label="padding (zeros)")],
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+    )
     fig.tight_layout()
     return fig
 
@@ -93,26 +125,54 @@ def _unit_panel(ax, t: StepTimeline) -> None:
     for row, u in enumerate(t.units):
         y = -row
         for start, end, _, prefetched in u.gathers:
-            ax.barh(y + 0.2, 1e3 * (end - start), left=1e3 * start, height=0.35,
-                    color=_COMM["gather"], hatch="///" if prefetched else None,
-                    edgecolor="black", linewidth=0.3)  # fmt: skip
+            ax.barh(
+                y + 0.2,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.35,
+                color=_COMM["gather"],
+                hatch="///" if prefetched else None,
+                edgecolor="black",
+                linewidth=0.3,
+            )
         for start, end in u.reduce_scatters:
-            ax.barh(y + 0.2, 1e3 * (end - start), left=1e3 * start, height=0.35,
-                    color=_COMM["reduce_scatter"], edgecolor="black", linewidth=0.3,
-                    alpha=0.6)  # fmt: skip
+            ax.barh(
+                y + 0.2,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.35,
+                color=_COMM["reduce_scatter"],
+                edgecolor="black",
+                linewidth=0.3,
+                alpha=0.6,
+            )
         for start, end in u.replica_reduces:
-            ax.barh(y + 0.2, 1e3 * (end - start), left=1e3 * start, height=0.35,
-                    color=_COMM["replicas"], edgecolor="black", linewidth=0.3)  # fmt: skip
+            ax.barh(
+                y + 0.2,
+                1e3 * (end - start),
+                left=1e3 * start,
+                height=0.35,
+                color=_COMM["replicas"],
+                edgecolor="black",
+                linewidth=0.3,
+            )
         for phase in ("forward", "backward"):
             for start, end in getattr(u, phase):
-                ax.barh(y - 0.2, 1e3 * (end - start), left=1e3 * start, height=0.35,
-                        color=_COMPUTE[phase])  # fmt: skip
+                ax.barh(
+                    y - 0.2,
+                    1e3 * (end - start),
+                    left=1e3 * start,
+                    height=0.35,
+                    color=_COMPUTE[phase],
+                )
         for when in u.frees:
             ax.plot([1e3 * when] * 2, [y - 0.42, y + 0.42], color="black", linewidth=1.4)
         ticks.append(y)
         labels.append(f"{row + 1}. {u.name} ({u.numel:,} elements)")
-    for x, label, ha in ((t.forward_end, "forward ends ", "right"),
-                         (t.backward_end, " backward ends", "left")):  # fmt: skip
+    for x, label, ha in (
+        (t.forward_end, "forward ends ", "right"),
+        (t.backward_end, " backward ends", "left"),
+    ):
         ax.axvline(1e3 * x, color="black", linestyle="--", linewidth=0.7)
         ax.text(1e3 * x, 0.55, label, fontsize=7, ha=ha, va="bottom")
     ax.set_yticks(ticks, labels, fontsize=8)
@@ -167,18 +227,33 @@ def plot_peak_memory(
     fig, ax = plt.subplots(figsize=(7, 4))
     x = [b / 1024 for b in unit_bytes]
     # four separate configurations: markers, no line between them
-    ax.plot(x, [b / 1024 for b in theory], "o", color="#4c72b0", markersize=9,
-            markerfacecolor="none", markeredgewidth=1.5, label="formula")  # fmt: skip
+    ax.plot(
+        x,
+        [b / 1024 for b in theory],
+        "o",
+        color="#4c72b0",
+        markersize=9,
+        markerfacecolor="none",
+        markeredgewidth=1.5,
+        label="formula",
+    )
     if measured is not None:
-        ax.plot(x, [b / 1024 for b in measured], "x", color="#c44e52", markersize=11,
-                markeredgewidth=2, label="measured (rank 0)")  # fmt: skip
+        ax.plot(
+            x,
+            [b / 1024 for b in measured],
+            "x",
+            color="#c44e52",
+            markersize=11,
+            markeredgewidth=2,
+            label="measured (rank 0)",
+        )
     for xi, yi, label in zip(x, theory, labels or []):
-        ax.annotate(label, (xi, yi / 1024), textcoords="offset points", xytext=(6, -12),
-                    fontsize=7)  # fmt: skip
+        ax.annotate(label, (xi, yi / 1024), textcoords="offset points", xytext=(6, -12), fontsize=7)
     if all_bytes is not None:
         ax.axhline(all_bytes / 1024, color="gray", linestyle="--", linewidth=0.8)
-        ax.text(x[0], all_bytes / 1024, "every parameter (data parallelism)", fontsize=7,
-                va="bottom")  # fmt: skip
+        ax.text(
+            x[0], all_bytes / 1024, "every parameter (data parallelism)", fontsize=7, va="bottom"
+        )
     if shard_bytes is not None:
         ax.axhline(shard_bytes / 1024, color="gray", linestyle=":", linewidth=0.8)
         ax.text(x[0], shard_bytes / 1024, "shards only, Σψ/N", fontsize=7, va="bottom")

@@ -63,9 +63,12 @@ class FlatParamUnit:
         storage = self.full.untyped_storage()
         storage.resize_(self.layout.padded * self.full.element_size())
         work = comm.all_gather(  # in the compute dtype: the cast is made just before use
-            self.full.data, self.shard.detach().to(self.full.dtype), group=self.group,
-            async_op=True, tag=f"unit{self.index}-params",
-        )  # fmt: skip
+            self.full.data,
+            self.shard.detach().to(self.full.dtype),
+            group=self.group,
+            async_op=True,
+            tag=f"unit{self.index}-params",
+        )
         self.pending_gather = work
         if not async_op:
             self.wait()

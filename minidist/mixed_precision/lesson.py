@@ -83,9 +83,11 @@ def _save_losses(out_dir: Path, label: str, runs, ref: TrainTrace, filename: str
 
     losses = torch.tensor([trace.losses for trace, *_ in runs], device="cpu").mean(0).tolist()
     fig = plot_loss_curves(
-        {label: losses}, ref.losses, f"{label} vs fp32 in one process",
+        {label: losses},
+        ref.losses,
+        f"{label} vs fp32 in one process",
         tolerances={label: LOSS_TOL[torch.bfloat16]},
-    )  # fmt: skip
+    )
     fig.savefig(out_dir / filename, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
@@ -103,12 +105,14 @@ def fsdp_bf16_row(world_size: int, out_dir: Path) -> TourRow:
     padded = sum(fsdp_theory.padded(n, world_size) for n in numels)
     _save_losses(out_dir, "FSDP + bf16", runs, ref, "fsdp_bf16_loss.png")
     return TourRow(
-        "FSDP + bf16", ok, loss_diff,
+        "FSDP + bf16",
+        ok,
+        loss_diff,
         memory_per_rank=memory.total,
         memory_theory=theory.rank_bytes(padded, world_size, 3, frozen, adam_steps=len(numels)),
         bytes_per_rank=training_bytes_per_step(ledger, len(ref.losses)),
         bytes_theory=sum(theory.fsdp_bytes_sent_per_step(numels, world_size, policy).values()),
-    )  # fmt: skip
+    )
 
 
 @tour_row("ZeRO-2 + bf16", lesson=4)
@@ -116,9 +120,13 @@ def zero2_bf16_row(world_size: int, out_dir: Path) -> TourRow:
     policy = MixedPrecision(torch.bfloat16)
     ref = zero_fixture.reference(MODEL)
     runs = launch(
-        zero_fixture.train_on_rank, world_size, 2, MODEL,
-        mixed_precision=policy, bucket_cap_mb=TOUR_BUCKET_MB,
-    )  # fmt: skip
+        zero_fixture.train_on_rank,
+        world_size,
+        2,
+        MODEL,
+        mixed_precision=policy,
+        bucket_cap_mb=TOUR_BUCKET_MB,
+    )
     ok, loss_diff, _ = tracks_fp32(
         [t.losses for t, *_ in runs], [t.params for t, *_ in runs], ref, policy.param_dtype
     )
@@ -127,11 +135,13 @@ def zero2_bf16_row(world_size: int, out_dir: Path) -> TourRow:
     padded = layout["padded"]
     _save_losses(out_dir, "ZeRO-2 + bf16", runs, ref, "zero2_bf16_loss.png")
     return TourRow(
-        "ZeRO-2 + bf16", ok, loss_diff,
+        "ZeRO-2 + bf16",
+        ok,
+        loss_diff,
         memory_per_rank=memory.total,
         memory_theory=theory.rank_bytes(
             padded, world_size, 2, layout["frozen"], adam_steps=layout["buckets"]
         ),
         bytes_per_rank=training_bytes_per_step(ledger, len(ref.losses)),
         bytes_theory=sum(theory.zero_bytes_sent_per_step(padded, world_size, policy).values()),
-    )  # fmt: skip
+    )

@@ -70,25 +70,55 @@ def plot_number_lines(
             if a < hi and b > lo:
                 x = (max(a, lo) + min(b, hi)) / 2
                 box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1)
-                ax.text(x, 0.03, name, transform=ax.get_xaxis_transform(), ha="center",
-                        fontsize=7, color=_ZONES[zone], bbox=box)  # fmt: skip
+                ax.text(
+                    x,
+                    0.03,
+                    name,
+                    transform=ax.get_xaxis_transform(),
+                    ha="center",
+                    fontsize=7,
+                    color=_ZONES[zone],
+                    bbox=box,
+                )
         # zero ends at half the smallest subnormal: (2^-25, 2^-24) in fp16 rounds up to 2^-24
-        lines = [(sub - 1, f"2^{sub - 1:.0f} ", "right"), (sub, f" 2^{sub:.0f}", "left"),
-                 (normal, f" 2^{normal:.0f}", "left"), (top, f" {f.max:g}", "left")]  # fmt: skip
+        lines = [
+            (sub - 1, f"2^{sub - 1:.0f} ", "right"),
+            (sub, f" 2^{sub:.0f}", "left"),
+            (normal, f" 2^{normal:.0f}", "left"),
+            (top, f" {f.max:g}", "left"),
+        ]
         for x, label, align in lines:
             if lo <= x <= hi:
                 ax.axvline(x, color="black", linewidth=0.8, linestyle=":")
-                ax.text(x, 0.97, label, transform=ax.get_xaxis_transform(), fontsize=7,
-                        va="top", ha=align)  # fmt: skip
+                ax.text(
+                    x,
+                    0.97,
+                    label,
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=7,
+                    va="top",
+                    ha=align,
+                )
         notes = []
         for i, (label, values) in enumerate(magnitudes.items()):
             logs = _log2(values)
-            ax.hist(logs.clamp(lo, hi).tolist(), bins=bins, histtype="step", color=colors(i),
-                    linewidth=1.2, label=f"{label}, as computed")  # fmt: skip
+            ax.hist(
+                logs.clamp(lo, hi).tolist(),
+                bins=bins,
+                histtype="step",
+                color=colors(i),
+                linewidth=1.2,
+                label=f"{label}, as computed",
+            )
             note = f"{label} {100 * theory.fate(values, dtype)['zero']:.2f}%"
             if dtype in scaled:
-                ax.hist((logs + shift).clamp(lo, hi).tolist(), bins=bins, color=colors(i),
-                        alpha=0.45, label=f"{label} × 2^{shift:g}")  # fmt: skip
+                ax.hist(
+                    (logs + shift).clamp(lo, hi).tolist(),
+                    bins=bins,
+                    color=colors(i),
+                    alpha=0.45,
+                    label=f"{label} × 2^{shift:g}",
+                )
                 after = theory.fate(values, dtype, scale)
                 note += f" (× 2^{shift:g}: {100 * after['zero']:.2f}%)"
             notes.append(note)
@@ -117,17 +147,34 @@ def plot_loss_scale(
     used = [init_scale, *scales[:-1]]
     steps = list(range(len(scales)))
     fig, ax = plt.subplots(figsize=(8, 3.2))
-    ax.step(steps, [math.log2(s) for s in used], where="post", color="#4c72b0", linewidth=2,
-            label="minidist DynamicLossScaler (every rank)")  # fmt: skip
+    ax.step(
+        steps,
+        [math.log2(s) for s in used],
+        where="post",
+        color="#4c72b0",
+        linewidth=2,
+        label="minidist DynamicLossScaler (every rank)",
+    )
     if torch_scales is not None:
         torch_used = [init_scale, *torch_scales[:-1]]
-        ax.plot(steps, [math.log2(s) for s in torch_used], "x", color="black", markersize=8,
-                label="torch.amp.GradScaler")  # fmt: skip
+        ax.plot(
+            steps,
+            [math.log2(s) for s in torch_used],
+            "x",
+            color="black",
+            markersize=8,
+            label="torch.amp.GradScaler",
+        )
     skipped = [s for s, ok in zip(steps, stepped) if not ok]
     for s in skipped:
         ax.axvspan(s - 0.4, s + 0.4, color="#c44e52", alpha=0.2, linewidth=0)
-    ax.plot(skipped, [math.log2(used[s]) for s in skipped], "o", color="#c44e52",
-            label="overflow: step skipped, scale halved")  # fmt: skip
+    ax.plot(
+        skipped,
+        [math.log2(used[s]) for s in skipped],
+        "o",
+        color="#c44e52",
+        label="overflow: step skipped, scale halved",
+    )
     ax.set_xticks(steps)
     ax.set_xlabel("step")
     ax.set_ylabel("log2(loss scale) in force")
@@ -164,8 +211,14 @@ def plot_loss_curves(
             if zeros:
                 right.plot(zeros, [floor] * len(zeros), "v", color=colors(i), markersize=6)
                 zeros_drawn = True
-        right.plot([s for s, _ in points], [d for _, d in points], "o-", color=colors(i),
-                   label=label, markersize=3)  # fmt: skip
+        right.plot(
+            [s for s, _ in points],
+            [d for _, d in points],
+            "o-",
+            color=colors(i),
+            label=label,
+            markersize=3,
+        )
         tol = (tolerances or {}).get(label)
         for sign in (1,) if log_diff else (-1, 1):
             if tol is not None:

@@ -51,15 +51,21 @@ def tpu_v3_slice(rows: int = 16, cols: int = 32, alpha_s: float = ALPHA_S["ici"]
     """A TPU v3 slice: the same ICI link (656 Gbit/s) in both torus dimensions."""
     ici = Link(alpha_s, 656 * GBIT)
     return System(
-        f"TPU v3 {rows}x{cols}", rows, cols, ici, ici,
+        f"TPU v3 {rows}x{cols}",
+        rows,
+        cols,
+        ici,
+        ici,
         "Jouppi et al. 2020 (CACM), Table 3; cloud.google.com/tpu/docs/v3",
-    )  # fmt: skip
+    )
 
 
 def dgx_cluster(
-    generation: str = "A100", nodes: int = 4, nvlink_alpha_s=ALPHA_S["nvlink"],
+    generation: str = "A100",
+    nodes: int = 4,
+    nvlink_alpha_s=ALPHA_S["nvlink"],
     ib_alpha_s=ALPHA_S["infiniband"],
-) -> System:  # fmt: skip
+) -> System:
     """`nodes` DGX nodes of 8 GPUs: NVLink inside a node, one InfiniBand adapter per GPU."""
     figures = {"A100": (300e9, 200 * GBIT), "H100": (450e9, 400 * GBIT)}
     if generation not in figures:
@@ -68,9 +74,13 @@ def dgx_cluster(
         )
     nvlink, ib = figures[generation]
     return System(
-        f"{nodes} x DGX {generation}", nodes, 8, Link(nvlink_alpha_s, nvlink),
-        Link(ib_alpha_s, ib), f"NVIDIA DGX {generation} datasheet",
-    )  # fmt: skip
+        f"{nodes} x DGX {generation}",
+        nodes,
+        8,
+        Link(nvlink_alpha_s, nvlink),
+        Link(ib_alpha_s, ib),
+        f"NVIDIA DGX {generation} datasheet",
+    )
 
 
 def shape_times(system: System, message_bytes: float, element_size: int = 2) -> dict[str, float]:

@@ -44,9 +44,17 @@ def _stack(ax, x: float, width: float, states: Mapping[str, float], scale: float
     for state in STATES:
         height = states.get(state, 0) / scale
         if height:
-            ax.bar(x, height, width, bottom=bottom, color=_STATE_COLORS[state],
-                   alpha=0.45 if formula else 1.0, hatch="//" if formula else None,
-                   edgecolor="black", linewidth=0.5)  # fmt: skip
+            ax.bar(
+                x,
+                height,
+                width,
+                bottom=bottom,
+                color=_STATE_COLORS[state],
+                alpha=0.45 if formula else 1.0,
+                hatch="//" if formula else None,
+                edgecolor="black",
+                linewidth=0.5,
+            )
         bottom += height
     return bottom
 
@@ -114,16 +122,39 @@ def plot_bytes_moved(
             want = theory[label][d] / scale
             got = measured.get(label, {}).get(d)
             if got is None:
-                ax.bar(x, want, group * 0.9, color=color, alpha=0.35, hatch="//",
-                       edgecolor="black", linewidth=0.5)  # fmt: skip
+                ax.bar(
+                    x,
+                    want,
+                    group * 0.9,
+                    color=color,
+                    alpha=0.35,
+                    hatch="//",
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
                 ax.text(x, want, f"{want:.0f}\ntheory only", ha="center", va="bottom", fontsize=7)
                 continue
-            ax.bar(x - group / 4, want, group / 2, color=color, alpha=0.35, hatch="//",
-                   edgecolor="black", linewidth=0.5)  # fmt: skip
-            ax.bar(x + group / 4, got / scale, group / 2, color=color, edgecolor="black",
-                   linewidth=0.5)  # fmt: skip
-            ax.text(x, max(want, got / scale), f"{got / scale:.0f}", ha="center", va="bottom",
-                    fontsize=7)  # fmt: skip
+            ax.bar(
+                x - group / 4,
+                want,
+                group / 2,
+                color=color,
+                alpha=0.35,
+                hatch="//",
+                edgecolor="black",
+                linewidth=0.5,
+            )
+            ax.bar(
+                x + group / 4, got / scale, group / 2, color=color, edgecolor="black", linewidth=0.5
+            )
+            ax.text(
+                x,
+                max(want, got / scale),
+                f"{got / scale:.0f}",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_xticks(range(len(directions)), [_DIRECTIONS[d] for d in directions], fontsize=8)
     ax.set_ylabel(f"bytes per rank per step ({name})")
     handles = [Patch(color=cmap(j + 1), label=label) for j, label in enumerate(labels)]
@@ -145,8 +176,9 @@ def plot_disk_files(
     names = list(sizes)
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.2))
     colors = ["#55a868" if n.endswith("exp_avg") else "#8172b2" for n in names]
-    ax.barh(range(len(names)), [sizes[n] for n in names], color=colors, edgecolor="black",
-            linewidth=0.5)  # fmt: skip
+    ax.barh(
+        range(len(names)), [sizes[n] for n in names], color=colors, edgecolor="black", linewidth=0.5
+    )
     for i, n in enumerate(names):
         ax.text(sizes[n], i, f" {sizes[n]} B", va="center", fontsize=8)
         if owned is not None:
@@ -170,9 +202,16 @@ def plot_placement_options(rows: Sequence[Mapping], num_params: float, title: st
         gpu, bus = r["gpu_bytes"] / num_params, r["bus_bytes"] / num_params
         on_gpu = r["forward_backward"] == "gpu"
         label = r["placement"] + ("" if on_gpu else " (forward/backward on CPU)")
-        ax.plot(gpu, bus, "o", markersize=9, color=plt.get_cmap("tab10")(i),
-                markerfacecolor=None if on_gpu else "white", markeredgewidth=2,
-                label=label)  # fmt: skip
+        ax.plot(
+            gpu,
+            bus,
+            "o",
+            markersize=9,
+            color=plt.get_cmap("tab10")(i),
+            markerfacecolor=None if on_gpu else "white",
+            markeredgewidth=2,
+            label=label,
+        )
     ax.set_xlabel("bytes per parameter on the GPU (Ψ)")
     ax.set_ylabel("bytes per parameter over the bus per step (Ψ)")
     ax.set_xlim(-1, 17)

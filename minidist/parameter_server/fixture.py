@@ -105,18 +105,27 @@ def train_on_rank(
     if rank < servers:
         start, stop = ranges[rank]
         shard = ShardServer(
-            keys.flat_values(model)[start:stop], worker_ranks, bound, lr=lr, momentum=momentum,
+            keys.flat_values(model)[start:stop],
+            worker_ranks,
+            bound,
+            lr=lr,
+            momentum=momentum,
             apply_on_arrival=consistency == "downpour",
-        )  # fmt: skip
+        )
         with comm.record() as ledger:
             shard.serve()
         state = [shard.param, *optimizer_state_tensors(shard.optimizer)]
         if shard.param.grad is not None:
             state.append(shard.param.grad)
         return ServerResult(
-            rank, ranges[rank], shard.param.detach().clone(), shard.last_update, shard.applied,
-            ledger, tensor_bytes(state),
-        )  # fmt: skip
+            rank,
+            ranges[rank],
+            shard.param.detach().clone(),
+            shard.last_update,
+            shard.applied,
+            ledger,
+            tensor_bytes(state),
+        )
     w = rank - servers
     client = Worker(model, list(range(servers)), ranges)
     cache = None if cache_prefetch is None else ParameterCache(model.layers, cache_prefetch)
@@ -124,9 +133,17 @@ def train_on_rank(
     if consistency == "downpour":
         with comm.record() as ledger:
             losses, versions, times = downpour.run_worker(
-                client, model, batches, loss_fn, w, workers, n_fetch, n_push, lr,
+                client,
+                model,
+                batches,
+                loss_fn,
+                w,
+                workers,
+                n_fetch,
+                n_push,
+                lr,
                 (delay_s or {}).get(w, 0.0),
-            )  # fmt: skip
+            )
             client.done()
         return WorkerResult(w, losses, versions, named_parameters(model), ledger, times)
     with comm.record() as ledger:

@@ -71,8 +71,7 @@ def parameter_server_row(world_size: int, out_dir: Path) -> TourRow:
 
     servers, workers = 1, max(1, world_size - 1)
     batch = 4 * workers  # an equal slice per worker
-    results = launch(train_on_rank, servers + workers, servers, workers, "bsp",
-                     global_batch=batch)  # fmt: skip
+    results = launch(train_on_rank, servers + workers, servers, workers, "bsp", global_batch=batch)
     ref = reference(global_batch=batch)
     served = [r for r in results if isinstance(r, ServerResult)]
     trained = [r for r in results if isinstance(r, WorkerResult)]
@@ -227,8 +226,15 @@ def geeps_cache_row(world_size: int, out_dir: Path) -> TourRow:
 
     servers, workers = 1, max(1, world_size - 1)
     batch = 4 * workers
-    results = launch(train_on_rank, servers + workers, servers, workers, "bsp",
-                     global_batch=batch, cache_prefetch=CACHE_PREFETCH)  # fmt: skip
+    results = launch(
+        train_on_rank,
+        servers + workers,
+        servers,
+        workers,
+        "bsp",
+        global_batch=batch,
+        cache_prefetch=CACHE_PREFETCH,
+    )
     ref = reference(global_batch=batch)
     trained = [r for r in results if isinstance(r, WorkerResult)]
     diff = max(max_abs_diff(w.params, ref.params) for w in trained)
@@ -241,8 +247,10 @@ def geeps_cache_row(world_size: int, out_dir: Path) -> TourRow:
     psi_bytes = 4 * sum(p.numel() for p in keys.trainable(model))
     moved = theory.cache_bytes_moved_per_step(per_layer, psi_bytes)
     grads_ok = all(w.cache_moved_out == steps * moved["device_to_host"] for w in trained)
-    _save(plot_cache_resident_bytes(events[: len(trace)], per_layer, CACHE_PREFETCH),
-          out_dir / "geeps_cache_resident_bytes.png")  # fmt: skip
+    _save(
+        plot_cache_resident_bytes(events[: len(trace)], per_layer, CACHE_PREFETCH),
+        out_dir / "geeps_cache_resident_bytes.png",
+    )
     return TourRow(
         f"GeePS cache p={CACHE_PREFETCH} W={workers}",
         diff < PARAM_TOL and walk_ok and grads_ok,

@@ -31,8 +31,13 @@ from . import theory
 
 SHAPE_COLORS = {"flat": "#8c8c8c", "row-inner": "#4c72b0", "column-inner": "#dd8452"}
 PHASE = {"forward": "fwd", "backward": "bwd"}
-CLASS_COLORS = {"row": "#4c72b0", "column": "#dd8452", "world": "#8c8c8c", "intra": "#55a868",
-                "inter": "#c44e52"}  # fmt: skip
+CLASS_COLORS = {
+    "row": "#4c72b0",
+    "column": "#dd8452",
+    "world": "#8c8c8c",
+    "intra": "#55a868",
+    "inter": "#c44e52",
+}
 
 
 def plot_staleness_histograms(
@@ -71,16 +76,28 @@ def plot_link_class_bytes(
         for kind, value in measured[shape].items():
             if not value:
                 continue
-            ax.bar(x, value, bottom=bottom, color=CLASS_COLORS.get(kind, "#999999"),
-                   label=kind, width=0.6)  # fmt: skip
+            ax.bar(
+                x,
+                value,
+                bottom=bottom,
+                color=CLASS_COLORS.get(kind, "#999999"),
+                label=kind,
+                width=0.6,
+            )
             expect = formula.get(shape, {}).get(kind)
             if expect is not None:
                 ax.plot([x - 0.3, x + 0.3], [bottom + expect] * 2, color="black", linewidth=1.5)
             bottom += value
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), [f"{k} links" for k in unique], fontsize=8, frameon=False,
-              loc="upper left", bbox_to_anchor=(1.0, 1.0))  # clear of the bars  # fmt: skip
+    ax.legend(
+        unique.values(),
+        [f"{k} links" for k in unique],
+        fontsize=8,
+        frameon=False,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )  # clear of the bars
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(shapes)
     ax.set_ylabel("bytes sent per rank")
@@ -104,8 +121,9 @@ def plot_alpha_beta_times(
     sizes = [n * element_size for n in numels]
     fig, ax = plt.subplots(figsize=(6.0, 3.4))
     for shape, color in SHAPE_COLORS.items():
-        ax.plot(sizes, [t[shape] for t in times], marker="o", markersize=3, color=color,
-                label=shape)  # fmt: skip
+        ax.plot(
+            sizes, [t[shape] for t in times], marker="o", markersize=3, color=color, label=shape
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
@@ -123,8 +141,9 @@ def plot_ps_vs_all_reduce(
     """Bytes per step received by the busiest server (W·Ψ/S), sent by a worker (Ψ), and sent
     by a rank of a ring all-reduce over the W workers (2(W-1)/W·Ψ), against S."""
     servers = list(servers or range(1, workers + 1))
-    busiest = [theory.server_bytes_per_step(psi, s, workers, 0, element_size)["received"]
-               for s in servers]  # fmt: skip
+    busiest = [
+        theory.server_bytes_per_step(psi, s, workers, 0, element_size)["received"] for s in servers
+    ]
     worker = theory.worker_bytes_per_step(psi, element_size)["pushed"]
     ring = theory.ring_bytes_per_step(psi, workers, element_size)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
@@ -163,8 +182,15 @@ def plot_cache_resident_bytes(events, layer_bytes: Sequence[int], prefetch: int)
     for x, e in enumerate(events):
         bottom = 0
         for j in e.resident_layers:
-            ax.bar(x, layer_bytes[j], bottom=bottom, color=colors(j % 10), width=0.7,
-                   label=f"layer {j}", edgecolor="white")  # fmt: skip
+            ax.bar(
+                x,
+                layer_bytes[j],
+                bottom=bottom,
+                color=colors(j % 10),
+                width=0.7,
+                label=f"layer {j}",
+                edgecolor="white",
+            )
             bottom += layer_bytes[j]
         if e.moved_in:
             ax.text(x, bottom, f"+{e.moved_in}", ha="center", va="bottom", fontsize=7)
@@ -172,13 +198,20 @@ def plot_cache_resident_bytes(events, layer_bytes: Sequence[int], prefetch: int)
     ax.axhline(peak, color="black", linestyle="--", linewidth=1, label="theory: peak")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7, frameon=False, loc="upper left",
-              bbox_to_anchor=(1.0, 1.0))  # fmt: skip
+    ax.legend(
+        unique.values(),
+        unique.keys(),
+        fontsize=7,
+        frameon=False,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.set_xticks(range(len(events)))
     ax.set_xticklabels([f"{PHASE[e.phase]} {e.layer}" for e in events], fontsize=8)
     ax.set_ylabel("device-tier bytes")
-    ax.set_title(f"GeePS cache, prefetch {prefetch}: resident layers (+bytes copied in)",
-                 fontsize=10)  # fmt: skip
+    ax.set_title(
+        f"GeePS cache, prefetch {prefetch}: resident layers (+bytes copied in)", fontsize=10
+    )
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
@@ -204,15 +237,31 @@ def plot_published_times(systems, sizes: Sequence[float], labels=None) -> Figure
         drawn: dict[str, list[float]] = {}
         for shape, color in SHAPE_COLORS.items():
             ys = [t[shape] for t in times]
-            same = [o for o, other in drawn.items()
-                    if all(abs(a - b) <= 1e-9 * max(a, b) for a, b in zip(ys, other))]  # fmt: skip
+            same = [
+                o
+                for o, other in drawn.items()
+                if all(abs(a - b) <= 1e-9 * max(a, b) for a, b in zip(ys, other))
+            ]
             label = labels.get(shape, shape) + (f" (= {same[0]}, drawn over it)" if same else "")
             line, marker, width = styles.get(shape, ("-", "o", 1.5))
-            ax.plot(sizes, ys, color=color, linestyle=line, marker=marker, markersize=3,
-                    linewidth=width, label=label)  # fmt: skip
+            ax.plot(
+                sizes,
+                ys,
+                color=color,
+                linestyle=line,
+                marker=marker,
+                markersize=3,
+                linewidth=width,
+                label=label,
+            )
             drawn[shape] = ys
-        ax.axvline(published.latency_bandwidth_crossover(system), color="black", linestyle=":",
-                   linewidth=1, label="flat ring: S*")  # fmt: skip
+        ax.axvline(
+            published.latency_bandwidth_crossover(system),
+            color="black",
+            linestyle=":",
+            linewidth=1,
+            label="flat ring: S*",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("message (bytes)")

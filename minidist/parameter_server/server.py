@@ -137,8 +137,10 @@ class ShardServer:
         for rank, need in self._waiting:
             if self.version >= need:
                 version = torch.tensor([self.version], device=comm.group_device())
-                answer = [("send", version, rank, VERSION_TAG),
-                          ("send", self.param.data, rank, VALUES_TAG)]  # fmt: skip
+                answer = [
+                    ("send", version, rank, VERSION_TAG),
+                    ("send", self.param.data, rank, VALUES_TAG),
+                ]
                 for work in comm.batch_isend_irecv(answer, tag="pull"):
                     work.wait()
             else:

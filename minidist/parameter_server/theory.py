@@ -94,9 +94,14 @@ def cache_resident_trace(layer_bytes: list[int], prefetch: int) -> list[dict]:
             moved = sum(layer_bytes[j] for j in want - resident)
             resident = want
             out.append(
-                dict(phase=phase, layer=layer, resident_layers=tuple(sorted(want)),
-                     resident_bytes=sum(layer_bytes[j] for j in want), moved_in=moved)
-            )  # fmt: skip
+                dict(
+                    phase=phase,
+                    layer=layer,
+                    resident_layers=tuple(sorted(want)),
+                    resident_bytes=sum(layer_bytes[j] for j in want),
+                    moved_in=moved,
+                )
+            )
     return out
 
 

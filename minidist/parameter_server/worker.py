@@ -40,8 +40,11 @@ class Worker:
         dev, values_at = comm.group_device(), next(self.model.parameters()).device
         versions = [torch.empty(1, dtype=torch.int64, device=dev) for _ in self.server_ranks]
         slices = [torch.empty(stop - start, device=values_at) for start, stop in self.ranges]
-        recvs = [op for v, x, s in zip(versions, slices, self.server_ranks)
-                 for op in (("recv", v, s, VERSION_TAG), ("recv", x, s, VALUES_TAG))]  # fmt: skip
+        recvs = [
+            op
+            for v, x, s in zip(versions, slices, self.server_ranks)
+            for op in (("recv", v, s, VERSION_TAG), ("recv", x, s, VALUES_TAG))
+        ]
         works = comm.batch_isend_irecv(recvs, tag="pull")
         op = PULL_ALL if everything else PULL
         for server in self.server_ranks:

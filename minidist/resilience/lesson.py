@@ -127,8 +127,9 @@ def resume_row(world_size: int, out_dir: Path) -> TourRow:
     if world_size < 4:
         raise ValueError(f"resume tour row: world_size={world_size} must be >= 4")
     ck = str(Path(out_dir) / "resume-ck")
-    before = parse(["--model", "llama", "--dp-shard", "2", "--tp", "2", "--steps", "2",
-                    "--save", ck])  # fmt: skip
+    before = parse(
+        ["--model", "llama", "--dp-shard", "2", "--tp", "2", "--steps", "2", "--save", ck]
+    )
     launch(train_rank, 4, before, dims_of(before), timeout_s=600)
     d = max(k for k in (1, 2, 4, 8) if k <= world_size)
     after = parse(["--model", "llama", "--dp-shard", str(d), "--steps", "4", "--resume", ck])
@@ -139,7 +140,10 @@ def resume_row(world_size: int, out_dir: Path) -> TourRow:
     m = r0["memory"]
     return TourRow(
         f"universal checkpoint: dp_shard 2 · tp 2 resumed on dp_shard {d}",
-        r0["resumed_from"] == 2 and loss < 1e-5 and diff < 1e-3, diff,
+        r0["resumed_from"] == 2 and loss < 1e-5 and diff < 1e-3,
+        diff,
         memory_per_rank=m["params"] + m["grads"] + m["master"] + m["optimizer"],
-        memory_theory=None, bytes_per_rank=sum(r0["bytes"].values()), bytes_theory=None,
-    )  # fmt: skip
+        memory_theory=None,
+        bytes_per_rank=sum(r0["bytes"].values()),
+        bytes_theory=None,
+    )

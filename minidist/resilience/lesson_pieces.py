@@ -36,8 +36,17 @@ def _optim_pieces(piece: Piece, local: torch.Tensor, states: dict, first: bool) 
         name = f"optim.{piece.name}.{key}"
         if value.shape == local.shape and value.dim() > 0:
             part = _same_part(piece, local, value)
-            out.append(Piece(name, piece.global_shape, piece.box_offsets, piece.box_sizes,
-                             piece.flat, part, piece.owner))  # fmt: skip
+            out.append(
+                Piece(
+                    name,
+                    piece.global_shape,
+                    piece.box_offsets,
+                    piece.box_sizes,
+                    piece.flat,
+                    part,
+                    piece.owner,
+                )
+            )
         elif value.dim() == 0:
             out.append(Piece(name, (), (), (), None, value, first))
     return out
@@ -46,8 +55,9 @@ def _optim_pieces(piece: Piece, local: torch.Tensor, states: dict, first: bool) 
 def _same_part(piece: Piece, local: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """The part of `value` that `piece.tensor` is of `local` (same offset, size, strides)."""
     offset = piece.tensor.storage_offset() - local.storage_offset()
-    return value.as_strided(piece.tensor.shape, piece.tensor.stride(),
-                            value.storage_offset() + offset)  # fmt: skip
+    return value.as_strided(
+        piece.tensor.shape, piece.tensor.stride(), value.storage_offset() + offset
+    )
 
 
 def _whole(name: str, t: torch.Tensor, owner: bool) -> Piece:
@@ -66,14 +76,22 @@ def flat_pieces(units, optimizer=None, owner: bool = True) -> list[Piece]:
             lo, hi = max(offset, lay.start), min(offset + n, lay.start + lay.chunk)
             shape = tuple(shape)
             if lo < hi:
-                p = Piece(name, shape, (0,) * len(shape), shape, (lo - offset, hi - offset),
-                          u.shard.detach()[lo - lay.start : hi - lay.start], owner)  # fmt: skip
+                p = Piece(
+                    name,
+                    shape,
+                    (0,) * len(shape),
+                    shape,
+                    (lo - offset, hi - offset),
+                    u.shard.detach()[lo - lay.start : hi - lay.start],
+                    owner,
+                )
                 pieces += [p, *_optim_pieces(p, u.shard, states, lay.rank == 0 and owner)]
             else:  # scalar states (step) on every rank, also one without elements here
                 empty = Piece(name, shape, (0,) * len(shape), shape, (0, 0), u.shard[:0], owner)
                 first = lay.rank == 0 and owner
-                pieces += [q for q in _optim_pieces(empty, u.shard, states, first)
-                           if q.global_shape == ()]  # fmt: skip
+                pieces += [
+                    q for q in _optim_pieces(empty, u.shard, states, first) if q.global_shape == ()
+                ]
     return pieces
 
 
@@ -122,8 +140,9 @@ def tensor_parallel_pieces(model: nn.Module, optimizer=None, group=None) -> list
                 offsets[dim], sizes[dim] = start, size
                 if size:
                     view = p.detach().narrow(dim, b * per, size)
-                    parts.append(Piece(name, tuple(shape), tuple(offsets), tuple(sizes), None,
-                                       view))  # fmt: skip
+                    parts.append(
+                        Piece(name, tuple(shape), tuple(offsets), tuple(sizes), None, view)
+                    )
         for part in parts:
             pieces += [part, *_optim_pieces(part, p.detach(), states, r == 0)]
     skip = {n for n, _ in model.named_parameters()}

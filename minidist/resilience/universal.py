@@ -131,8 +131,12 @@ def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
     try:
         raise_everywhere(group, error)
         try:
-            dcp.save({}, checkpoint_id=unfinished_path(path),
-                     planner=ChunkSavePlanner(chunks), process_group=group)  # fmt: skip
+            dcp.save(
+                {},
+                checkpoint_id=unfinished_path(path),
+                planner=ChunkSavePlanner(chunks),
+                process_group=group,
+            )
         except CheckpointException as e:  # a BaseException, on every rank: made ordinary
             raise RuntimeError(
                 f"save: writing failed on ranks {sorted(e.failures)}: {path} is unchanged "
@@ -146,8 +150,13 @@ def write(path: str | os.PathLike, chunks: list[Chunk], group=None) -> None:
             staging.release()
 
 
-def save(path, pieces: list[Piece], state: TrainingState | None = None,
-         layout: dict | None = None, group=None) -> None:  # fmt: skip
+def save(
+    path,
+    pieces: list[Piece],
+    state: TrainingState | None = None,
+    layout: dict | None = None,
+    group=None,
+) -> None:
     """Write a universal checkpoint of `pieces` and `state` (every rank of `group` calls it)."""
     write(path, save_chunks(pieces, state or TrainingState(), layout, group), group)
 
@@ -217,8 +226,11 @@ def _layers(names) -> int:
 
 def _refusals(meta, pieces: list[Piece], group) -> list[str]:
     """Why the checkpoint cannot serve these pieces on any rank of `group` (empty: it can)."""
-    saved = {k: v for k, v in meta.state_dict_metadata.items()
-             if k != RECORD and not k.startswith("rng.")}  # fmt: skip
+    saved = {
+        k: v
+        for k, v in meta.state_dict_metadata.items()
+        if k != RECORD and not k.startswith("rng.")
+    }
     problems, wanted = [], {}
     for p in pieces:
         wanted[p.name] = (tuple(p.global_shape), p.tensor.dtype)
@@ -238,13 +250,15 @@ def _refusals(meta, pieces: list[Piece], group) -> list[str]:
     if unused:
         problems.append(f"the checkpoint holds {len(unused)} tensors no rank loads: {unused[:3]}")
     if problems and _layers(saved) != _layers(union):
-        problems.insert(0, f"the checkpoint has {_layers(saved)} layers, the model "
-                           f"{_layers(union)}")  # fmt: skip
+        problems.insert(
+            0, f"the checkpoint has {_layers(saved)} layers, the model {_layers(union)}"
+        )
     return problems
 
 
-def load(path, pieces: list[Piece], layout: dict | None = None, group=None,
-         strict: bool = True) -> LoadReport:  # fmt: skip
+def load(
+    path, pieces: list[Piece], layout: dict | None = None, group=None, strict: bool = True
+) -> LoadReport:
     """Fill `pieces` from the checkpoint at `path` (saved on any layout); every rank calls it.
 
     `strict`: refuse a checkpoint holding tensors that no rank's pieces load (another model).
@@ -264,9 +278,9 @@ def _load(pinned, pieces: list[Piece], layout: dict | None, group, strict: bool)
         raise CheckpointLayoutError(
             f"{path} was saved by layout {record['layout']} ({record['world']} ranks) and "
             f"cannot serve layout {layout or {}} ({dist.get_world_size(group)} ranks): "
-            + "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4
-                                         else "")
-        )  # fmt: skip
+            + "; ".join(problems[:4])
+            + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        )
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     same = record["layout"] == json.loads(json.dumps(layout or {})) and record["world"] == world
@@ -289,17 +303,25 @@ def _load(pinned, pieces: list[Piece], layout: dict | None, group, strict: bool)
     try:
         dcp.load({}, storage_reader=reader, planner=ChunkLoadPlanner(wanted), process_group=group)
     except CheckpointException as e:  # nothing changed yet: the pieces are untouched
-        raise CheckpointError(f"{path}: reading failed on ranks {sorted(e.failures)}: "
-                              f"{next(iter(e.failures.values()), '')!r}") from e  # fmt: skip
+        raise CheckpointError(
+            f"{path}: reading failed on ranks {sorted(e.failures)}: "
+            f"{next(iter(e.failures.values()), '')!r}"
+        ) from e
     with torch.no_grad():
         for tensor, key in targets:
             tensor.copy_(wanted[key])
     state = TrainingState(
-        step=record["step"], samples=record["samples"], scaler=record["scaler"],
+        step=record["step"],
+        samples=record["samples"],
+        scaler=record["scaler"],
         rng={name: wanted[k] for name, k in rng_keys.items()},
-    )  # fmt: skip
-    nbytes = sum(math.prod(t.shape) * t.element_size() for k, t in wanted.items()
-                 if not k[0].startswith("rng."))  # fmt: skip
+    )
+    nbytes = sum(
+        math.prod(t.shape) * t.element_size()
+        for k, t in wanted.items()
+        if not k[0].startswith("rng.")
+    )
     shard = sum(piece_nbytes(p) for p in pieces)
-    return LoadReport(state, reader.bytes_read, reader.payload_read, nbytes, shard, same,
-                      record["layout"])  # fmt: skip
+    return LoadReport(
+        state, reader.bytes_read, reader.payload_read, nbytes, shard, same, record["layout"]
+    )

@@ -45,16 +45,17 @@ def sequence_parallel_row(world_size: int, out_dir: Path) -> TourRow:
     fig.savefig(out_dir / "sp_activations.png", dpi=100, bbox_inches="tight")
     return TourRow(
         f"sequence parallel (t={tp}; memory: activations/layer)",
-        all(matches(d) for d in diffs), max(d["param"] for d in diffs),
+        all(matches(d) for d in diffs),
+        max(d["param"] for d in diffs),
         memory_per_rank=measured,
-        memory_theory=int(theory.activation_bytes_per_layer(
-            cfg.seq_len, ACT_BATCH, cfg.hidden, cfg.heads, tp
-        )),
+        memory_theory=int(
+            theory.activation_bytes_per_layer(cfg.seq_len, ACT_BATCH, cfg.hidden, cfg.heads, tp)
+        ),
         bytes_per_rank=sent,
         bytes_theory=theory.bytes_sent_per_step(
             cfg.layers, b, s, cfg.hidden, tp, runs[0].replicated_trainable
         ),
-    )  # fmt: skip
+    )
 
 
 # -- bench: minidist's sequence-parallel MLP blocks vs torch's DTensor SequenceParallel -----

@@ -60,33 +60,64 @@ def plot_block_regions(tp: int = 2):
             kind = "split" if inside else ("sequence" if sp else "whole")
             width = 1.3 if inside else 0.7
             starts.append((x, width))
-            ax.add_patch(FancyBboxPatch((x, y), width, 0.5, boxstyle="round,pad=0.02",
-                                        facecolor=colors[kind], edgecolor="black"))  # fmt: skip
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x, y),
+                    width,
+                    0.5,
+                    boxstyle="round,pad=0.02",
+                    facecolor=colors[kind],
+                    edgecolor="black",
+                )
+            )
             shape = "b·s·h" if kind == "whole" else ("b·(s/t)·h" if kind == "sequence" else "")
             ax.text(x + width / 2, y + 0.25, step, ha="center", va="center", fontsize=8)
             if shape:
                 ax.text(x + width / 2, y - 0.12, shape, ha="center", va="top", fontsize=7)
             if inside and sp:
                 note = "keeps its input's block;\nbwd: all-gathers it again"
-                ax.text(x + width / 2, y - 0.12, note, ha="center", va="top", fontsize=6.5,
-                        color="purple")  # fmt: skip
+                ax.text(
+                    x + width / 2,
+                    y - 0.12,
+                    note,
+                    ha="center",
+                    va="top",
+                    fontsize=6.5,
+                    color="purple",
+                )
             nxt = x + width + 0.55
             if inside or step.startswith("LN"):
                 label = labels[sp][0 if step.startswith("LN") else 1]
-                ax.annotate("", (nxt - 0.05, y + 0.25), (x + width + 0.05, y + 0.25),
-                            arrowprops=dict(arrowstyle="->", color="crimson"))  # fmt: skip
-                ax.text(x + width + 0.27, y + 0.62, label, ha="center", fontsize=6.5,
-                        color="crimson")  # fmt: skip
+                ax.annotate(
+                    "",
+                    (nxt - 0.05, y + 0.25),
+                    (x + width + 0.05, y + 0.25),
+                    arrowprops=dict(arrowstyle="->", color="crimson"),
+                )
+                ax.text(
+                    x + width + 0.27, y + 0.62, label, ha="center", fontsize=6.5, color="crimson"
+                )
             else:
-                ax.annotate("", (nxt - 0.05, y + 0.25), (x + width + 0.05, y + 0.25),
-                            arrowprops=dict(arrowstyle="->"))  # fmt: skip
+                ax.annotate(
+                    "",
+                    (nxt - 0.05, y + 0.25),
+                    (x + width + 0.05, y + 0.25),
+                    arrowprops=dict(arrowstyle="->"),
+                )
             x = nxt
         for first, plus in ((0, 2), (3, 5)):  # residual: the LN's input joins at the "+"
             (x0, _), (x1, w1) = starts[first], starts[plus]
             style = "arc,angleA=90,angleB=90,armA=42,armB=42,rad=6"  # above the labels
-            ax.add_patch(FancyArrowPatch((x0 + 0.1, y + 0.52), (x1 + w1 / 2, y + 0.52),
-                                         connectionstyle=style, arrowstyle="->",
-                                         color="dimgray", linewidth=0.9))  # fmt: skip
+            ax.add_patch(
+                FancyArrowPatch(
+                    (x0 + 0.1, y + 0.52),
+                    (x1 + w1 / 2, y + 0.52),
+                    connectionstyle=style,
+                    arrowstyle="->",
+                    color="dimgray",
+                    linewidth=0.9,
+                )
+            )
         ax.text(starts[0][0], y + 1.1, "residual", fontsize=6.5, color="dimgray", ha="right")
     kinds = (
         ("whole on every tp rank", "whole"),
@@ -98,7 +129,10 @@ def plot_block_regions(tp: int = 2):
     ax.set_xlim(-2.2, x)
     ax.set_ylim(-0.9, 3.4)
     ax.axis("off")
-    ax.set_title(f"one layer on t = {tp} ranks: where each activation lives, and the "
-                 "collective at each border", fontsize=10)  # fmt: skip
+    ax.set_title(
+        f"one layer on t = {tp} ranks: where each activation lives, and the "
+        "collective at each border",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig

@@ -87,8 +87,11 @@ def _diagnose_grid(rank_of: Callable, t: int, p: int, d: int) -> str | None:
                 return f"{where}: positions {seen[r]} and {pos} both map to rank {r}."
             seen[r] = pos
     wrong = [q for q in got if got[q] != right[q]]
-    axes = [name for a, name in enumerate(("tp_rank", "pp_rank", "dp_rank"))
-            if len({q[a] for q in wrong}) < len({q[a] for q in got})]  # fmt: skip
+    axes = [
+        name
+        for a, name in enumerate(("tp_rank", "pp_rank", "dp_rank"))
+        if len({q[a] for q in wrong}) < len({q[a] for q in got})
+    ]
     pos = wrong[0]
     return (
         f"{where}: rank_of{(*pos, t, p, d)} = {got[pos]}, but in parallel_groups that position "
@@ -129,8 +132,9 @@ HINTS_2 = {
 
 
 def _trainable(stage: int, t: int, p: int, s: dict) -> int:
-    return theory.trainable_per_rank(stage, p, s["layers"], s["hidden"], s["vocab"], s["seq"],
-                                     t, FROZEN)  # fmt: skip
+    return theory.trainable_per_rank(
+        stage, p, s["layers"], s["hidden"], s["vocab"], s["seq"], t, FROZEN
+    )
 
 
 def _same(a: float, b: float) -> bool:
@@ -146,15 +150,23 @@ def _answers(fn: Callable) -> list | str:
                 where = f"stage {stage} of t = {t}, p = {p}, d = {d}, {sizes['layers']} layers"
                 trainable = _trainable(stage, t, p, sizes)
                 call = f"bytes_per_step({stage}, {t}, {p}, {d}, {trainable}, **{sizes})"
-                got = learner_call(fn, stage, t, p, d, trainable, **sizes, call=call,
-                                   hints=HINTS_2)  # fmt: skip
+                got = learner_call(fn, stage, t, p, d, trainable, **sizes, call=call, hints=HINTS_2)
                 if not isinstance(got, dict) or set(got) != {"tp", "pp", "dp"}:
                     return (
                         f"{where}: return a dict with keys 'tp', 'pp', 'dp'; you returned {got!r}."
                     )
-                right = theory.bytes_sent_per_step(stage, p, sizes["layers"], sizes["batch"],
-                                                   sizes["seq"], sizes["hidden"],
-                                                   sizes["vocab"], t, d, FROZEN)  # fmt: skip
+                right = theory.bytes_sent_per_step(
+                    stage,
+                    p,
+                    sizes["layers"],
+                    sizes["batch"],
+                    sizes["seq"],
+                    sizes["hidden"],
+                    sizes["vocab"],
+                    t,
+                    d,
+                    FROZEN,
+                )
                 args = (stage, t, p, d, trainable)
                 out.append((where, args, sizes, {k: float(v) for k, v in got.items()}, right))
     return out
@@ -165,8 +177,11 @@ def _diagnose_bytes(fn: Callable) -> str | None:
     answers = _answers(fn)
     if isinstance(answers, str):
         return answers
-    wrong_keys = [k for k in ("tp", "pp", "dp")
-                  if any(not _same(got[k], right[k]) for *_, got, right in answers)]  # fmt: skip
+    wrong_keys = [
+        k
+        for k in ("tp", "pp", "dp")
+        if any(not _same(got[k], right[k]) for *_, got, right in answers)
+    ]
     if not wrong_keys:
         return None
     found = []
@@ -179,8 +194,11 @@ def _diagnose_bytes(fn: Callable) -> str | None:
                 found.append(f"{key}: {message}")
                 break
         else:
-            differ = [(got[key], right[key]) for *_, got, right in answers
-                      if not _same(got[key], right[key])]  # fmt: skip
+            differ = [
+                (got[key], right[key])
+                for *_, got, right in answers
+                if not _same(got[key], right[key])
+            ]
             ratios = sorted({round(g / r, 3) if r else float("inf") for g, r in differ})
             found.append(
                 f"{key}: {'all' if len(differ) == len(answers) else len(differ)} of "

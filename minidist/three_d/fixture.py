@@ -37,8 +37,13 @@ def sizes() -> dict:
     """The GPT's sizes: layers, hidden, vocab, seq, global batch."""
     model, batches, _ = build("gpt", **GPT_3D)
     cfg = model.cfg
-    return dict(layers=cfg.layers, hidden=cfg.hidden, vocab=cfg.vocab_size,
-                seq=batches[0][0].shape[1], batch=batches[0][0].shape[0])  # fmt: skip
+    return dict(
+        layers=cfg.layers,
+        hidden=cfg.hidden,
+        vocab=cfg.vocab_size,
+        seq=batches[0][0].shape[1],
+        batch=batches[0][0].shape[0],
+    )
 
 
 def frozen() -> int:
@@ -57,7 +62,7 @@ def theory_for(stage: int, tp: int, pp: int, dp: int) -> dict:
     return {
         "sent": theory.bytes_sent_per_step(
             stage, pp, s["layers"], s["batch"], s["seq"], s["hidden"], s["vocab"], tp, dp, f
-        ),  # fmt: skip
+        ),
         "params": params,
         "trainable": trainable,
         "memory": theory.model_state_bytes_per_rank(params, trainable, dp),

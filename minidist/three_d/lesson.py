@@ -62,9 +62,10 @@ def three_d_row(world_size: int, out_dir: Path) -> TourRow:
     _save(plot_rank_grid(n, tp, pp, gpus_per_node=n // pp), out_dir / "three_d_grid.png")
     return TourRow(
         f"3D (t={tp} x p={pp} x d={dp}, {n} ranks)",
-        losses_ok and max(diffs) < PARAM_TOL, max(diffs),
+        losses_ok and max(diffs) < PARAM_TOL,
+        max(diffs),
         memory_per_rank=r0["memory"],
         memory_theory=want["memory"],
         bytes_per_rank=sum(r0["sent"].values()),
         bytes_theory=sum(want["sent"].values()),
-    )  # fmt: skip
+    )

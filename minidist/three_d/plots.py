@@ -24,8 +24,13 @@ def plot_losses(losses: Sequence[float], reference: Sequence[float], label: str)
     ax.set(xlabel="step", ylabel="loss", title="loss per step")
     ax.legend()
     dx.plot(steps, [abs(a - b) for a, b in zip(losses, reference)], "C3o-", markersize=3)
-    dx.set(xlabel="step", ylabel="|difference|", title="3D minus one process", yscale="symlog",
-           ylim=(0, 1e-5))  # fmt: skip
+    dx.set(
+        xlabel="step",
+        ylabel="|difference|",
+        title="3D minus one process",
+        yscale="symlog",
+        ylim=(0, 1e-5),
+    )
     dx.set_yscale("symlog", linthresh=1e-8)
     fig.tight_layout()
     return fig
@@ -41,8 +46,15 @@ def plot_bytes_by_kind(
     for k, kind in enumerate(kinds):
         xs = [r + (k - 1) * width for r in range(len(measured))]
         ax.bar(xs, [m[kind] / 1024 for m in measured], width, color=f"C{k}", label=kind)
-        ax.scatter(xs, [t[kind] / 1024 for t in theory], marker="_", s=200, color="black",
-                   zorder=3, label="theory" if k == 0 else None)  # fmt: skip
+        ax.scatter(
+            xs,
+            [t[kind] / 1024 for t in theory],
+            marker="_",
+            s=200,
+            color="black",
+            zorder=3,
+            label="theory" if k == 0 else None,
+        )
     ax.set_xticks(range(len(measured)), [f"rank {r}" for r in range(len(measured))])
     ax.set(ylabel="KiB sent per step", title="bytes per step by group kind")
     ax.legend(

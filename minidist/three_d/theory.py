@@ -100,9 +100,17 @@ def trainable_per_rank(
 
 
 def bytes_sent_per_step(
-    stage: int, pp: int, layers: int, batch: int, seq: int, hidden: int, vocab: int, tp: int,
-    dp: int, frozen: int = 0,
-) -> dict[str, float]:  # fmt: skip
+    stage: int,
+    pp: int,
+    layers: int,
+    batch: int,
+    seq: int,
+    hidden: int,
+    vocab: int,
+    tp: int,
+    dp: int,
+    frozen: int = 0,
+) -> dict[str, float]:
     """{group kind: bytes} one rank of stage `stage` sends per step; `batch` is the global
     batch (each replica trains on batch / dp sequences); `frozen` parameters of the last
     stage have no gradient to reduce."""

@@ -53,9 +53,13 @@ def _zero_row(
 
     ref = reference(MODEL)
     results = launch(
-        train_on_rank, world_size, stage, MODEL, bucket_cap_mb=TOUR_BUCKET_MB,
+        train_on_rank,
+        world_size,
+        stage,
+        MODEL,
+        bucket_cap_mb=TOUR_BUCKET_MB,
         gather_weights=gather_weights,
-    )  # fmt: skip
+    )
     diff = max(max_abs_diff(trace.params, ref.params) for trace, *_ in results)
     _, ledger, memory, _ = results[0]
     steps = len(ref.losses)
@@ -72,12 +76,14 @@ def _zero_row(
     plt.close(fig)
     label = f"ZeRO-{stage}" if gather_weights == "after_step" else WEIGHT_UPDATE_SHARDING
     return TourRow(
-        label, diff < TOUR_TOL, diff,
+        label,
+        diff < TOUR_TOL,
+        diff,
         memory_per_rank=memory.total,
         memory_theory=int(sum(expected["terms"].values())),
         bytes_per_rank=sent,
         bytes_theory=theory.bytes_sent_per_step(expected["padded"], world_size, stage),
-    )  # fmt: skip
+    )
 
 
 @tour_row("ZeRO-1", lesson=2)

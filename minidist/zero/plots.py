@@ -58,10 +58,17 @@ def plot_memory_by_state(
             bottom = 0.0
             for state in STATES:
                 height = values[state] / scale
-                ax.bar(x, height, width, bottom=bottom, color=_STATE_COLORS[state],
-                       alpha=0.45 if kind == "formula" else 1.0,
-                       hatch="//" if kind == "formula" else None, edgecolor="black",
-                       linewidth=0.5)  # fmt: skip
+                ax.bar(
+                    x,
+                    height,
+                    width,
+                    bottom=bottom,
+                    color=_STATE_COLORS[state],
+                    alpha=0.45 if kind == "formula" else 1.0,
+                    hatch="//" if kind == "formula" else None,
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
                 bottom += height
             ax.text(x, bottom, f"{kind}\n{bottom:.0f}", ha="center", va="bottom", fontsize=7)
         ticks.append((i, _STAGE_NAMES.get(stage, f"stage {stage}")))
@@ -102,9 +109,14 @@ def plot_memory_vs_world(
         ax.plot(world_sizes, ys, "-", color=_STAGE_COLORS[stage], label=_STAGE_NAMES[stage])
         points = measured.get(stage, {})
         if points:
-            ax.plot(list(points), [v / scale for v in points.values()], "o",
-                    color=_STAGE_COLORS[stage], markeredgecolor="black",
-                    label=f"stage {stage} measured")  # fmt: skip
+            ax.plot(
+                list(points),
+                [v / scale for v in points.values()],
+                "o",
+                color=_STAGE_COLORS[stage],
+                markeredgecolor="black",
+                label=f"stage {stage} measured",
+            )
     if device_bytes is not None:
         ax.axhline(device_bytes / scale, color="gray", linestyle="--", linewidth=1)
         label = f" one device: {device_bytes / scale:g} {name}"

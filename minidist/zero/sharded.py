@@ -126,9 +126,12 @@ class ZeroDataParallel(ParallelModule):
             if (shards := [b.shard for b in self.buckets if groups[id(b.params[0])] == g])
         ]
         self.optimizer = ShardedOptimizer(
-            optimizer_class(inner_groups, **defaults), module, self.buckets, self._after_step,
+            optimizer_class(inner_groups, **defaults),
+            module,
+            self.buckets,
+            self._after_step,
             self._gradients_cleared,
-        )  # fmt: skip
+        )
         self.pre_divide, self.post_divide = (
             divide_factors(self.world) if mixed_precision else (float(self.world), 1.0)
         )
@@ -181,9 +184,12 @@ class ZeroDataParallel(ParallelModule):
             grad.div_(self.pre_divide)  # the sum of the pre-divided parts, post-divided: mean
             ready.reduced = grad.new_empty(ready.layout.chunk)
             ready.work = comm.reduce_scatter(
-                ready.reduced, grad, group=self.group, async_op=True,
+                ready.reduced,
+                grad,
+                group=self.group,
+                async_op=True,
                 tag=f"grad-bucket{self.next_bucket}",
-            )  # fmt: skip
+            )
             self.next_bucket += 1
 
     def _arrive(self, param: nn.Parameter, grad: torch.Tensor | None) -> None:
@@ -248,7 +254,7 @@ class ZeroDataParallel(ParallelModule):
                 group=self.group,
                 async_op=True,
                 tag="params",
-            )  # fmt: skip
+            )
             for b in self.buckets
         ]
         for w in works:

@@ -15,10 +15,13 @@ from .all_reduce import _check_on_worlds
 def check_ring_all_gather(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Check `fn(chunk) -> tensor`: every rank's chunk concatenated in rank order, on a ring."""
     _check_on_worlds(
-        "ring all-gather", fn, ALL_GATHER_CASES, _all_gather_input,
+        "ring all-gather",
+        fn,
+        ALL_GATHER_CASES,
+        _all_gather_input,
         lambda n, length, xs, outs, sent: _diagnose_all_gather(n, xs, outs, sent),
         theory.ring_all_gather_bytes,
-    )  # fmt: skip
+    )
     passed("ring all-gather equals dist.all_gather on 2, 3 and 4 ranks; (N-1)/N·S sent per rank")
 
 

@@ -26,11 +26,15 @@ def _check_on_worlds(name, fn, cases, make_input, diagnose, expected_bytes) -> N
 def check_ring_all_reduce(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Check `fn(tensor) -> tensor`: the sum of `tensor` over all ranks, built on a ring."""
     _check_on_worlds(
-        "ring all-reduce", fn, ALL_REDUCE_CASES, _all_reduce_input,
-        lambda n, length, xs, outs, sent: _diagnose_sends(n, length, sent, outs)
-        or _diagnose_all_reduce(n, xs, outs),
+        "ring all-reduce",
+        fn,
+        ALL_REDUCE_CASES,
+        _all_reduce_input,
+        lambda n, length, xs, outs, sent: (
+            _diagnose_sends(n, length, sent, outs) or _diagnose_all_reduce(n, xs, outs)
+        ),
         theory.ring_all_reduce_bytes,
-    )  # fmt: skip
+    )
     passed("ring all-reduce equals dist.all_reduce on 2, 3 and 4 ranks; 2(N-1)/N·S sent per rank")
 
 

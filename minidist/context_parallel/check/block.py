@@ -31,8 +31,10 @@ def _block_cases():
                 out.append(_case(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, d, dtype))
     for dtype, big in ((torch.float64, 900.0), (torch.float32, 120.0)):
         for rows, keys, d, zero, peak in ((3, 5, 4, False, big), (5, 2, 8, True, 0.0)):
-            q, k, v = (torch.randn(2, n, d, device="cpu", generator=g, dtype=torch.float64)
-                       for n in (rows, keys, keys))  # fmt: skip
+            q, k, v = (
+                torch.randn(2, n, d, device="cpu", generator=g, dtype=torch.float64)
+                for n in (rows, keys, keys)
+            )
             qp = torch.randperm(12, generator=g, device="cpu")[:rows].sort().values
             kp = torch.randperm(12, generator=g, device="cpu")[:keys].sort().values
             if zero:

@@ -137,8 +137,13 @@ def _variants(rows, bag, grad, weights, loss_scale):
         mean[index[r]] += weights[i] * grad[bag[i]] / loss_scale
         counts[index[r]] += 1
     per_occurrence = weights[:, None] * grad[bag] / loss_scale
-    return {"last": last, "plain": plain, "twice": twice, "mean": mean / counts[:, None],
-            "occurrence": per_occurrence}  # fmt: skip
+    return {
+        "last": last,
+        "plain": plain,
+        "twice": twice,
+        "mean": mean / counts[:, None],
+        "occurrence": per_occurrence,
+    }
 
 
 def _close(a, b) -> bool:
@@ -152,8 +157,16 @@ def _diagnose_grads(row_gradients: Callable) -> str | None:
         if seed == 0:
             rows = torch.tensor(EXAMPLE, device="cpu")
         call = f"row_gradients on {n} occurrences of {bags} bags"
-        got = learner_call(row_gradients, rows.clone(), bag.clone(), grad.clone(),
-                           weights.clone(), scale, call=call, hints=HINTS)  # fmt: skip
+        got = learner_call(
+            row_gradients,
+            rows.clone(),
+            bag.clone(),
+            grad.clone(),
+            weights.clone(),
+            scale,
+            call=call,
+            hints=HINTS,
+        )
         unique, want = _want_grads(rows, bag, grad, weights, scale, table)
         if not isinstance(got, tuple) or len(got) != 2:
             return "row_gradients must return a tuple (unique_rows, row_grads)."

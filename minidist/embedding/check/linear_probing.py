@@ -105,16 +105,28 @@ def probe_table(keys, num_slots=8, step=1, modulus=None, home=None) -> ProbeTabl
 
 
 PLACEMENTS = [
-    (dict(modulus=-1), "your probe wraps at num_slots - 1: slot num_slots - 1 is never "
-     "reached from below (slot + 1) % (num_slots - 1); wrap with % num_slots."),
-    (dict(step=-1), "your probe moves backwards (slot - 1): linear probing goes on to the "
-     "next slot, (slot + 1) % num_slots; find and insert must walk the same way."),
-    (dict(step=2), "your probe moves 2 slots at a time: linear probing tries the next slot, "
-     "(slot + 1) % num_slots, so it reaches every slot (a step of 2 sees only half of them)."),
-    (dict(home=lambda k, n: k & n), "your home slot is key & num_slots, which is 0 or "
-     "num_slots: the home is key mod num_slots (table.home(key); as a mask, key & "
-     "(num_slots - 1))."),
-]  # fmt: skip
+    (
+        dict(modulus=-1),
+        "your probe wraps at num_slots - 1: slot num_slots - 1 is never "
+        "reached from below (slot + 1) % (num_slots - 1); wrap with % num_slots.",
+    ),
+    (
+        dict(step=-1),
+        "your probe moves backwards (slot - 1): linear probing goes on to the "
+        "next slot, (slot + 1) % num_slots; find and insert must walk the same way.",
+    ),
+    (
+        dict(step=2),
+        "your probe moves 2 slots at a time: linear probing tries the next slot, "
+        "(slot + 1) % num_slots, so it reaches every slot (a step of 2 sees only half of them).",
+    ),
+    (
+        dict(home=lambda k, n: k & n),
+        "your home slot is key & num_slots, which is 0 or "
+        "num_slots: the home is key mod num_slots (table.home(key); as a mask, key & "
+        "(num_slots - 1)).",
+    ),
+]
 
 
 def _placement(table: ProbeTable, keys) -> str | None:
@@ -225,8 +237,9 @@ def _diagnose_probing(insert: Callable, find: Callable) -> str | None:
         _insert(insert, table, 10 * k)
     before = (list(table.keys), list(table.rows), table.size)
     try:
-        row = learner_call(insert, table, 99, call="insert(table, 99)", hints=HINTS,
-                           expect=HashTableFullError)  # fmt: skip
+        row = learner_call(
+            insert, table, 99, call="insert(table, 99)", hints=HINTS, expect=HashTableFullError
+        )
     except HashTableFullError:
         row = None
     if row is not None:
@@ -239,8 +252,9 @@ def _diagnose_probing(insert: Callable, find: Callable) -> str | None:
     if (list(table.keys), list(table.rows), table.size) != before:
         return "insert raised HashTableFullError but changed the table first: check, then change."
     try:
-        row = learner_call(insert, table, 20, call="insert(table, 20)", hints=HINTS,
-                           expect=HashTableFullError)  # fmt: skip
+        row = learner_call(
+            insert, table, 20, call="insert(table, 20)", hints=HINTS, expect=HashTableFullError
+        )
     except HashTableFullError:
         return (
             "a full table raised HashTableFullError for key 20, which is already in it: a "
@@ -266,16 +280,20 @@ def check_linear_probing(insert: Callable, find: Callable) -> None:
             keys.append(k)
             row = _insert(insert, table, k)
             if row != want[k]:
-                fail(f"trial {trial}: insert(table, {k}) returned {row}, a dict says "
-                     f"{want[k]}; table {table}")  # fmt: skip
+                fail(
+                    f"trial {trial}: insert(table, {k}) returned {row}, a dict says "
+                    f"{want[k]}; table {table}"
+                )
         wrong_place = _placement(table, keys)
         if wrong_place:
             fail(f"trial {trial} (16 slots): {wrong_place}")
         for k in range(-45, 45):
             got = _find(find, table, k)
             if got != want.get(k, -1):
-                fail(f"trial {trial}: find(table, {k}) = {got}, a dict says "
-                     f"{want.get(k, -1)}; table {table}")  # fmt: skip
+                fail(
+                    f"trial {trial}: find(table, {k}) = {got}, a dict says "
+                    f"{want.get(k, -1)}; table {table}"
+                )
     passed(
         "insert and find agree with a Python dict and every key sits in its linear-probing "
         "slot, on collisions, a chain wrapping past the last slot, repeated and negative "

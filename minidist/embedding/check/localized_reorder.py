@@ -54,20 +54,32 @@ def _slot_owner(batch, slots, world):
 
 # Other outputs a mistake computes from what arrived: (function, message).
 VARIANTS = [
-    (lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n))),
-     "equal owners must keep their order: torch.argsort(..., stable=True); the default sort "
-     "may reorder ties (it does here, on 130 bags)."),
-    (lambda r, b, s, n: r[torch.argsort(_slot_owner(b, s, n), stable=True)],
-     "you gathered, received[order], where the permutation must scatter: the bag that came "
-     "back j-th is order[j], so out[order] = received (or received[argsort(order)])."),
-    (lambda r, b, s, n: _scatter(r, torch.argsort(_bags(b, s) % n, stable=True)),
-     "the owner of bag b is the owner of its slot, (b mod slots) mod N, not b mod N (the two "
-     "agree only when N divides the slots)."),
-    (lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n), stable=True))
-     .reshape(b, s, -1).transpose(0, 1).reshape(b * s, -1),
-     "your result is slot-major (row s·batch + i); the model wants sample-major slot order, "
-     "row i·slots + s: sample i's slots together."),
-]  # fmt: skip
+    (
+        lambda r, b, s, n: _scatter(r, torch.argsort(_slot_owner(b, s, n))),
+        "equal owners must keep their order: torch.argsort(..., stable=True); the default sort "
+        "may reorder ties (it does here, on 130 bags).",
+    ),
+    (
+        lambda r, b, s, n: r[torch.argsort(_slot_owner(b, s, n), stable=True)],
+        "you gathered, received[order], where the permutation must scatter: the bag that came "
+        "back j-th is order[j], so out[order] = received (or received[argsort(order)]).",
+    ),
+    (
+        lambda r, b, s, n: _scatter(r, torch.argsort(_bags(b, s) % n, stable=True)),
+        "the owner of bag b is the owner of its slot, (b mod slots) mod N, not b mod N (the two "
+        "agree only when N divides the slots).",
+    ),
+    (
+        lambda r, b, s, n: (
+            _scatter(r, torch.argsort(_slot_owner(b, s, n), stable=True))
+            .reshape(b, s, -1)
+            .transpose(0, 1)
+            .reshape(b * s, -1)
+        ),
+        "your result is slot-major (row s·batch + i); the model wants sample-major slot order, "
+        "row i·slots + s: sample i's slots together.",
+    ),
+]
 
 
 def _order(batch: int, slots: int, world: int, owner: Callable, sample_major: bool = True):

@@ -58,14 +58,23 @@ def _right_splits(batches, rank, world) -> tuple[list[int], list[int]]:
 
 
 OWNER_MISTAKES = [
-    (lambda k, n: k.abs() % n, "you took abs(key) mod N, which is what HugeCTR's data "
-     "reader does (std::abs of C's remainder); this exercise, like the library's key_owner, "
-     "wants the modulo in 0..N-1 (torch.remainder, Python's %): -1 on rank N-1, not 1"),
-    (lambda k, n: k & (n - 1), "a mask key & (N-1) equals key mod N only when N is a power "
-     "of two; for N = 3 use torch.remainder(keys, N)"),
-    (lambda k, n: torch.remainder(k.to(torch.int32), n), "the keys went through int32: 64-bit "
-     "keys lose their high bits (1 << 40 becomes 0); keep int64"),
-]  # fmt: skip
+    (
+        lambda k, n: k.abs() % n,
+        "you took abs(key) mod N, which is what HugeCTR's data "
+        "reader does (std::abs of C's remainder); this exercise, like the library's key_owner, "
+        "wants the modulo in 0..N-1 (torch.remainder, Python's %): -1 on rank N-1, not 1",
+    ),
+    (
+        lambda k, n: k & (n - 1),
+        "a mask key & (N-1) equals key mod N only when N is a power "
+        "of two; for N = 3 use torch.remainder(keys, N)",
+    ),
+    (
+        lambda k, n: torch.remainder(k.to(torch.int32), n),
+        "the keys went through int32: 64-bit "
+        "keys lose their high bits (1 << 40 becomes 0); keep int64",
+    ),
+]
 
 
 def _diagnose_owner(owner: Callable) -> str | None:
@@ -111,8 +120,9 @@ def _diagnose_splits(split_sizes: Callable) -> str | None:
     for world, batches in _key_sets():
         for rank in range(world):
             call = f"split_sizes({[b.tolist() for b in batches]}, {rank}, {world})"
-            got = learner_call(split_sizes, [b.clone() for b in batches], rank, world,
-                               call=call, hints=HINTS)  # fmt: skip
+            got = learner_call(
+                split_sizes, [b.clone() for b in batches], rank, world, call=call, hints=HINTS
+            )
             send, recv = _right_splits(batches, rank, world)
             try:
                 got_send, got_recv = ([int(x) for x in part] for part in got)
@@ -129,8 +139,9 @@ def _diagnose_splits(split_sizes: Callable) -> str | None:
             if (got_send, got_recv) == (send, recv):
                 continue
             where = f"rank {rank} of N = {world}, keys per rank {[b.tolist() for b in batches]}"
-            short = [name for name, part in (("send", got_send), ("recv", got_recv))
-                     if len(part) < world]  # fmt: skip
+            short = [
+                name for name, part in (("send", got_send), ("recv", got_recv)) if len(part) < world
+            ]
             if short:
                 return (
                     f"{where}: {' and '.join(short)} has fewer than N = {world} entries "
@@ -157,8 +168,10 @@ def _diagnose_splits(split_sizes: Callable) -> str | None:
                     f"rank {rank}: {recv}. (In distributed.py each rank learns it from the "
                     "counts all-to-all.)"
                 )
-            total = [sum(_right_splits(batches, q, world)[0][r] for q in range(world))
-                     for r in range(world)]  # fmt: skip
+            total = [
+                sum(_right_splits(batches, q, world)[0][r] for q in range(world))
+                for r in range(world)
+            ]
             if got_send == send and got_recv == total and total != recv:
                 return (
                     f"{where}: recv {got_recv} counts, for each rank q, all the keys q owns; "

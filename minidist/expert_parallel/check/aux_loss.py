@@ -134,11 +134,14 @@ def _run(loss, probs, ids):
     got, (p, _) = call(loss, (src, ids), ("probs", "expert"), what)
     if not isinstance(got, torch.Tensor) or got.numel() != 1:
         form = tuple(got.shape) if isinstance(got, torch.Tensor) else ""
-        fail(f"load_balancing_loss must return a one-element tensor; got "
-             f"{type(got).__name__}{form}.")  # fmt: skip
+        fail(
+            f"load_balancing_loss must return a one-element tensor; got {type(got).__name__}{form}."
+        )
     if got.dtype != probs.dtype:
-        fail(f"{what} returned a {got.dtype} tensor: return it in probs' dtype ({probs.dtype}); "
-             "an f_e made with .float() or .double() changes it.")  # fmt: skip
+        fail(
+            f"{what} returned a {got.dtype} tensor: return it in probs' dtype ({probs.dtype}); "
+            "an f_e made with .float() or .double() changes it."
+        )
     if not got.requires_grad:
         return got, None
     try:
@@ -153,9 +156,10 @@ def check_load_balancing_loss(loss) -> None:
     cases = _cases()
     runs = [_run(loss, probs, ids) for probs, ids in cases]
     wrong = [
-        n for n, ((probs, ids), (got, _)) in enumerate(zip(cases, runs))
+        n
+        for n, ((probs, ids), (got, _)) in enumerate(zip(cases, runs))
         if not _close(got, _aux_ref(probs, ids), probs.dtype)
-    ]  # fmt: skip
+    ]
     if wrong:
         tables = [(ROUNDING, False), (VALUES, True)]
         for (name, alt), loose in ((kv, loose) for table, loose in tables for kv in table.items()):
@@ -177,9 +181,11 @@ def check_load_balancing_loss(loss) -> None:
         t, e = probs.shape
         want = (e * _frac(probs, ids) / t).expand(t, e)
         if not _close(grad, want, probs.dtype):
-            fail("load_balancing_loss: the value is right but its gradient with respect to "
-                 "probs is not E · f_e / T: f_e must be a constant (counts), P_e a mean of "
-                 "probs.")  # fmt: skip
+            fail(
+                "load_balancing_loss: the value is right but its gradient with respect to "
+                "probs is not E · f_e / T: f_e must be a constant (counts), P_e a mean of "
+                "probs."
+            )
     passed(
         f"E · Σ f_e · P_e on {len(cases)} routings, float32 and float64 (value and gradient; "
         "uniform gives 1, all on one expert gives E)"

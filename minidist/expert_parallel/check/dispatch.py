@@ -64,7 +64,7 @@ def _shared(ids, e, cf):
     budget = math.ceil(cf * ids.numel() / e) * e
     return [
         (m[m < budget], m[m >= budget]) for m in (torch.nonzero(ids == x)[:, 0] for x in range(e))
-    ]  # fmt: skip
+    ]
 
 
 def _swapped(ids, e, cf):
@@ -127,14 +127,20 @@ def _indices(p, what: str) -> list[int]:
         p = torch.as_tensor(p)
     if isinstance(p, torch.Tensor):
         if p.dtype == torch.bool:
-            fail(f"{what} is a boolean mask over the tokens: return the INDICES of the tokens "
-                 "(torch.nonzero(mask).flatten()).")  # fmt: skip
+            fail(
+                f"{what} is a boolean mask over the tokens: return the INDICES of the tokens "
+                "(torch.nonzero(mask).flatten())."
+            )
         if p.is_floating_point() or p.is_complex():
-            fail(f"{what} has dtype {p.dtype}: token indices are integers (int64), which can "
-                 "index the tokens' tensor.")  # fmt: skip
+            fail(
+                f"{what} has dtype {p.dtype}: token indices are integers (int64), which can "
+                "index the tokens' tensor."
+            )
         if p.dim() != 1:
-            fail(f"{what} has shape {tuple(p.shape)}: return a 1-D tensor [n] of indices "
-                 "(torch.nonzero returns [n, 1]: .flatten() it).")  # fmt: skip
+            fail(
+                f"{what} has shape {tuple(p.shape)}: return a 1-D tensor [n] of indices "
+                "(torch.nonzero returns [n, 1]: .flatten() it)."
+            )
         return p.tolist()
     if not isinstance(p, list | tuple | range):
         fail(f"{what} must be a tensor or a list of token indices; got {type(p).__name__}.")
@@ -156,13 +162,17 @@ def _integral(v) -> bool:
 def _as_pairs(got, e: int, what: str):
     if not isinstance(got, list | tuple) or len(got) != e:
         n = len(got) if isinstance(got, list | tuple) else type(got).__name__
-        fail(f"{what} must return a list of one (kept, dropped) pair per expert, E = {e} of "
-             f"them, experts that got no token included; it returned {n}.")  # fmt: skip
+        fail(
+            f"{what} must return a list of one (kept, dropped) pair per expert, E = {e} of "
+            f"them, experts that got no token included; it returned {n}."
+        )
     out = []
     for x, pair in enumerate(got):
         if not isinstance(pair, list | tuple) or len(pair) != 2:
-            fail(f"{what}: each expert's entry must be a pair (kept, dropped); expert {x}'s "
-                 f"is a {type(pair).__name__}.")  # fmt: skip
+            fail(
+                f"{what}: each expert's entry must be a pair (kept, dropped); expert {x}'s "
+                f"is a {type(pair).__name__}."
+            )
         names = ("kept", "dropped")
         out.append(tuple(_indices(p, f"{what}: expert {x}'s {n}") for p, n in zip(pair, names)))
     return out
@@ -186,8 +196,10 @@ def _other_expert(got, ids) -> str | None:
             if not 0 <= t < ids.numel():
                 return f"expert {x} lists token {t}, but the tokens are 0 … {ids.numel() - 1}"
             if int(ids[t]) != x:
-                return (f"expert {x} lists token {t}, which chose expert {int(ids[t])}: a token "
-                        "goes only to its own expert (a dropped one is not re-routed)")  # fmt: skip
+                return (
+                    f"expert {x} lists token {t}, which chose expert {int(ids[t])}: a token "
+                    "goes only to its own expert (a dropped one is not re-routed)"
+                )
         if len(set(k + d)) < len(k + d):
             return f"expert {x} lists a token twice (in kept and dropped, or twice in one)"
     return None
@@ -222,13 +234,19 @@ def check_dispatch(dispatch) -> None:
     x = next(x for x in range(e) if got[i][x] != want[i][x])
     (gk, gd), (wk, wd) = got[i][x], want[i][x]
     if gk == wk:
-        fail(f"dispatch {where}: expert {x} keeps the right tokens but drops {gd}, not {wd}: "
-             "the dropped are its tokens after the first C, in token order.")  # fmt: skip
+        fail(
+            f"dispatch {where}: expert {x} keeps the right tokens but drops {gd}, not {wd}: "
+            "the dropped are its tokens after the first C, in token order."
+        )
     if sorted(gk) == wk:
-        fail(f"dispatch {where}: expert {x} keeps the right tokens in the wrong order {gk}: "
-             "return them in token order (their priority).")  # fmt: skip
+        fail(
+            f"dispatch {where}: expert {x} keeps the right tokens in the wrong order {gk}: "
+            "return them in token order (their priority)."
+        )
     if sorted(gk + gd) == wk + wd != gk + gd:
-        fail(f"dispatch {where}: expert {x} has the right tokens, taken in another order than "
-             f"token order ({gk + gd}): an expert keeps its FIRST C tokens (an argsort? "
-             "torch.argsort is not stable unless stable=True).")  # fmt: skip
+        fail(
+            f"dispatch {where}: expert {x} has the right tokens, taken in another order than "
+            f"token order ({gk + gd}): an expert keeps its FIRST C tokens (an argsort? "
+            "torch.argsort is not stable unless stable=True)."
+        )
     fail(f"dispatch {where}: expert {x} keeps {gk}, it should keep {wk} (and drop {wd}).")

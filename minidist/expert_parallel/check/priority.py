@@ -113,14 +113,18 @@ def _form(out, t: int, k: int):
                 if x.dim() == 2 and x.shape[0] == t
                 else ""
             )
-            fail(f"priority: {name} has shape {tuple(x.shape)}, want [T, k] = [{t}, {k}] "
-                 f"(one entry per token and choice, like `experts`){fixed}.")  # fmt: skip
+            fail(
+                f"priority: {name} has shape {tuple(x.shape)}, want [T, k] = [{t}, {k}] "
+                f"(one entry per token and choice, like `experts`){fixed}."
+            )
     if kept.dtype != torch.bool:
         fail(f"priority: kept has dtype {kept.dtype}; it is a mask: torch.bool (slot < C).")
     if slot.dtype != torch.int64:
-        fail(f"priority: slot has dtype {slot.dtype}; the exercise asks for int64 (torch.long, "
-             "what indexes a buffer and what torch's own index ops return): .long() or "
-             "dtype=torch.long.")  # fmt: skip
+        fail(
+            f"priority: slot has dtype {slot.dtype}; the exercise asks for int64 (torch.long, "
+            "what indexes a buffer and what torch's own index ops return): .long() or "
+            "dtype=torch.long."
+        )
     return slot, kept
 
 
@@ -143,13 +147,16 @@ def check_priority(priority) -> None:
         got.append(_form(out, *x.shape))
     want = [_reference(x, e, cf) for x, e, cf in cases]
     bad = [
-        i for i, ((s, k), (ws, wk, _)) in enumerate(zip(got, want))
+        i
+        for i, ((s, k), (ws, wk, _)) in enumerate(zip(got, want))
         if not (torch.equal(s, ws) and torch.equal(k, wk))
-    ]  # fmt: skip
+    ]
     if not bad:
         drops = sum(int((~wk).sum()) for _, wk, _ in want)
-        passed(f"slots and capacity on {len(cases)} sampled routings (k = 1 to 3, E = 2 to 16, "
-               f"{drops} assignments dropped, first choices first)")  # fmt: skip
+        passed(
+            f"slots and capacity on {len(cases)} sampled routings (k = 1 to 3, E = 2 to 16, "
+            f"{drops} assignments dropped, first choices first)"
+        )
         return
     for name, alt in ALTERNATIVES.items():
         if all(_same(g, alt(x, e, cf)) for g, (x, e, cf) in zip(got, cases)):
@@ -164,8 +171,10 @@ def check_priority(priority) -> None:
     (x, e, cf), (slot, kept), (ws, wk, cap) = cases[i], got[i], want[i]
     where = f"on experts {x.tolist()} (E = {e}, capacity_factor = {cf}, C = {cap})"
     if torch.equal(slot, ws):
-        fail(f"priority {where}: the slots are right but kept is not slot < C for any one C: "
-             f"kept {kept.int().tolist()}, want {wk.int().tolist()}.")  # fmt: skip
+        fail(
+            f"priority {where}: the slots are right but kept is not slot < C for any one C: "
+            f"kept {kept.int().tolist()}, want {wk.int().tolist()}."
+        )
     if torch.equal(slot[wk], ws[wk]) and (slot[~wk] < 0).all():
         fail(
             f"priority {where}: a dropped assignment's slot is its position in the expert's "

@@ -167,8 +167,9 @@ def check_flatten_and_shard(flatten_and_shard: Callable) -> None:
                     f"{world} ranks, rank {rank}"
                 )
                 params = _flat_params(shapes, kind)
-                out = call_learner(flatten_and_shard, params, rank, world, hints=FLAT_HINTS,
-                                   what=where)  # fmt: skip
+                out = call_learner(
+                    flatten_and_shard, params, rank, world, hints=FLAT_HINTS, what=where
+                )
                 problem = _diagnose_flatten(out, shapes, rank, world)
                 if problem is None and isinstance(out[0], torch.Tensor):
                     problem = _diagnose_tensor(out[0], params)

@@ -148,13 +148,16 @@ def _agree_run(fn: Callable) -> dict:
             opt.step()
         steps.append(
             dict(
-                found=found, kind=kind, local=local, grad_bytes=grad_bytes,
+                found=found,
+                kind=kind,
+                local=local,
+                grad_bytes=grad_bytes,
                 mutated=not all(_same(a, b) for a, b in zip(before, grads)),
                 records=[(r.op, r.payload_bytes, r.ring_bytes) for r in ledger.records],
                 adam_steps=[int(s["step"]) for s in opt.state.values()],
                 shards=[p.detach().clone() for p in shards],
             )
-        )  # fmt: skip
+        )
     return dict(steps=steps, params=fsdp.full_parameters())
 
 

@@ -79,38 +79,53 @@ INNER = [
     ),
 ]
 OUTER = [
-    (lambda i, o, m, n, e: _ring(2, o, m / (i * o)),
-     "the chunk each rank all-reduces over the outer group is 1/I of the tensor; you divided "
-     "by I·O: 2(O-1)/O·M/I."),
-    (lambda i, o, m, n, e: 2 * ((o - 1) // o) * m / i,
-     "0 on every mesh: the outer all-reduce is left out, or (O-1)//O, an integer division, "
-     "made it 0; it is 2(O-1)/O·M/I."),
-    (lambda i, o, m, n, e: _ring(2, o, m),
-     "you counted an all-reduce of the whole tensor, 2(O-1)/O·M. After the inner "
-     "reduce-scatter each rank holds one chunk of 1/I of the tensor, and only that chunk is "
-     "all-reduced across the outer group: 2(O-1)/O·M/I."),
-    (lambda i, o, m, n, e: _ring(2, i, m / o),
-     "the inner and outer group sizes are swapped: the O ranks of the outer group all-reduce "
-     "the 1/I chunk, 2(O-1)/O·M/I."),
-    (lambda i, o, m, n, e: _ring(2, o, m / o),
-     "the chunk each rank holds after the inner reduce-scatter is 1/I of the tensor (the I "
-     "ranks of the inner group split it), not 1/O: 2(O-1)/O·M/I."),
-    (lambda i, o, m, n, e: _ring(1, o, m / i),
-     "the outer step is an all-reduce, a reduce-scatter plus an all-gather of the chunk: "
-     "2(O-1)/O·M/I; you counted half of it."),
-    (lambda i, o, m, n, e: 2 * m / i,
-     "you counted the payload, 2·M/I: on a ring each rank sends 2(O-1)/O of the chunk in "
-     "an all-reduce."),
-    (lambda i, o, m, n, e: _ring(2, o, n / i),
-     "elements, not bytes: multiply by element_size."),
-    (lambda i, o, m, n, e: _ring(2, o, 4 * n / i),
-     "you assumed 4-byte elements: use element_size (2 for bf16)."),
-    (lambda i, o, m, n, e: _ring(2, o, 8 * m / i),
-     "bits, not bytes: drop the factor 8."),
-    (lambda i, o, m, n, e: _ring(2, i, m) + _ring(2, o, m / i),
-     "you added the inner bytes to the outer ones: each link class counts its own "
-     "collectives."),
-]  # fmt: skip
+    (
+        lambda i, o, m, n, e: _ring(2, o, m / (i * o)),
+        "the chunk each rank all-reduces over the outer group is 1/I of the tensor; you divided "
+        "by I·O: 2(O-1)/O·M/I.",
+    ),
+    (
+        lambda i, o, m, n, e: 2 * ((o - 1) // o) * m / i,
+        "0 on every mesh: the outer all-reduce is left out, or (O-1)//O, an integer division, "
+        "made it 0; it is 2(O-1)/O·M/I.",
+    ),
+    (
+        lambda i, o, m, n, e: _ring(2, o, m),
+        "you counted an all-reduce of the whole tensor, 2(O-1)/O·M. After the inner "
+        "reduce-scatter each rank holds one chunk of 1/I of the tensor, and only that chunk is "
+        "all-reduced across the outer group: 2(O-1)/O·M/I.",
+    ),
+    (
+        lambda i, o, m, n, e: _ring(2, i, m / o),
+        "the inner and outer group sizes are swapped: the O ranks of the outer group all-reduce "
+        "the 1/I chunk, 2(O-1)/O·M/I.",
+    ),
+    (
+        lambda i, o, m, n, e: _ring(2, o, m / o),
+        "the chunk each rank holds after the inner reduce-scatter is 1/I of the tensor (the I "
+        "ranks of the inner group split it), not 1/O: 2(O-1)/O·M/I.",
+    ),
+    (
+        lambda i, o, m, n, e: _ring(1, o, m / i),
+        "the outer step is an all-reduce, a reduce-scatter plus an all-gather of the chunk: "
+        "2(O-1)/O·M/I; you counted half of it.",
+    ),
+    (
+        lambda i, o, m, n, e: 2 * m / i,
+        "you counted the payload, 2·M/I: on a ring each rank sends 2(O-1)/O of the chunk in "
+        "an all-reduce.",
+    ),
+    (lambda i, o, m, n, e: _ring(2, o, n / i), "elements, not bytes: multiply by element_size."),
+    (
+        lambda i, o, m, n, e: _ring(2, o, 4 * n / i),
+        "you assumed 4-byte elements: use element_size (2 for bf16).",
+    ),
+    (lambda i, o, m, n, e: _ring(2, o, 8 * m / i), "bits, not bytes: drop the factor 8."),
+    (
+        lambda i, o, m, n, e: _ring(2, i, m) + _ring(2, o, m / i),
+        "you added the inner bytes to the outer ones: each link class counts its own collectives.",
+    ),
+]
 
 
 def _answers(fn: Callable) -> list | str:
@@ -140,8 +155,10 @@ def _diagnose_bytes(fn: Callable) -> str | None:
         if key not in keys:
             continue
         for formula, message in family:
-            if all(close(g[key], formula(i, o, MESH_NUMEL * e, MESH_NUMEL, e))
-                   for i, o, e, g, _ in answers):  # fmt: skip
+            if all(
+                close(g[key], formula(i, o, MESH_NUMEL * e, MESH_NUMEL, e))
+                for i, o, e, g, _ in answers
+            ):
                 found.append(f"the {key} links: {message}")
                 break
         else:

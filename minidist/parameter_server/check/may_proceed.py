@@ -30,43 +30,66 @@ HINTS = {
 RULE = "c - min(clocks) <= s"
 # Whole-table mistakes: (rule, message), the first that matches every case names it.
 RULES = [
-    (lambda c, clocks, s: c - min(clocks) < s,
-     "off by one: you let a worker go on only while c - slowest < s. SSP allows a lead of s "
-     "clocks (c - slowest <= s); with s = 0 your rule blocks everyone, even the slowest "
-     "worker, and BSP never starts."),
-    (lambda c, clocks, s: c - min(clocks) <= s + 1,
-     "one clock too many: c - slowest <= s + 1 lets a worker run s + 1 clocks ahead (with "
-     f"s = 0 that is not BSP). SSP: {RULE}."),
-    (lambda c, clocks, s: True,
-     "may_proceed always says yes: that is the asynchronous parameter server (Downpour), "
-     "staleness unbounded. Comparing with the fastest worker, c - max(clocks) <= s, or the "
-     "difference the wrong way round, min(clocks) - c <= s, does exactly this. The bound is "
-     f"on the lead over the slowest: {RULE}."),
-    (lambda c, clocks, s: c - max(clocks) < s,
-     "you compared with the fastest worker (max of the clocks). The bound is on the lead "
-     f"over the slowest: {RULE}; the slowest worker must always be allowed on."),
-    (lambda c, clocks, s: max(clocks) - c <= s,
-     "you bounded how far this worker is behind the fastest (max(clocks) - c <= s); SSP "
-     f"bounds how far it is ahead of the slowest: {RULE}."),
-    (lambda c, clocks, s: c - min(clocks) <= 0,
-     "you ignored the staleness s: a worker waits until it is level with the slowest, which "
-     f"is BSP whatever s is. SSP lets it run s clocks ahead: {RULE}."),
-    (lambda c, clocks, s: max(clocks) - min(clocks) <= s,
-     "you bounded the spread between the fastest and the slowest worker, whoever asks: then "
-     "the slowest worker (or one level with it) is blocked too, and nobody catches up. The "
-     f"rule is about this worker's lead: {RULE}."),
-    (lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s,
-     "you compared with the average clock; SSP bounds the lead over the slowest worker, "
-     f"min(clocks): {RULE} (an average lets the fastest run away from a straggler)."),
-    (lambda c, clocks, s: c <= s,
-     f"you compared the worker's clock with s alone; s bounds its lead over the slowest: {RULE}."),
-    (lambda c, clocks, s: c - min(clocks) > s,
-     "your answer is inverted: True means the worker may go on, which it may while its lead "
-     f"over the slowest is at most s: {RULE}."),
-    (lambda c, clocks, s: c - min(clocks) >= s,
-     "your answer is inverted: True means the worker may go on, which it may while its lead "
-     f"over the slowest is at most s: {RULE}."),
-]  # fmt: skip
+    (
+        lambda c, clocks, s: c - min(clocks) < s,
+        "off by one: you let a worker go on only while c - slowest < s. SSP allows a lead of s "
+        "clocks (c - slowest <= s); with s = 0 your rule blocks everyone, even the slowest "
+        "worker, and BSP never starts.",
+    ),
+    (
+        lambda c, clocks, s: c - min(clocks) <= s + 1,
+        "one clock too many: c - slowest <= s + 1 lets a worker run s + 1 clocks ahead (with "
+        f"s = 0 that is not BSP). SSP: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: True,
+        "may_proceed always says yes: that is the asynchronous parameter server (Downpour), "
+        "staleness unbounded. Comparing with the fastest worker, c - max(clocks) <= s, or the "
+        "difference the wrong way round, min(clocks) - c <= s, does exactly this. The bound is "
+        f"on the lead over the slowest: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: c - max(clocks) < s,
+        "you compared with the fastest worker (max of the clocks). The bound is on the lead "
+        f"over the slowest: {RULE}; the slowest worker must always be allowed on.",
+    ),
+    (
+        lambda c, clocks, s: max(clocks) - c <= s,
+        "you bounded how far this worker is behind the fastest (max(clocks) - c <= s); SSP "
+        f"bounds how far it is ahead of the slowest: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: c - min(clocks) <= 0,
+        "you ignored the staleness s: a worker waits until it is level with the slowest, which "
+        f"is BSP whatever s is. SSP lets it run s clocks ahead: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: max(clocks) - min(clocks) <= s,
+        "you bounded the spread between the fastest and the slowest worker, whoever asks: then "
+        "the slowest worker (or one level with it) is blocked too, and nobody catches up. The "
+        f"rule is about this worker's lead: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: c - sum(clocks) / len(clocks) <= s,
+        "you compared with the average clock; SSP bounds the lead over the slowest worker, "
+        f"min(clocks): {RULE} (an average lets the fastest run away from a straggler).",
+    ),
+    (
+        lambda c, clocks, s: c <= s,
+        f"you compared the worker's clock with s alone; s bounds its lead over the slowest: "
+        f"{RULE}.",
+    ),
+    (
+        lambda c, clocks, s: c - min(clocks) > s,
+        "your answer is inverted: True means the worker may go on, which it may while its lead "
+        f"over the slowest is at most s: {RULE}.",
+    ),
+    (
+        lambda c, clocks, s: c - min(clocks) >= s,
+        "your answer is inverted: True means the worker may go on, which it may while its lead "
+        f"over the slowest is at most s: {RULE}.",
+    ),
+]
 
 
 def ssp_rule(worker_clock: int, clocks, staleness: int) -> bool:
@@ -107,7 +130,7 @@ def _diagnose_rule(may_proceed: Callable) -> str | None:
             else "yes (too lenient)"
             if all(got[k] for k in wrong)
             else "yes or no"
-        )  # fmt: skip
+        )
         + f", for s in {by_s}. SSP: {RULE}."
     )
 

@@ -36,8 +36,17 @@ HINTS = {
 }
 
 
-def _series(d: float, m: float, third=True, ninth=True, minus=True, root=math.sqrt,
-            third_root=math.sqrt, ratio=lambda d, m: d / (2 * m), cap=2.0) -> float:  # fmt: skip
+def _series(
+    d: float,
+    m: float,
+    third=True,
+    ninth=True,
+    minus=True,
+    root=math.sqrt,
+    third_root=math.sqrt,
+    ratio=lambda d, m: d / (2 * m),
+    cap=2.0,
+) -> float:
     """Daly's interval, or one reading of it with a named part changed."""
     if cap and d >= cap * m:
         return m
@@ -52,49 +61,60 @@ def _slip(v: float) -> float:
 
 HOURS = 3600.0
 DALY_RULE = "Daly 2006: √(2δM)·(1 + ⅓·√(δ/2M) + (1/9)·(δ/2M)) − δ, or M when δ ≥ 2M"
-PRECEDENCE = ("** 1/2 is (v ** 1) / 2 in Python (** binds tighter than /), not √v: write "
-              "** 0.5 or math.sqrt")  # fmt: skip
+PRECEDENCE = (
+    "** 1/2 is (v ** 1) / 2 in Python (** binds tighter than /), not √v: write ** 0.5 or math.sqrt"
+)
 YOUNG_READINGS: dict[str, Callable[[float, float], float]] = {
-    "√(δ·M): the factor 2 under the root is missing (Young: τ = √(2δM))":
-        lambda d, m: math.sqrt(d * m),
+    "√(δ·M): the factor 2 under the root is missing (Young: τ = √(2δM))": lambda d, m: math.sqrt(
+        d * m
+    ),
     "2·δ·M: the square root is missing (Young: τ = √(2δM))": lambda d, m: 2 * d * m,
     f"δ·M, from (2·δ·M) ** 1/2: {PRECEDENCE}": lambda d, m: _slip(2 * d * m),
-    "√(2δ/M): δ divided by M, not multiplied (Young: τ = √(2δM))":
-        lambda d, m: math.sqrt(2 * d / m),
-    "√(2M/δ): M divided by δ, not multiplied (Young: τ = √(2δM))":
-        lambda d, m: math.sqrt(2 * m / d),
+    "√(2δ/M): δ divided by M, not multiplied (Young: τ = √(2δM))": lambda d, m: math.sqrt(
+        2 * d / m
+    ),
+    "√(2M/δ): M divided by δ, not multiplied (Young: τ = √(2δM))": lambda d, m: math.sqrt(
+        2 * m / d
+    ),
     "Young's interval in hours: keep seconds": lambda d, m: young_interval(d, m) / HOURS,
     "60 times too small: Young's interval in minutes, or M taken in hours (mtbf_s is "
     "already in seconds, and so is the answer)": lambda d, m: young_interval(d, m) / 60,
-    "rounded to whole seconds: return the exact value (a float)":
-        lambda d, m: round(young_interval(d, m)),
+    "rounded to whole seconds: return the exact value (a float)": lambda d, m: round(
+        young_interval(d, m)
+    ),
     "Daly's interval for Young's": daly_interval,
-}  # fmt: skip
+}
 DALY_READINGS: dict[str, Callable[[float, float], float]] = {
-    "Daly's interval without its −δ (the save's own time comes off: τ = ... − δ)":
-        lambda d, m: _series(d, m, minus=False),
+    "Daly's interval without its −δ (the save's own time comes off: τ = ... − δ)": lambda d, m: (
+        _series(d, m, minus=False)
+    ),
     "Daly's interval without its ⅓·√(δ/2M) term": lambda d, m: _series(d, m, third=False),
     "Daly's interval without its (1/9)·(δ/2M) term": lambda d, m: _series(d, m, ninth=False),
-    "⅓·(δ/2M) in Daly's interval: the ⅓ term is ⅓·√(δ/2M)":
-        lambda d, m: _series(d, m, third_root=lambda v: v),
-    "δ/M in Daly's interval: the ratio is δ/(2M)":
-        lambda d, m: _series(d, m, ratio=lambda d, m: d / m),
+    "⅓·(δ/2M) in Daly's interval: the ⅓ term is ⅓·√(δ/2M)": lambda d, m: _series(
+        d, m, third_root=lambda v: v
+    ),
+    "δ/M in Daly's interval: the ratio is δ/(2M)": lambda d, m: _series(
+        d, m, ratio=lambda d, m: d / m
+    ),
     "δ/2*M in Daly's interval: Python reads it (δ/2)·M; the ratio is δ/(2·M), bracket the "
     "denominator": lambda d, m: _series(d, m, ratio=lambda d, m: d / 2 * m),
     "δ // (2M) in Daly's interval: integer (floor) division makes the ratio 0 whenever "
     "δ < 2M; use /": lambda d, m: _series(d, m, ratio=lambda d, m: d // (2 * m)),
-    f"a √ written ** 1/2 in Daly's interval: {PRECEDENCE}":
-        lambda d, m: _series(d, m, root=_slip, third_root=_slip),
+    f"a √ written ** 1/2 in Daly's interval: {PRECEDENCE}": lambda d, m: _series(
+        d, m, root=_slip, third_root=_slip
+    ),
     "the cap at δ ≥ M: Daly's series holds up to δ < 2M, and the optimum is M only from "
     "δ ≥ 2M": lambda d, m: _series(d, m, cap=1.0),
-    "δ ≥ 2M not handled: Daly's optimum is then M itself (the series does not apply)":
-        lambda d, m: _series(d, m, cap=0.0),
+    "δ ≥ 2M not handled: Daly's optimum is then M itself (the series does not apply)": (
+        lambda d, m: _series(d, m, cap=0.0)
+    ),
     "Young's interval for Daly's (Daly 2006 adds two terms and subtracts δ)": young_interval,
     "Daly's interval in hours: keep seconds": lambda d, m: daly_interval(d, m) / HOURS,
     "M taken in hours (mtbf_s is already in seconds)": lambda d, m: daly_interval(d, m / HOURS),
-    "rounded to whole seconds: return the exact value (a float)":
-        lambda d, m: round(daly_interval(d, m)),
-}  # fmt: skip
+    "rounded to whole seconds: return the exact value (a float)": lambda d, m: round(
+        daly_interval(d, m)
+    ),
+}
 
 
 def _same(a: float, b: float) -> bool:
@@ -133,14 +153,18 @@ def _reads(reading: Callable, d: float, m: float, value: float) -> bool:
 
 def _named(readings: dict, wrong: list[tuple[float, float, float]]) -> str | None:
     """The reading that gives the learner's value on every wrong case, if one does."""
-    return next((text for text, f in readings.items()
-                 if all(_reads(f, d, m, v) for d, m, v in wrong)), None)  # fmt: skip
+    return next(
+        (text for text, f in readings.items() if all(_reads(f, d, m, v) for d, m, v in wrong)), None
+    )
 
 
 def _diagnose(answers: list[tuple[float, float, float, float]]) -> str | None:
     want = {(d, m): (young_interval(d, m), daly_interval(d, m)) for d, m, _, _ in answers}
-    bad = [(d, m, y, dl) for d, m, y, dl in answers
-           if not (_same(y, want[d, m][0]) and _same(dl, want[d, m][1]))]  # fmt: skip
+    bad = [
+        (d, m, y, dl)
+        for d, m, y, dl in answers
+        if not (_same(y, want[d, m][0]) and _same(dl, want[d, m][1]))
+    ]
     if not bad:
         return None
     if all(_same(y, want[d, m][1]) and _same(dl, want[d, m][0]) for d, m, y, dl in bad):
@@ -173,6 +197,8 @@ def check_checkpoint_interval(checkpoint_interval: Callable) -> None:
     if problem:
         fail(problem)
     d, m = 30.0, llama3_mtbf()
-    passed(f"Young's and Daly's intervals on {len(INTERVAL_CASES)} (δ, M), M ≤ δ < 2M and "
-           f"δ ≥ 2M included; Llama 3 (M = {m / 3600:.2f} h) saving in 30 s: every "
-           f"{young_interval(d, m) / 60:.1f} min")  # fmt: skip
+    passed(
+        f"Young's and Daly's intervals on {len(INTERVAL_CASES)} (δ, M), M ≤ δ < 2M and "
+        f"δ ≥ 2M included; Llama 3 (M = {m / 3600:.2f} h) saving in 30 s: every "
+        f"{young_interval(d, m) / 60:.1f} min"
+    )

@@ -31,8 +31,21 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _pieces(numel, d, d2, r2, chunk=_ceil, swap=False, local=True, stop_shift=0, pad=False,
-            first_only=False, reverse=False, rank_shift=0, modulo_new=False) -> list:  # fmt: skip
+def _pieces(
+    numel,
+    d,
+    d2,
+    r2,
+    chunk=_ceil,
+    swap=False,
+    local=True,
+    stop_shift=0,
+    pad=False,
+    first_only=False,
+    reverse=False,
+    rank_shift=0,
+    modulo_new=False,
+) -> list:
     """The right answer, or one reading of it with a named part changed."""
     if swap:
         d, d2 = d2, d
@@ -70,13 +83,15 @@ READINGS = {
     "each stop one short: stop is exclusive, as in a Python slice": dict(stop_shift=-1),
     "each stop one past the end: stop is exclusive, as in a Python slice": dict(stop_shift=1),
     "padding read: a checkpoint holds no padding; stop at numel": dict(pad=True),
-    "only the first overlapping saved shard: a new shard can span several saved ones":
-        dict(first_only=True),
+    "only the first overlapping saved shard: a new shard can span several saved ones": dict(
+        first_only=True
+    ),
     "the pieces in reverse order: list them in the flat buffer's order": dict(reverse=True),
     "the next rank's pieces: rank r of the new world holds [r·c', (r+1)·c')": dict(rank_shift=1),
-    "the previous rank's pieces: rank r of the new world holds [r·c', (r+1)·c')":
-        dict(rank_shift=-1),
-}  # fmt: skip
+    "the previous rank's pieces: rank r of the new world holds [r·c', (r+1)·c')": dict(
+        rank_shift=-1
+    ),
+}
 
 
 def _shape(got) -> str | None:
@@ -108,11 +123,15 @@ def _diagnose(numel: int, d: int, d2: int, r2: int, got, reading: str | None) ->
         if size is None:
             return f"{what} returned {got}: saved rank {r} does not exist (0..{d - 1}). Want {want}"
         if not 0 <= a < b <= size:
-            return (f"{what} returned {got}: ({r}, {a}, {b}) is outside saved rank {r}'s shard "
-                    f"of {size} elements (start < stop ≤ {size}). Want {want}")  # fmt: skip
-    return (f"{what} returned {got}, want {want}: the saved shards hold [r·{c}, (r+1)·{c}) of "
-            f"the {numel} elements, the new rank [{r2}·c', ({r2}+1)·c') with c' = "
-            f"ceil({numel}/{d2}); read each overlap, offsets inside the saved shard")  # fmt: skip
+            return (
+                f"{what} returned {got}: ({r}, {a}, {b}) is outside saved rank {r}'s shard "
+                f"of {size} elements (start < stop ≤ {size}). Want {want}"
+            )
+    return (
+        f"{what} returned {got}, want {want}: the saved shards hold [r·{c}, (r+1)·{c}) of "
+        f"the {numel} elements, the new rank [{r2}·c', ({r2}+1)·c') with c' = "
+        f"ceil({numel}/{d2}); read each overlap, offsets inside the saved shard"
+    )
 
 
 def _consistent(got: dict) -> str | None:
@@ -122,9 +141,16 @@ def _consistent(got: dict) -> str | None:
     if not wrong:
         return None
     first = wrong[0]
-    best = next((reading for reading, flags in READINGS.items()
-                 if all(not _shape(got[k]) and _clean(got[k]) == _clean(_pieces(*k, **flags))
-                        for k in wrong)), None)  # fmt: skip
+    best = next(
+        (
+            reading
+            for reading, flags in READINGS.items()
+            if all(
+                not _shape(got[k]) and _clean(got[k]) == _clean(_pieces(*k, **flags)) for k in wrong
+            )
+        ),
+        None,
+    )
     return _diagnose(*first, got[first], best)
 
 
@@ -134,12 +160,15 @@ def check_reshard_flat(reshard_flat: Callable) -> None:
     for numel, d, d2 in RESHARD_CASES:
         for r2 in range(d2):
             what = f"reshard_flat(numel={numel}, saved_world={d}, new_world={d2}, new_rank={r2})"
-            got[(numel, d, d2, r2)] = call_learner(reshard_flat, numel, d, d2, r2, hints=HINTS,
-                                                   what=what)  # fmt: skip
+            got[(numel, d, d2, r2)] = call_learner(
+                reshard_flat, numel, d, d2, r2, hints=HINTS, what=what
+            )
     problem = _consistent(got)
     if problem:
         fail(problem)
     n = sum(d2 for _, _, d2 in RESHARD_CASES)
-    passed(f"the pieces of {len(RESHARD_CASES)} saved flat buffers for {n} new ranks "
-           "(fewer elements than ranks, multiples and not): each new shard read whole, "
-           "nothing twice, no padding")  # fmt: skip
+    passed(
+        f"the pieces of {len(RESHARD_CASES)} saved flat buffers for {n} new ranks "
+        "(fewer elements than ranks, multiples and not): each new shard read whole, "
+        "nothing twice, no padding"
+    )
