@@ -300,8 +300,10 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--data", "{empty}"], "empty (no tokens)"),
         (["--data", "{small}", "--seq-len", "64"], "--seq-len=64 is longer than the data"),
         (["--data", "{small}", "--seq-len", "4"], "fewer than --global-batch=8"),
-        (["--data", "{small}", "--seq-len", "2", "--global-batch", "2", "--vocab", "64"],
-         "--vocab=64 must exceed the data's largest token id"),
+        (
+            ["--data", "{small}", "--seq-len", "2", "--global-batch", "2", "--vocab", "64"],
+            "--vocab=64 must exceed the data's largest token id",
+        ),
         (["--config", "{bad_toml}"], "unknown key 'bogus'"),
         (["--warmup", "5", "--steps", "5"], "--warmup=5 must be >= 0 and < --steps=5"),
         (["--clip-grad", "0"], "--clip-grad=0.0 must be > 0"),
@@ -316,8 +318,12 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--model", "llama", "--export-hf", "{small}"], "exists and is not an empty folder"),
         (["--keep-last", "2"], "--keep-last=2 needs --save DIR and must be >= 0"),
         (["--save", "ck", "--keep-last", "-1"], "--keep-last=-1 needs --save DIR and must be"),
+        (["--betas", "0.9,1"], "--betas=0.9,1.0 must be two numbers B1,B2, each in [0, 1)"),
+        (["--betas", "0.9"], "argument --betas: '0.9' is not two numbers B1,B2"),
+        (["--eps", "0"], "--eps=0.0 must be a finite number > 0"),
+        (["--eps", "nan"], "--eps=nan must be a finite number > 0"),
     ],
-)  # fmt: skip
+)
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
     files = {"empty": tmp_path / "empty.txt", "small": tmp_path / "small.txt",
              "bad_toml": tmp_path / "bad.toml"}  # fmt: skip
@@ -326,6 +332,29 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
     files["bad_toml"].write_text("lr = 0.001\nbogus = 1\n")
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in argv]
     assert words in _main_error(capsys, argv)
+
+
+def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):
+    """--betas 0.5,0.9 --eps 1e-3 on tp 2 equal torch.optim.AdamW(betas=(0.5, 0.9),
+    eps=1e-3) in one process; the defaults' run is far from it (the flags are used); the
+    TOML keys give the same options."""
+    from minidist.compose.optim import torch_optimizer
+    from minidist.trainer.options import optimizer_config
+
+    run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", "--steps", "3"]
+    argv = [*run, "--optimizer", "adamw", "--betas", "0.5,0.9", "--eps", "1e-3", "--tp", "2"]
+    got = minidist.launch(_runs, 2, [argv], timeout_s=600)[0][0]
+    _close_to_one_process(got, argv)
+    args = parse(argv)
+    opt, _ = torch_optimizer(build_model(prepare(args)[1]), optimizer_config(args), 3)
+    assert type(opt) is torch.optim.AdamW
+    assert {(g["betas"], g["eps"]) for g in opt.param_groups} == {((0.5, 0.9), 1e-3)}
+    default = reference(parse([*run, "--optimizer", "adamw", "--tp", "2"]))
+    assert max_abs_diff(got["params"], default["params"]) > 1e-3
+    toml = tmp_path / "run.toml"
+    toml.write_text("betas = [0.5, 0.9]\neps = 1e-3\n")
+    from_toml = parse(["--config", str(toml)])
+    assert (from_toml.betas, from_toml.eps) == ((0.5, 0.9), 1e-3)
 
 
 def test_the_resolved_config_is_saved_beside_the_checkpoint_and_printed(tmp_path, capsys):
