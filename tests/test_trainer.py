@@ -63,6 +63,38 @@ def test_models_of_any_size_on_real_data_equal_one_process(tmp_path):
         assert got["samples"] == [0, 1, 2]
 
 
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_as_one_process(tmp_path):
+    """--vocab 257 on tp 2 (sp) and 259 on tp 4 for the llama (its untied head), 257 on
+    tp 2 · pp 2 for the gpt (its tied embedding on two stages): the embedding and the head
+    padded to a multiple of tp, the padding masked out of the softmax, equal one process.
+    What leaves the engine keeps the 257 rows: the whole parameters, the export, and the
+    checkpoint, resumed on tp 1 (no padding) as one process."""
+    transformers = pytest.importorskip("transformers")
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "hf")
+    run = ["--data", str(TEXT), "--seq-len", "16", *OPTIM]
+    llama = ["--model", "llama", "--vocab", "257", *run]
+    padded = [
+        [*llama, "--steps", "2", "--tp", "2", "--sp", "--dp-shard", "2", "--save", ck],
+        ["--model", "llama", "--vocab", "259", *run, "--steps", "2", "--tp", "4"],
+        ["--model", "gpt", "--vocab", "257", *run, "--steps", "2", "--tp", "2", "--pp", "2"],
+    ]
+    runs = minidist.launch(_runs, 4, padded, timeout_s=600)[0]
+    for argv, got in zip(padded, runs):
+        _close_to_one_process(got, argv)
+        vocab = int(argv[argv.index("--vocab") + 1])
+        embedding = "tok_emb.weight" if "gpt" in argv else "model.embed_tokens.weight"
+        assert got["params"][embedding].shape[0] == vocab
+        if "llama" in argv:
+            assert got["params"]["lm_head.weight"].shape[0] == vocab
+    after = [*llama, "--steps", "3", "--dp-shard", "2", "--resume", ck, "--export-hf", out]
+    resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
+    assert resumed["resumed_from"] == 2
+    _close_to_one_process(resumed, after, start=2)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert back.config.vocab_size == 257
+    assert max_abs_diff(dict(back.named_parameters()), resumed["params"]) == 0.0
+
+
 def test_a_resume_on_another_layout_continues_the_data_and_other_data_is_refused(tmp_path):
     ck = str(tmp_path / "ck")
     run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", *OPTIM, "--steps"]
@@ -313,7 +345,6 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--model", "llama", "--kv-heads", "3"], "--kv-heads=3 must divide --heads=4"),
         (["--model", "gpt", "--ffn", "10"], "--ffn=10: the gpt model's MLP is 4·--hidden"),
         (["--model", "llama", "--heads", "8", "--tp", "3"], "tp=3 must divide the heads=8"),
-        (["--vocab", "301", "--tp", "2"], "--vocab=301 must divide by --tp=2"),
         (["--export-hf", "x"], "--export-hf: the built-in gpt has no Hugging Face class"),
         (["--model", "llama", "--export-hf", "{small}"], "exists and is not an empty folder"),
         (["--keep-last", "2"], "--keep-last=2 needs --save DIR and must be >= 0"),

@@ -56,6 +56,7 @@ from .. import comm
 from ..context_parallel.split import positions
 from ..expert_parallel.gpt import MoEMLP, is_expert
 from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
+from ..megatron.layers import vocab_head
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
@@ -196,7 +197,13 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 model, range(vs * per, (vs + 1) * per), vs == 0, vs == stages - 1, self.ctx
             )  # fmt: skip  (1. the pipeline split)
             if tp is not None:  # 2. tensor and sequence parallelism
-                apply_plan(chunk, plan, tp, dims.sp, required=False)
+                chunk_plan = plan
+                if chunk.kind == "llama" and chunk.last and plan.get("lm_head") == "colwise":
+                    # the untied head: column-parallel over the vocabulary padded to a
+                    # multiple of tp (as the embedding's rows), the padding masked in the loss
+                    chunk.lm_head = vocab_head(chunk.lm_head, tp)
+                    chunk_plan = {k: v for k, v in plan.items() if k != "lm_head"}
+                apply_plan(chunk, chunk_plan, tp, dims.sp, required=False)
                 if chunk.kind == "gpt" and chunk.first and chunk.last:
                     chunk.lm_head = chunk.tok_emb  # re-tie to the vocab-parallel embedding
                 chunk.tp_group, chunk.sequence_parallel = tp, dims.sp
