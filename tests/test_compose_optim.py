@@ -80,6 +80,10 @@ def test_weight_decay_spares_norms_and_biases_in_one_process():
         (dict(weight_decay=-1.0), "--weight-decay=-1.0 must be >= 0"),
         (dict(warmup=5), "--warmup=5 must be >= 0 and < --steps=5"),
         (dict(clip_grad=0.0), "--clip-grad=0.0 must be > 0"),
+        (dict(betas=(0.9, 1.0)), "--betas=0.9,1.0 must be two numbers B1,B2, each in"),
+        (dict(betas=(-0.1, 0.9)), "--betas=-0.1,0.9 must be two numbers"),
+        (dict(eps=0.0), "--eps=0.0 must be a finite number > 0"),
+        (dict(eps=float("inf")), "--eps=inf must be a finite number > 0"),
     ],
 )
 def test_bad_optimizer_options_are_refused_naming_the_option(options, message):

@@ -331,3 +331,26 @@ def test_zb_v_engine_equals_single_process(p, m, layers):
             [str(k) for k in range(vs * per, (vs + 1) * per)] for vs in (rank, 2 * p - 1 - rank)
         ]
         assert "pp-tied-embedding" not in tags  # both copies on rank 0: summed there
+
+
+@pytest.mark.parametrize(
+    "kind, stages, microbatches, virtual",
+    [("1f1b", 4, 3, 1), ("interleaved", 2, 4, 2), ("zb-v", 2, 4, 1), ("dualpipev", 2, 4, 1)],
+)
+def test_an_evaluation_runs_each_forward_once_in_pipeline_order(
+    kind, stages, microbatches, virtual
+):
+    """`forward_only`: every (micro-batch, chunk) once on each stage, micro-batch by
+    micro-batch and within one in the order of the chunks' virtual stages, so the whole
+    pipeline's forwards run in (micro-batch, virtual stage) order: no backward to wait on."""
+    from minidist.pipeline.schedules import forward_only, virtual_stage
+
+    chunks = 2 if kind in ("zb-v", "dualpipev") else virtual
+    runs = forward_only(kind, stages, microbatches, virtual)
+    assert len(runs) == stages
+    for r, steps in enumerate(runs):
+        assert [op for op, *_ in steps] == ["F"] * (microbatches * chunks)
+        order = [(i, virtual_stage(kind, r, c, stages)) for _, i, c in steps]
+        assert order == sorted(order) and len(set(order)) == len(order)
+    with pytest.raises(ValueError, match="dualpipev needs microbatches=2"):
+        forward_only("dualpipev", 2, 2)

@@ -63,6 +63,38 @@ def test_models_of_any_size_on_real_data_equal_one_process(tmp_path):
         assert got["samples"] == [0, 1, 2]
 
 
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_as_one_process(tmp_path):
+    """--vocab 257 on tp 2 (sp) and 259 on tp 4 for the llama (its untied head), 257 on
+    tp 2 · pp 2 for the gpt (its tied embedding on two stages): the embedding and the head
+    padded to a multiple of tp, the padding masked out of the softmax, equal one process.
+    What leaves the engine keeps the 257 rows: the whole parameters, the export, and the
+    checkpoint, resumed on tp 1 (no padding) as one process."""
+    transformers = pytest.importorskip("transformers")
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "hf")
+    run = ["--data", str(TEXT), "--seq-len", "16", *OPTIM]
+    llama = ["--model", "llama", "--vocab", "257", *run]
+    padded = [
+        [*llama, "--steps", "2", "--tp", "2", "--sp", "--dp-shard", "2", "--save", ck],
+        ["--model", "llama", "--vocab", "259", *run, "--steps", "2", "--tp", "4"],
+        ["--model", "gpt", "--vocab", "257", *run, "--steps", "2", "--tp", "2", "--pp", "2"],
+    ]
+    runs = minidist.launch(_runs, 4, padded, timeout_s=600)[0]
+    for argv, got in zip(padded, runs):
+        _close_to_one_process(got, argv)
+        vocab = int(argv[argv.index("--vocab") + 1])
+        embedding = "tok_emb.weight" if "gpt" in argv else "model.embed_tokens.weight"
+        assert got["params"][embedding].shape[0] == vocab
+        if "llama" in argv:
+            assert got["params"]["lm_head.weight"].shape[0] == vocab
+    after = [*llama, "--steps", "3", "--dp-shard", "2", "--resume", ck, "--export-hf", out]
+    resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
+    assert resumed["resumed_from"] == 2
+    _close_to_one_process(resumed, after, start=2)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert back.config.vocab_size == 257
+    assert max_abs_diff(dict(back.named_parameters()), resumed["params"]) == 0.0
+
+
 def test_a_resume_on_another_layout_continues_the_data_and_other_data_is_refused(tmp_path):
     ck = str(tmp_path / "ck")
     run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", *OPTIM, "--steps"]
@@ -302,8 +334,10 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--data", "{empty}"], "empty (no tokens)"),
         (["--data", "{small}", "--seq-len", "64"], "--seq-len=64 is longer than the data"),
         (["--data", "{small}", "--seq-len", "4"], "fewer than --global-batch=8"),
-        (["--data", "{small}", "--seq-len", "2", "--global-batch", "2", "--vocab", "64"],
-         "--vocab=64 must exceed the data's largest token id"),
+        (
+            ["--data", "{small}", "--seq-len", "2", "--global-batch", "2", "--vocab", "64"],
+            "--vocab=64 must exceed the data's largest token id",
+        ),
         (["--config", "{bad_toml}"], "unknown key 'bogus'"),
         (["--warmup", "5", "--steps", "5"], "--warmup=5 must be >= 0 and < --steps=5"),
         (["--clip-grad", "0"], "--clip-grad=0.0 must be > 0"),
@@ -313,13 +347,16 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--model", "llama", "--kv-heads", "3"], "--kv-heads=3 must divide --heads=4"),
         (["--model", "gpt", "--ffn", "10"], "--ffn=10: the gpt model's MLP is 4·--hidden"),
         (["--model", "llama", "--heads", "8", "--tp", "3"], "tp=3 must divide the heads=8"),
-        (["--vocab", "301", "--tp", "2"], "--vocab=301 must divide by --tp=2"),
         (["--export-hf", "x"], "--export-hf: the built-in gpt has no Hugging Face class"),
         (["--model", "llama", "--export-hf", "{small}"], "exists and is not an empty folder"),
         (["--keep-last", "2"], "--keep-last=2 needs --save DIR and must be >= 0"),
         (["--save", "ck", "--keep-last", "-1"], "--keep-last=-1 needs --save DIR and must be"),
+        (["--betas", "0.9,1"], "--betas=0.9,1.0 must be two numbers B1,B2, each in [0, 1)"),
+        (["--betas", "0.9"], "argument --betas: '0.9' is not two numbers B1,B2"),
+        (["--eps", "0"], "--eps=0.0 must be a finite number > 0"),
+        (["--eps", "nan"], "--eps=nan must be a finite number > 0"),
     ],
-)  # fmt: skip
+)
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
     files = {"empty": tmp_path / "empty.txt", "small": tmp_path / "small.txt",
              "bad_toml": tmp_path / "bad.toml"}  # fmt: skip
@@ -328,6 +365,29 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
     files["bad_toml"].write_text("lr = 0.001\nbogus = 1\n")
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in argv]
     assert words in _main_error(capsys, argv)
+
+
+def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):
+    """--betas 0.5,0.9 --eps 1e-3 on tp 2 equal torch.optim.AdamW(betas=(0.5, 0.9),
+    eps=1e-3) in one process; the defaults' run is far from it (the flags are used); the
+    TOML keys give the same options."""
+    from minidist.compose.optim import torch_optimizer
+    from minidist.trainer.options import optimizer_config
+
+    run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", "--steps", "3"]
+    argv = [*run, "--optimizer", "adamw", "--betas", "0.5,0.9", "--eps", "1e-3", "--tp", "2"]
+    got = minidist.launch(_runs, 2, [argv], timeout_s=600)[0][0]
+    _close_to_one_process(got, argv)
+    args = parse(argv)
+    opt, _ = torch_optimizer(build_model(prepare(args)[1]), optimizer_config(args), 3)
+    assert type(opt) is torch.optim.AdamW
+    assert {(g["betas"], g["eps"]) for g in opt.param_groups} == {((0.5, 0.9), 1e-3)}
+    default = reference(parse([*run, "--optimizer", "adamw", "--tp", "2"]))
+    assert max_abs_diff(got["params"], default["params"]) > 1e-3
+    toml = tmp_path / "run.toml"
+    toml.write_text("betas = [0.5, 0.9]\neps = 1e-3\n")
+    from_toml = parse(["--config", str(toml)])
+    assert (from_toml.betas, from_toml.eps) == ((0.5, 0.9), 1e-3)
 
 
 def test_the_resolved_config_is_saved_beside_the_checkpoint_and_printed(tmp_path, capsys):

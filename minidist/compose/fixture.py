@@ -188,18 +188,11 @@ def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | N
 
 
 def eval_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The global batch's mean loss on this rank's rows (x, y) in eval mode, no step taken:
-    the engine's forward and backward with the gradients thrown away (lesson 09's engine
-    has no forward-only schedule)."""
+    """The global batch's mean loss on this rank's rows (x, y): the engine's forward only,
+    in eval mode (`eval_step`: no backward, parameters, gradients and optimizer untouched)."""
     pos = engine.ctx.positions.cpu()
     x, y = (t[:, pos].to(rank_device()) for t in (x, y))
-    engine.eval()
-    try:
-        engine.zero_grad()
-        loss = engine.train_step((x, y))
-        engine.zero_grad()
-    finally:
-        engine.train()
+    loss = engine.eval_step((x, y))
     mean = torch.tensor([loss], dtype=torch.float64, device=rank_device())
     comm.all_reduce(mean, group=grid.group("dp_cp"), tag="loss")
     return float(mean) / grid.size("dp_cp")

@@ -49,6 +49,9 @@ def local_numel(model: nn.Module, name: str, numel: int, tp: int, plan: dict) ->
         )
         split = (sub.out_features // head_dim) % tp == 0
         return numel // tp if split else numel
+    if style == "vocab" or module == "lm_head":  # the vocabulary's rows, padded to t's multiple
+        hidden = _sizes(model)["hidden"]  # [V, hidden] both
+        return -(-(numel // hidden) // tp) * hidden
     if style in SPLIT and not (style == "rowwise" and kind == "bias"):
         return numel // tp
     return numel

@@ -60,8 +60,11 @@ class OptimizerConfig:
             raise ValueError(f"--min-lr={self.min_lr} must be in [0, --lr={self.lr}]")
         if not self.weight_decay >= 0:
             raise ValueError(f"--weight-decay={self.weight_decay} must be >= 0")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"--betas={self.betas} must each be in [0, 1)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            betas = ",".join(str(b) for b in self.betas)
+            raise ValueError(f"--betas={betas} must be two numbers B1,B2, each in [0, 1)")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"--eps={self.eps} must be a finite number > 0")
         if not 0 <= self.warmup < steps:
             raise ValueError(f"--warmup={self.warmup} must be >= 0 and < --steps={steps}")
         if self.clip_grad is not None and not self.clip_grad > 0:

@@ -57,6 +57,7 @@ from .. import comm
 from ..context_parallel.split import positions
 from ..expert_parallel.gpt import MoEMLP, is_expert
 from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
+from ..megatron.layers import vocab_head
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
@@ -208,7 +209,13 @@ class ComposedParallel(StatePieces, PipelineParallel):
             held = stage_layers(sizes["layers"], stages, vs)  # 1. the pipeline split
             chunk = Chunk(model, held, vs == 0, vs == stages - 1, self.ctx)
             if tp is not None:  # 2. tensor and sequence parallelism
-                apply_plan(chunk, plan, tp, dims.sp, required=False)
+                chunk_plan = plan
+                if chunk.kind == "llama" and chunk.last and plan.get("lm_head") == "colwise":
+                    # the untied head: column-parallel over the vocabulary padded to a
+                    # multiple of tp (as the embedding's rows), the padding masked in the loss
+                    chunk.lm_head = vocab_head(chunk.lm_head, tp)
+                    chunk_plan = {k: v for k, v in plan.items() if k != "lm_head"}
+                apply_plan(chunk, chunk_plan, tp, dims.sp, required=False)
                 if chunk.kind == "gpt" and chunk.first and chunk.last:
                     chunk.lm_head = chunk.tok_emb  # re-tie to the vocab-parallel embedding
                 chunk.tp_group, chunk.sequence_parallel = tp, dims.sp
@@ -274,24 +281,36 @@ class ComposedParallel(StatePieces, PipelineParallel):
         """Lesson 09's step; for a transformers model the loss is the model's: the mean over
         the global batch's valid targets (≠ -100), counted with one all-reduce. A third
         tensor in `batch` is the attention mask ([b, s], 0 at padding), passed to the model."""
-        if self.hf:
-            if len(batch) == 3:  # (ids, targets, attention mask): padding the model masks
-                if self.dims.cp > 1:
-                    raise ValueError("parallelize: an attention mask with cp > 1 is not "
-                                     "composed (ring attention is causal only)")  # fmt: skip
-                self.ctx.masks = list(batch[2].to(self.device).chunk(self.m))
-                batch = batch[:2]
-                for chunk in self.chunks:
-                    chunk.seen = 0
-            else:
-                self.ctx.masks = None
-            d = self.dims.dp_replicate * self.dims.dp_shard * self.dims.cp
-            count = (batch[1] != -100).sum().to(torch.float64).reshape(1)
-            if d > 1:
-                count = count.to(comm.group_device(self.grid.group("dp_cp")))
-                comm.all_reduce(count, group=self.grid.group("dp_cp"), tag="loss-tokens")
-            self.ctx.tokens, self.ctx.scale = max(float(count), 1.0), float(self.m * d)
-        return super().train_step(batch)
+        return super().train_step(self._count_targets(batch))
+
+    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """Lesson 09's forward-only evaluation, the loss as `train_step`'s."""
+        return super().eval_step(self._count_targets(batch))
+
+    def _count_targets(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, targets); for a transformers model, the step's valid targets counted over
+        the data ranks and its attention mask (a third tensor) handed to its stages."""
+        if not self.hf:
+            return batch
+        if len(batch) == 3:  # (ids, targets, attention mask): padding the model masks
+            if self.dims.cp > 1:
+                raise ValueError(
+                    "parallelize: an attention mask with cp > 1 is not composed (ring "
+                    "attention is causal only)"
+                )
+            self.ctx.masks = list(batch[2].to(self.device).chunk(self.m))
+            batch = batch[:2]
+            for chunk in self.chunks:
+                chunk.seen = 0
+        else:
+            self.ctx.masks = None
+        d = self.dims.dp_replicate * self.dims.dp_shard * self.dims.cp
+        count = (batch[1] != -100).sum().to(torch.float64).reshape(1)
+        if d > 1:
+            count = count.to(comm.group_device(self.grid.group("dp_cp")))
+            comm.all_reduce(count, group=self.grid.group("dp_cp"), tag="loss-tokens")
+        self.ctx.tokens, self.ctx.scale = max(float(count), 1.0), float(self.m * d)
+        return batch
 
     def _attention(self, layer: nn.Module, sizes: dict, tp, cp) -> None:
         attr = "attn" if hasattr(layer, "attn") else "self_attn"

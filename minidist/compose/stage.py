@@ -101,9 +101,7 @@ class Chunk(nn.Module):
         """The mean cross entropy over this rank's tokens (vocab-parallel under tp)."""
         if self.tp_group is None:
             return lm_loss(logits, targets)
-        head = self.lm_head
-        if self.kind == "gpt":
-            start, vocab = head.start, head.vocab_size
-        else:
-            start, vocab = self.tp_rank * head.weight.shape[0], head.weight.tp_split[2]
-        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, start, vocab)
+        head = self.lm_head  # the vocabulary-parallel embedding or `vocab_head`
+        return vocab_parallel_cross_entropy(
+            logits, targets, self.tp_group, head.start, head.vocab_size
+        )

@@ -73,14 +73,18 @@ class ColumnParallelLinear(nn.Module):
     sequence_parallel = False  # lesson 14: the input is this rank's block of the sequence
     entered = False  # True: f (or the sequence all-gather) ran at the enclosing module's input
 
-    def __init__(self, dense: nn.Linear, group, blocks: int = 1):
+    def __init__(self, dense: nn.Linear, group, blocks: int = 1, pad_to: int | None = None):
+        """`pad_to`: the output rows padded with zero rows to this many first (an output
+        head over a vocabulary t does not divide: `vocab_head`)."""
         super().__init__()
         self.group = group
         split = (0, blocks, dense.out_features)
-        self.weight = _param(_split(dense.weight.detach(), 0, blocks, group), dense.weight, split)
+        w = _split(dense.weight.detach(), 0, blocks, group, pad_to)
+        self.weight = _param(w, dense.weight, split)
         self.bias = None
         if dense.bias is not None:
-            self.bias = _param(_split(dense.bias.detach(), 0, blocks, group), dense.bias, split)
+            b = _split(dense.bias.detach(), 0, blocks, group, pad_to)
+            self.bias = _param(b, dense.bias, split)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.entered:  # the input entered the region once, before the module's projections
@@ -88,6 +92,20 @@ class ColumnParallelLinear(nn.Module):
         if self.sequence_parallel:  # all-gather the sequence instead of f
             return linear_with_sequence_gather(x, self.weight, self.bias, self.group)
         return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+
+
+def vocab_head(dense: nn.Linear, group) -> ColumnParallelLinear:
+    """An untied output head over the vocabulary: column-parallel, its rows padded with
+    zero rows to a multiple of tp (Megatron-LM's `make_vocab_size_divisible_by`); rank r
+    gives the logits of ids [start, start + V'/t). The padding columns are masked out of
+    the softmax by `vocab_parallel_cross_entropy` (ids ≥ `vocab_size`), so their rows never
+    get a gradient and stay zero; `gather_split` leaves them out (`tp_split`'s full size)."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    vocab = dense.out_features
+    padded = -(-vocab // n) * n
+    head = ColumnParallelLinear(dense, group, pad_to=padded)
+    head.start, head.vocab_size = r * (padded // n), vocab
+    return head
 
 
 class RowParallelLinear(nn.Module):

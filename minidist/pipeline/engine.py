@@ -17,6 +17,9 @@ the output is freed (its autograd node stays; backward then runs from the node w
 received gradient, as Megatron-LM's `deallocate_output_tensor` does). After the last step:
 the tied embedding's two copies (first and last stage) get the sum of their gradients over
 the embedding group, and data-parallel replicas all-reduce every gradient once.
+
+`eval_step` runs the forwards only (`schedules.forward_only`, under `torch.no_grad()`):
+the held-out loss, with no backward and nothing of the training state touched.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import module_device
-from .schedules import SPLIT_BACKWARD, V_SHAPED, schedule, virtual_stage
+from .schedules import SPLIT_BACKWARD, V_SHAPED, forward_only, schedule, virtual_stage
 from .stages import GPTStage, split_gpt  # noqa: F401 (importable from here too)
 
 
@@ -155,6 +158,37 @@ class PipelineParallel(ParallelModule):
             work.wait()
         self._sync_gradients()
         last = self._neighbour_of(self.p * self.v - 1)[0]  # the rank computing the loss
+        comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
+        return float(loss_sum)
+
+    @torch.no_grad()
+    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """The batch's mean loss, forward only (`schedules.forward_only`), the model in eval
+        mode: no graph kept, no backward, no gradient or optimizer state touched. The loss is
+        computed on the last stage and broadcast to every stage."""
+        x, y = (t.to(self.device) for t in batch)
+        if x.shape[0] % self.m:
+            raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
+        xs, ys = x.chunk(self.m), y.chunk(self.m)
+        self.mailbox = {}
+        shape, sends = self.activation_shape(x), []
+        loss_sum = torch.zeros((), device=self.device)
+        training = self.training
+        self.eval()
+        try:
+            virtual = 1 if self.kind in V_SHAPED else self.v
+            for _, i, c in forward_only(self.kind, self.p, self.m, virtual)[self.stage_index]:
+                stage = self.chunks[c]
+                out = stage(xs[i] if stage.first else self._recv(shape, -1, c))
+                if stage.last:
+                    loss_sum += self.loss_fn(out, ys[i]) / self.m
+                else:
+                    sends.append(self._send(out, +1, c))
+            for work in sends:
+                work.wait()
+        finally:
+            self.train(training)
+        last = self._neighbour_of(self.p * self.v - 1)[0]
         comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
         return float(loss_sum)
 

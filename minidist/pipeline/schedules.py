@@ -126,6 +126,19 @@ def _interleaved(r: int, p: int, m: int, v: int) -> list[tuple]:
     return steps + [backward(k) for k in range(total - warmup, total)]
 
 
+def forward_only(kind: str, stages: int, microbatches: int, virtual: int = 1) -> list[list[tuple]]:
+    """Every stage's steps for an evaluation: no backward, so nothing to interleave. Each
+    rank runs ("F", i, c) for micro-batch i = 0, 1, ... and, within one, its chunks in the
+    order of their virtual stages (c = 0 first, in a loop as in a V), so the whole pipeline
+    runs the micro-batches in the order (i, virtual stage) and a rank's blocking receive
+    always waits on a forward that its neighbour runs next (Megatron-LM's schedules with
+    `forward_only=True`; torch's `PipelineScheduleSingle.eval`)."""
+    chunks = 2 if kind in V_SHAPED else virtual
+    schedule(kind, stages, microbatches, virtual)  # the same checks of the sizes
+    steps = [("F", i, c) for i in range(microbatches) for c in range(chunks)]
+    return [list(steps) for _ in range(stages)]
+
+
 def virtual_stage(kind: str, stage: int, chunk: int, stages: int) -> int:
     """Which of the v·p virtual stages chunk `chunk` of stage `stage` is: a loop (chunk c
     holds c·p + r, interleaved) or, for ZB-V and DualPipeV, a V (chunk 0 holds r, chunk 1

@@ -155,10 +155,6 @@ def check_run(args: argparse.Namespace) -> dict:
     experts = config.get("experts", 4 if config["model"] == "moe" else 0)
     ParallelDims(**dims_of(args)).check_model(config["heads"], config["layers"], data.seq_len,
                                               experts)  # fmt: skip
-    if config["vocab"] % args.tp:
-        name = "--vocab" if config["model"] != "hf" else "the model's vocab_size"
-        raise ValueError(f"{name}={config['vocab']} must divide by --tp={args.tp} (the "
-                         "vocab-parallel embedding and head split it evenly)")  # fmt: skip
     if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
         check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
     if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta

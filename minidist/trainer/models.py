@@ -5,6 +5,9 @@
   experts, top-1, no token dropped) or the Llama-style model (`models_llama`, Hugging Face's
   names). Defaults are lesson 17's (hidden 32, 4 heads, 2 KV heads for llama, 4 layers, 16
   tokens, llama's ffn 2·hidden); the vocabulary is the data's, padded to a multiple of 8.
+  A `--vocab` tp does not divide is padded inside the engine (the embedding's and the head's
+  rows to a multiple of tp, the padding masked out of the softmax: `megatron.layers`); the
+  whole parameters, checkpoints and exports keep its `--vocab` rows.
 - `--init-from-hf DIR`: a `save_pretrained` folder, built with transformers' Auto classes
   (`AutoModelForCausalLM.from_pretrained`, float32), its sizes from its config.json.
 - `export_hf(state, config, out)`: the trained whole tensors (parameters and persistent

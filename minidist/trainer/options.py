@@ -3,9 +3,10 @@ that run in the parent before any rank starts.
 
 `--config run.toml`: keys are the command's option names without the dashes (`lr = 3e-4`,
 `global-batch = 32`, `data = "input.txt"`; `global_batch` also works), values TOML's
-scalars; a flag is `sp = true`. The file is read first and the command line after it, so
-an option given on the command line wins. An unknown key is refused, naming it. Python 3.10
-has no `tomllib`: the `tomli` package is used when installed, else `--config` is refused.
+scalars; a flag is `sp = true`; `betas = [0.9, 0.95]` (or `"0.9,0.95"`). The file is read
+first and the command line after it, so an option given on the command line wins. An
+unknown key is refused, naming it. Python 3.10 has no `tomllib`: the `tomli` package is
+used when installed, else `--config` is refused.
 
 `resolved_toml(args)` is the run's whole configuration as TOML (what is printed at the
 start and saved beside the checkpoint): given back with `--config`, it repeats the run.
@@ -35,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant")
     opt.add_argument("--min-lr", type=float, default=0.0, help="the decay's end")
     opt.add_argument("--clip-grad", type=float, help="clip the global gradient norm to this")
+    opt.add_argument(
+        "--betas",
+        type=betas,
+        default=(0.9, 0.999),
+        metavar="B1,B2",
+        help="Adam's moment decays (default 0.9,0.999)",
+    )
+    opt.add_argument("--eps", type=float, default=1e-8, help="Adam's epsilon (default 1e-8)")
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text file or folder, token .bin (uint16) or .npz")
     data.add_argument("--tokenizer", help="a tokenizers JSON file (default: bytes)")
@@ -50,10 +59,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "(DeepSeek-V3 §2.1.2; 0: off)")  # fmt: skip
 
 
+def betas(text: str) -> tuple[float, float]:
+    """argparse type of --betas: two numbers B1,B2 (their range is `OptimizerConfig.check`'s)."""
+    try:
+        b1, b2 = (float(b) for b in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not two numbers B1,B2") from None
+    return b1, b2
+
+
 def optimizer_config(args) -> OptimizerConfig:
-    return OptimizerConfig(args.optimizer, args.lr, args.weight_decay, warmup=args.warmup,
-                           lr_schedule=args.lr_schedule, min_lr=args.min_lr,
-                           clip_grad=args.clip_grad).check(args.steps)  # fmt: skip
+    return OptimizerConfig(
+        args.optimizer,
+        args.lr,
+        args.weight_decay,
+        betas=args.betas,
+        eps=args.eps,
+        warmup=args.warmup,
+        lr_schedule=args.lr_schedule,
+        min_lr=args.min_lr,
+        clip_grad=args.clip_grad,
+    ).check(args.steps)
 
 
 def _read_toml(path: str) -> dict:
@@ -96,9 +122,12 @@ def config_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
             out += [option] if value else []
         elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
             out += [option, str(value)]
+        elif dest == "betas" and isinstance(value, list):  # betas = [0.9, 0.95]
+            out += [option, ",".join(str(v) for v in value)]
         else:
-            raise ValueError(f"--config {known.config}: {key} = {value!r} must be a string "
-                             "or a number")  # fmt: skip
+            raise ValueError(
+                f"--config {known.config}: {key} = {value!r} must be a string or a number"
+            )
     return out + argv
 
 
@@ -113,6 +142,8 @@ def resolved_toml(args: argparse.Namespace) -> str:
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, (int, float)):
             lines.append(f"{key} = {value!r}")
+        elif isinstance(value, tuple):  # --betas
+            lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
         else:
             text = str(value).replace("\\", "\\\\").replace('"', '\\"')
             lines.append(f'{key} = "{text}"')

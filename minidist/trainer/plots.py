@@ -17,18 +17,32 @@ def read_log(path: str | Path) -> list[dict]:
     return sorted({r["step"]: r for r in lines}.values(), key=lambda r: r["step"])
 
 
+def loss_panel(ax, records: list[dict], label: str = "") -> None:
+    """The training loss by step and the held-out loss where evaluated, on `ax` (`label`
+    names the run when several share the panel)."""
+    steps, losses = [r["step"] for r in records], [r["loss"] for r in records]
+    (line,) = ax.plot(steps, losses, lw=1, label=f"{label} train".strip())
+    held = [r for r in records if "eval_loss" in r]
+    if held:
+        ax.plot(
+            [r["step"] for r in held],
+            [r["eval_loss"] for r in held],
+            "o-",
+            ms=3,
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"{label} held out".strip(),
+        )
+    ax.set(xlabel="step", ylabel="loss (nats per token)", title="loss")
+    ax.legend()
+
+
 def plot_run(records: list[dict]) -> Figure:
     """Three panels: loss (and eval loss), tokens/s, memory per rank by kind (last step)."""
     fig = Figure(figsize=(12, 3.4))
     loss, rate, memory = fig.subplots(1, 3)
     steps = [r["step"] for r in records]
-    loss.plot(steps, [r["loss"] for r in records], lw=1, label="train")
-    held = [r for r in records if "eval_loss" in r]
-    if held:
-        loss.plot([r["step"] for r in held], [r["eval_loss"] for r in held], "o-", ms=3,
-                  label="held out")  # fmt: skip
-    loss.set(xlabel="step", ylabel="loss (nats per token)", title="loss")
-    loss.legend()
+    loss_panel(loss, records)
     rate.plot(steps, [r["tokens_per_s"] for r in records], lw=1)
     rate.set(xlabel="step", ylabel="tokens/s", title="throughput")
     per_rank = records[-1].get("memory_per_rank", [])
