@@ -4,8 +4,9 @@ kernel and turn each exercise into a row. The exercises are the released exercis
 (headings, checkers called), so a renamed notebook is still graded by the released check
 cells and a deleted check cell is a FAIL; a notebook that shares none with any released
 one (and has no namesake) is graded by its own check cells. Check cells run as released
-(a modified one restored and flagged) through `grade_kernel`'s runner, whose verdict does
-not come from the learner's namespace. An earlier failing cell (SyntaxError,
+(a modified one restored and flagged) through `grade_kernel`'s runner, whose verdict comes
+back on a pipe of the grader's (`VerdictPipe`), not through what the kernel displays; every
+process the run started is ended with it (`grade_reap`). An earlier failing cell (SyntaxError,
 ModuleNotFoundError) is named in the row it caused. A file that is not a notebook is ERROR
 rows, never a crash.
 """
@@ -21,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import grade_kernel
-from .grade_kernel import check_cell_runner, end_processes, read_verdict
+from . import grade_kernel, grade_reap
+from .grade_kernel import FORGED, check_cell_runner, drain, read_verdict
 from .grade_match import (
     CHECK_CALL,
     Exercise,
@@ -33,6 +34,7 @@ from .grade_match import (
     released_twin,
 )
 
+NO_VERDICT = "the check cell gave no verdict (the grader's verdict channel was closed?)"
 MESSAGE_CHARS = 2000  # a row's message; the whole output stays in the executed notebook
 
 
@@ -87,7 +89,8 @@ def unreadable(path: Path, exercises: list[Exercise], why: str, student: str) ->
 
 def plan(path: Path, released: Path | None):
     """(the notebook or the reason it is unreadable, [(learner's cell or None, exercise,
-    modified)]) for a notebook to grade."""
+    modified)], whether they are a released notebook's exercises) for a notebook to
+    grade."""
     import nbformat
 
     try:
@@ -95,25 +98,28 @@ def plan(path: Path, released: Path | None):
     except ValueError as exc:
         twin = released_twin(path, released)  # by name only: the file cannot be read
         exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
-        return str(exc), [(None, ex, False) for ex in exercises]
+        return str(exc), [(None, ex, False) for ex in exercises], twin is not None
     twin = released_twin(path, released, nb)
     exercises = [ex for _, ex in find_exercises(nbformat.read(twin, 4))] if twin else []
     if twin is None:
-        return nb, [(i, ex, False) for i, ex in find_exercises(nb)]
+        return nb, [(i, ex, False) for i, ex in find_exercises(nb)], False
     matched = _match(nb, exercises)
     rows = []
     for index, ex in zip(matched, exercises):
         modified = index is not None and nb.cells[index].source.strip() != ex.source.strip()
         rows.append((index, ex, modified))
-    return nb, rows
+    return nb, rows, True
 
 
 class Run:
     """One notebook in one kernel: its cells in order, each error kept for the rows."""
 
-    def __init__(self, nb, path: Path, timeout_s: float, slack: float, sandbox: dict | None):
+    def __init__(
+        self, nb, path: Path, timeout_s: float, slack: float, sandbox: dict | None, released: bool
+    ):
         self.nb, self.path, self.timeout_s, self.slack = nb, path, timeout_s, slack
         self.sandbox = sandbox
+        self.guard = (str(path.parent.resolve()), time.time()) if released else None
         self.errors: list[tuple[int, str]] = []  # (cell, "Kind: message") outside checks
 
     def cells(self, rows) -> list[Result]:
@@ -123,13 +129,18 @@ class Run:
         marker = uuid.uuid4().hex
         results: dict[int, Result] = {}
         abandoned = None
-        with _scratch() as scratch:
+        with grade_reap.reaping(marker), _scratch() as scratch, _verdict_pipe() as pipe:
             client, env = client_for(self.nb, self.path, self.timeout_s, self.sandbox, scratch)
-            env[grade_kernel.RUN_MARKER] = marker
-            pgid = None
+            env[grade_reap.RUN_MARKER] = marker
+            env[grade_kernel.VERDICT_FD] = str(pipe.write_fd)
+            self.pipe = pipe
+            kernel = pgid = None
             try:
-                with _started(client, env):
+                with _started(client, env, pass_fds=(pipe.write_fd,)):
+                    pipe.close_write()  # the kernel's now; the pipe never ends while it lives
+                    kernel = getattr(client.km.provisioner, "pid", None)
                     pgid = getattr(client.km.provisioner, "pgid", None)
+                    grade_reap.started(marker, kernel)
                     for index, cell in enumerate(self.nb.cells[: max(checks, default=-1) + 1]):
                         if cell.cell_type != "code":
                             continue
@@ -143,12 +154,13 @@ class Run:
                             abandoned = client.abandoned
                         else:
                             abandoned = run_cell(client, cell, index, self.timeout_s)
+                            pipe.keep()  # what a learner's cell wrote counts at the next check
                             errors = [o for o in cell.outputs if o.output_type == "error"]
                             self.errors += [(index, _error_text(o)) for o in errors]
                         if abandoned:
                             break
             finally:
-                end_processes(pgid, marker)
+                grade_reap.end_run(marker, kernel, pgid)
         out = []
         for index, ex, _ in rows:
             if index is None:
@@ -170,10 +182,11 @@ class Run:
 
         cell = self.nb.cells[index]
         token = uuid.uuid4().hex
-        cell.source = check_cell_runner(ex.source, token, self.slack)
+        fd = self.pipe.kernel_fd
+        cell.source = check_cell_runner(ex.source, token, self.slack, fd, self.guard)
         client.abandoned = run_cell(client, cell, index, self.timeout_s)
         cell.source = ex.source
-        passed, cell.outputs = read_verdict(cell.get("outputs", []), token)
+        passed, said = read_verdict(self.pipe.take(), token)
         flag = "[check cell modified: graded with the released one] " if modified else ""
         if client.abandoned:
             return False, flag + client.abandoned
@@ -186,7 +199,8 @@ class Run:
         errors = [_error_text(o) for o in cell.outputs if o.get("output_type") == "error"]
         if passed and not errors:
             return True, flag + _stream_tail(cell.outputs)
-        said = errors[0] if errors else "the check cell gave no verdict (its output was altered)"
+        if said != FORGED:  # the full text the cell showed, else the runner's short one
+            said = (errors or [said or NO_VERDICT])[0]
         earlier = self._earlier(index)
         if earlier:
             said = f"an earlier cell failed first (cell {earlier[0]}: {earlier[1]}); then {said}"
@@ -199,6 +213,44 @@ class Run:
         mine = [e for e in self.errors if since < e[0] < index]
         setup = [e for e in self.errors if e[0] < (min(checks) if checks else index)]
         return (mine or setup or [None])[0]
+
+
+class VerdictPipe:
+    """The channel check cells' verdicts come back on (`grade_kernel`): the grader keeps the
+    read end, the kernel inherits the write end."""
+
+    LIMIT = 1 << 20  # bytes kept between two checks (a flood is forged anyway)
+
+    def __init__(self):
+        self.read_fd, self.write_fd = os.pipe()
+        self.kernel_fd = self.write_fd  # its number in the kernel (inherited as it is)
+        os.set_blocking(self.read_fd, False)
+        self.written = b""
+
+    def close_write(self) -> None:
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    def keep(self) -> None:
+        """Read what arrived, to be judged at the next check cell."""
+        self.written = (self.written + drain(self.read_fd))[: self.LIMIT]
+
+    def take(self) -> bytes:
+        """What arrived since the last `take`."""
+        self.keep()
+        written, self.written = self.written, b""
+        return written
+
+
+@contextmanager
+def _verdict_pipe():
+    pipe = VerdictPipe()
+    try:
+        yield pipe
+    finally:
+        pipe.close_write()
+        os.close(pipe.read_fd)
 
 
 @contextmanager
@@ -254,11 +306,12 @@ class KernelStartError(RuntimeError):
 
 
 @contextmanager
-def _started(client, env: dict):
-    """nbclient's kernel, its output kept off the grader's (it would break --json)."""
+def _started(client, env: dict, pass_fds: tuple[int, ...] = ()):
+    """nbclient's kernel, its output kept off the grader's (it would break --json), given
+    `pass_fds` (the verdict pipe's write end)."""
     import subprocess
 
-    setup = client.setup_kernel(env=env, stdout=subprocess.DEVNULL)
+    setup = client.setup_kernel(env=env, stdout=subprocess.DEVNULL, pass_fds=pass_fds)
     try:
         setup.__enter__()
     except Exception as exc:
@@ -285,12 +338,12 @@ def grade_one(
     student: str = "",
 ):
     """(rows, the executed notebook or None) for one notebook; never raises for a bad file."""
-    nb, rows = plan(path, released)
+    nb, rows, twin = plan(path, released)
     if isinstance(nb, str):
         return unreadable(path, [ex for _, ex, _ in rows], nb, student), None
     if not rows:
         return [], None
-    run = Run(nb, path, timeout_s, slack, sandbox)
+    run = Run(nb, path, timeout_s, slack, sandbox, twin)
     try:
         results = run.cells(rows)
     except KernelStartError as exc:

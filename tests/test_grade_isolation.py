@@ -1,0 +1,284 @@
+"""The grader against a learner who cheats or leaves things behind: verdicts the cheap tricks
+cannot forge (display hooks, `showtraceback`, stdout and `print`, the checker's module, a
+file that shadows it, SystemExit and KeyboardInterrupt, a printed or written verdict), no
+process of a notebook alive after `grade` returns (with and without `--sandbox`), and the
+sandbox's home and host sockets checked under bubblewrap itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_grade import CHECKER, LABCHECK, RIGHT, _json, _lab, _notebook, _rows
+
+from minidist.__main__ import main
+from minidist.course import grade, grade_kernel
+
+WRONG = "def add(a, b):\n    return a * b"  # add(1, 2) gives 2
+LATE_OK = (5, "def late():\n    pass")
+FD = f"int(os.environ[{grade_kernel.VERDICT_FD!r}])"
+VERDICT = '{"token": token, "passed": True, "error": None}'
+
+# Each runs before the answer, in the answer's cell; the class grades it with a wrong and a
+# right add (and a right `late`, exercise 2, in both).
+FORGERIES = {
+    # the issue's forgery: display rewrites the verdict, showtraceback hides the error
+    "display": (
+        "import IPython.display, IPython.core.display_functions as shown\n"
+        "real = shown.display\n"
+        "def display(*objs, **kw):\n"
+        "    objs = [{k: dict(v, passed=True, error=None) if isinstance(v, dict) else v\n"
+        "             for k, v in o.items()} if isinstance(o, dict) else o for o in objs]\n"
+        "    return real(*objs, **kw)\n"
+        "IPython.display.display = shown.display = display\n"
+        "get_ipython().showtraceback = lambda *a, **k: print('PASSED: add(1, 2) == 3')\n"
+        "get_ipython()._showtraceback = lambda *a, **k: None\n"
+    ),
+    "stdout": (
+        "import builtins, sys\n"
+        "class Liar:\n"
+        "    def write(self, text):\n"
+        "        return sys.__stdout__.write('PASSED: add(1, 2) == 3\\n')\n"
+        "    def flush(self):\n"
+        "        pass\n"
+        "sys.stdout = sys.stderr = Liar()\n"
+        "builtins.print = lambda *a, **k: sys.__stdout__.write('PASSED: forged\\n')\n"
+    ),
+    "module": (
+        "import sys, labcheck\n"
+        "labcheck.check_add = lambda f: print('PASSED: add(1, 2) == 3')\n"
+        "sys.modules['labcheck'].check_add = labcheck.check_add\n"
+        "check_add = labcheck.check_add\n"
+    ),
+    "printed": (
+        "import json, uuid\n"
+        "print(json.dumps({'token': uuid.uuid4().hex, 'passed': True, 'error': None}))\n"
+        "display({'application/vnd.minidist.verdict+json': {'token': 'x', 'passed': True}},\n"
+        "        raw=True)\n"
+    ),
+    "written": (
+        "import json, os, uuid\n"
+        "token = uuid.uuid4().hex\n"
+        f"os.write({FD}, (json.dumps({VERDICT}) + '\\n').encode())\n"
+        f"os.write({FD}, b'PASSED\\n')\n"
+    ),
+}
+# Forgeries that no answer survives: a hook that reads this cell's token and writes a pass
+# (the runner's own verdict comes too: two), a checker file beside the notebook.
+SPOILERS = {
+    "hook": (
+        "import json, os, re\n"
+        "def forge(info):\n"
+        "    for token in re.findall(r\"'([0-9a-f]{32})'\", info.raw_cell or ''):\n"
+        f"        os.write({FD}, (json.dumps({VERDICT}) + '\\n').encode())\n"
+        "get_ipython().events.register('pre_run_cell', forge)\n"
+    ),
+    "shadow": (
+        "import os, sys\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        "open('labcheck.py', 'w').write(\n"
+        "    'def check_add(f):\\n    print(\"PASSED: add(1, 2) == 3\")\\n'\n"
+        "    'def check_late(f):\\n    print(\"PASSED\")\\n')\n"
+    ),
+}
+RAISERS = {
+    "SystemExit": "def add(a, b):\n    raise SystemExit(0)",
+    "KeyboardInterrupt": "def add(a, b):\n    raise KeyboardInterrupt",
+}
+
+
+@pytest.fixture(scope="module")
+def forged_class(tmp_path_factory):
+    root = tmp_path_factory.mktemp("forged")
+    (root / "lib").mkdir()
+    (root / "lib" / "labcheck.py").write_text(LABCHECK)
+    released = root / "released"
+    _lab(released)
+    klass = root / "class"
+    for name, trick in FORGERIES.items():
+        _lab(klass / f"{name} wrong", (2, trick + WRONG), LATE_OK)
+        _lab(klass / f"{name} right", (2, trick + RIGHT), LATE_OK)
+    for name, trick in SPOILERS.items():
+        _lab(klass / f"{name} right", (2, trick + RIGHT), LATE_OK)
+    for name, answer in RAISERS.items():
+        _lab(klass / f"{name} wrong", (2, answer), LATE_OK)
+    csv_path = root / "grades.csv"
+    argv = ["grade", "--class", str(klass), "--released", str(released), "--csv", str(csv_path)]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", f"{root / 'lib'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    try:
+        main([*argv, "-j", "2", "--timeout", "60", "--json"])
+    finally:
+        mp.undo()
+    return _rows(csv_path)
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_forgery_fails_a_wrong_answer_and_passes_a_right_one(forged_class, name):
+    wrong = forged_class[(f"{name} wrong", "lab", "Exercise 1: add")]
+    assert wrong[0] == "FAIL", wrong
+    assert "add(1, 2) gave 2, expected 3" in wrong[1] or name == "stdout", wrong
+    right = forged_class[(f"{name} right", "lab", "Exercise 1: add")]
+    assert right[0] == "PASS", right
+    for who in (f"{name} wrong", f"{name} right"):
+        assert forged_class[(who, "lab", "Exercise 2: late")][0] == "PASS", who
+
+
+def test_a_forged_channel_or_checker_fails_even_a_right_answer(forged_class):
+    for exercise in ("Exercise 1: add", "Exercise 2: late"):
+        hook = forged_class[("hook right", "lab", exercise)]
+        assert hook == ("FAIL", grade_kernel.FORGED), hook
+        shadow = forged_class[("shadow right", "lab", exercise)]
+        assert shadow[0] == "FAIL" and "a file the submission brought or wrote" in shadow[1]
+
+
+@pytest.mark.parametrize("name", sorted(RAISERS))
+def test_an_answer_raising_systemexit_or_keyboardinterrupt_fails(forged_class, name):
+    row = forged_class[(f"{name} wrong", "lab", "Exercise 1: add")]
+    assert row[0] == "FAIL" and row[1].startswith(name), row
+    assert forged_class[(f"{name} wrong", "lab", "Exercise 2: late")][0] == "PASS"
+
+
+def test_a_checker_that_never_returned_is_no_pass(tmp_path):
+    """In a notebook graded by its own check cells (no released twin to restore them), a
+    check cell that swallows its checker's failure, or an earlier cell that turns the
+    runner's `exec` into a no-op, still fails: the verdict counts the checkers' returns."""
+    swallowed = "try:\n    check_add(max)\nexcept AssertionError:\n    print('PASSED')"
+    nb = _notebook(
+        tmp_path / "own.ipynb",
+        CHECKER,
+        ("md", "## Exercise 1: swallowed"),
+        ("code", swallowed),
+        ("md", "## Exercise 2: no exec"),
+        ("code", "exec = lambda *a, **k: None  # the runner's exec, in the learner's namespace"),
+        ("code", "check_add(lambda a, b: a * b)"),
+    )
+    rows = grade.grade_notebook(nb, released=None)
+    assert [(r.status, r.message) for r in rows] == [
+        ("FAIL", "a checker did not return"),
+        ("FAIL", "the check cell called no checker"),
+    ]
+
+
+CHAIN = """
+import os, sys, time
+tag, mode, end = sys.argv[1], sys.argv[2], float(sys.argv[3])
+while time.time() < end:  # a new child in a new session, its parent gone, over and over
+    if os.fork() == 0:
+        os.setsid()
+        if mode == "clear":  # without the run's marker
+            os.execve(sys.executable, [sys.executable, *sys.argv], {})
+        continue
+    time.sleep(0.05)
+    os._exit(0)
+"""
+
+
+def _alive(tag: str) -> list[str]:
+    """The processes whose command line holds `tag`, zombies left out."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if tag in cmdline and state != "Z":
+            found.append(f"{entry.name} {state} {cmdline!r}")
+    return found
+
+
+@pytest.mark.parametrize("sandbox", [False, True], ids=["plain", "sandbox"])
+def test_a_forking_chain_does_not_outlive_the_grader(tmp_path, capsys, sandbox):
+    """Two chains of processes that fork, leave their session and let their parent die,
+    one keeping the run's marker and one clearing its environment, for 20 s: none is alive
+    0.5 s after `grade` returns."""
+    if sandbox and grade_kernel.bwrap_problem():
+        pytest.skip(grade_kernel.bwrap_problem())
+    (tmp_path / "chain.py").write_text(CHAIN)
+    tag = f"chain-{os.getpid()}-{time.monotonic_ns()}"
+    start = (
+        "import subprocess, sys, time\n"
+        "for mode in ('keep', 'clear'):\n"
+        f"    args = [sys.executable, {str(tmp_path / 'chain.py')!r}, {tag!r}, mode]\n"
+        "    subprocess.Popen([*args, str(time.time() + 20)], start_new_session=True)\n"
+        "time.sleep(2)"
+    )
+    nb = _notebook(tmp_path / "chain.ipynb", CHECKER, ("code", start), ("code", "check_add(max)"))
+    argv = ["grade", str(nb), "--json", "--timeout", "60"] + (["--sandbox"] if sandbox else [])
+    assert main(argv) == grade.EXIT_FAILED
+    assert _json(capsys)[0]["message"] == "AssertionError: add(1, 2) gave 2, expected 3"
+    time.sleep(0.5)
+    left = _alive(tag)
+    for pid in (int(line.split()[0]) for line in left):  # the test's own clean-up
+        subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    assert left == [], left
+
+
+def test_the_sandbox_hides_a_home_holding_python_and_covers_host_sockets(tmp_path):
+    """Under bubblewrap for real: the grader's Python lives in a venv under the home; the
+    kernel sees the venv and nothing else of the home, and cannot connect to a host's unix
+    socket beside the notebook or in /var/tmp. The same notebook without --sandbox does (the
+    test can fail)."""
+    import socket
+    import tempfile
+
+    if grade_kernel.bwrap_problem():
+        pytest.skip(grade_kernel.bwrap_problem())
+    if not os.access("/var/tmp", os.W_OK):
+        pytest.skip("needs a writable /var/tmp (a folder the sandbox leaves visible)")
+    base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="minidist-home-"))
+    try:
+        home, work = base / "home", base / "work"
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "id_ed25519").write_text("secret")
+        work.mkdir()
+        venv = home / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        listeners = []
+        for path in (work / "beside.sock", base / "host.sock"):
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(str(path))
+            listener.listen()
+            listeners.append(listener)
+        check = (
+            "code",
+            "import os, socket\n"
+            "def check_hidden(home, sockets):\n"
+            "    assert os.listdir(home) == ['venv'], os.listdir(home)\n"
+            "    for path in sockets:\n"
+            "        s = socket.socket(socket.AF_UNIX)\n"
+            "        try:\n"
+            "            s.connect(path)\n"
+            "        except OSError:\n"
+            "            continue\n"
+            "        raise AssertionError(f'connected to {path}')\n"
+            "    print('PASSED: hidden')",
+        )
+        sockets = [str(work / "beside.sock"), str(base / "host.sock")]
+        nb = _notebook(
+            work / "h.ipynb", check, ("code", f"check_hidden({str(home)!r}, {sockets!r})")
+        )
+        site = [p for p in sys.path if p.endswith("site-packages")]
+        root = Path(grade.__file__).resolve().parents[2]
+        env = dict(os.environ, HOME=str(home), PYTHONPATH=os.pathsep.join([str(root), *site]))
+        python = str(venv / "bin" / "python")
+        got = {}
+        for flag in (["--sandbox"], []):
+            out = subprocess.run(
+                [python, "-m", "minidist", "grade", str(nb), "--json", *flag],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            got[bool(flag)] = json.loads(out.stdout)[0]["message"] if out.stdout else out.stderr
+        assert got[True] == "PASSED: hidden", got
+        assert got[False].startswith("AssertionError: ["), got  # .ssh is listed without it
+    finally:
+        subprocess.run(["rm", "-rf", str(base)])
