@@ -187,7 +187,8 @@ def _keep_last(args, grid) -> None:
 
 
 def evaluate(engine, grid, data: TokenData, args) -> float:
-    """The held-out split's mean loss (nats per token) over `--eval-batches` batches."""
+    """The held-out split's mean loss (nats per token) over `--eval-batches` batches: the
+    engine's forwards only (`eval_step`), nothing of the training state touched."""
     rows = data_rows(grid, args.global_batch)
     losses = [eval_step(engine, grid, *data.eval_batch(j, rows, args.global_batch))
               for j in range(args.eval_batches)]  # fmt: skip
