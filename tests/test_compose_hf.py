@@ -146,7 +146,13 @@ def test_sequence_parallelism_sends_megatrons_bytes_one_gather_per_module_input(
 
 
 def test_padded_batches_with_an_attention_mask_equal_one_process():
-    """Right padding, masked by the model and labelled -100: pp 2 · tp 2 (sp) on 4 ranks."""
+    """Right padding, masked by the model and labelled -100: pp 2 · tp 2 (sp) on 4 ranks.
+    The first loss (no Adam step yet) within 1e-6 (measured 0): a wrong normalisation moves
+    it by far more. The later ones within 1e-4: the padded rows leave many gradients near
+    zero, where Adam's 1/√v magnifies tp's other summation order (measured 4.8e-7 after one
+    step, 2.7e-5 after two, the same at tp 2 alone)."""
     dims = dict(pp=2, tp=2, sp=True)
     got = minidist.launch(hf_runs.padded_composed, 4, "mistral", dims)[0]
-    assert got == pytest.approx(hf_runs.padded_reference("mistral"), abs=FP32_TOLS[0])
+    want = hf_runs.padded_reference("mistral")
+    assert got[0] == pytest.approx(want[0], abs=1e-6)
+    assert got[1:] == pytest.approx(want[1:], abs=1e-4)
