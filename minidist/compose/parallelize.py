@@ -43,8 +43,7 @@ mean is the mean over the dp_replicate · dp_shard · cp data ranks):
 
 Not composed here (refused with the reason): experts with tp > 1; an MoE that drops
 tokens (its result would depend on the routing groups, so on the layout: lesson 16 shows
-each group equal); recomputation with the zero-bubble schedules (their split backward
-runs the recomputation twice).
+each group equal).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
-from ..pipeline.schedules import SPLIT_BACKWARD, schedule, virtual_stage
+from ..pipeline.schedules import schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
@@ -170,9 +169,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
                     f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
                     "routing groups, so on the layout"
                 )
-        if recompute and dims.schedule in SPLIT_BACKWARD and not self.hf:
-            raise ValueError(f"parallelize: recompute with schedule={dims.schedule!r} is not "
-                             "composed (the split backward would recompute twice)")  # fmt: skip
         grid = grid or Grid(dims)
         self.dims, self.grid, self.sizes, self.precision = dims, grid, sizes, precision
         self.kind, self.m, self.p, self.v = dims.schedule, microbatches, dims.pp, dims.chunks

@@ -30,6 +30,7 @@ of a recomputed layer, as HF's own gradient checkpointing does (see `_without_ca
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -137,10 +138,26 @@ def _checkpoint_non_reentrant(fn: Callable, args: tuple, kwargs: dict):
     def unpack(i: int) -> torch.Tensor:
         if i not in recomputed:  # first unpack of this backward (again under retain_graph)
             recompute()
-        return recomputed.pop(i)
+        return recomputed[i] if _retaining[0] else recomputed.pop(i)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return fn(*args, **kwargs)
+
+
+_retaining = [False]
+
+
+@contextlib.contextmanager
+def retain_recomputed():
+    """Inside, the non-reentrant form keeps what it recomputed after its use, for a second
+    backward through the same graph: lesson 09's zero-bubble W computes the weight gradients
+    from the tensors its B recomputed, so each segment is recomputed once. They are freed as
+    W uses them, or with the graph."""
+    before, _retaining[0] = _retaining[0], True
+    try:
+        yield
+    finally:
+        _retaining[0] = before
 
 
 def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):
