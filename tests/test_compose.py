@@ -131,6 +131,23 @@ def test_what_is_not_composed_is_refused_before_any_group_is_made():
         parallelize(torch.nn.Linear(2, 2), ParallelDims())
 
 
+RECOMPUTED_SPLIT = [  # recomputation with the split backward: once, in B (W reuses it)
+    ("gpt", dict(tp=2, sp=True, pp=2, schedule="zb-h1")),
+    ("llama", dict(cp=2, pp=2, schedule="zb-v")),
+    ("gpt", dict(tp=2, pp=2, schedule="dualpipev")),
+]
+
+
+def recomputed(layouts):
+    return [run_rank(name, dims, recompute=True) for name, dims in layouts]
+
+
+def test_recompute_with_the_zero_bubble_schedules_equals_one_process():
+    results = minidist.launch(recomputed, 4, RECOMPUTED_SPLIT, timeout_s=600)
+    for i, (name, _) in enumerate(RECOMPUTED_SPLIT):
+        check(name, results[0][i])
+
+
 SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
 SPLIT_LAYOUTS = [  # (model, dims but the schedule, recompute)
     ("gpt", dict(tp=2, pp=2), False),

@@ -150,3 +150,23 @@ def test_padded_batches_with_an_attention_mask_equal_one_process():
     dims = dict(pp=2, tp=2, sp=True)
     got = minidist.launch(hf_runs.padded_composed, 4, "mistral", dims)[0]
     assert got == pytest.approx(hf_runs.padded_reference("mistral"), abs=FP32_TOLS[0])
+
+
+ZB_BYTES = [  # llama: (dims but the schedule, recompute)
+    (dict(tp=2, sp=True, pp=2), False),
+    (dict(cp=2, pp=2), False),
+    (dict(tp=2, pp=2), True),
+]
+
+
+def test_zero_bubble_sends_the_tp_and_cp_bytes_of_1f1b():
+    """The split backward's W runs no collective and no recomputation: the tp and cp bytes of
+    ZB-H1 equal 1F1B's on every rank, ZB-V's over the world (its ranks hold other layers)."""
+    schedules = ("1f1b", "zb-h1", "zb-v")
+    runs = [("llama", {**d, "schedule": s}, r) for d, r in ZB_BYTES for s in schedules]
+    ranks = minidist.launch(hf_runs.step_bytes, 4, runs, timeout_s=900)
+    for i in range(0, len(runs), len(schedules)):
+        one_f_one_b = [rank[i] for rank in ranks]
+        assert [rank[i + 1] for rank in ranks] == one_f_one_b, runs[i + 1]
+        world = [sum(rank[i + 2][k] for rank in ranks) for k in (0, 1)]
+        assert world == [sum(sent[k] for sent in one_f_one_b) for k in (0, 1)], runs[i + 2]
