@@ -259,13 +259,14 @@ def _backward_input(out: torch.Tensor, grad, inp: torch.Tensor, params: list) ->
     the stage input `inp` only; return W, which computes the gradients of `params` from the
     nodes where their paths join the input's ("joins"), fed the gradients these nodes got in
     B. W re-runs no node of the input's path, so none of its collectives (tensor parallelism's
-    f and gathers, ring attention's K/V sends), and no recomputation (lesson 08): what B
-    recomputed stays for W. torch.distributed.pipelining does the same (`_backward.py`)."""
-    groups = _weight_groups(out.grad_fn, _node(inp), params)
+    f and gathers, ring attention's K/V sends), and no recomputation (lesson 08): what W's
+    nodes use of B's recomputation (each Linear's input) stays until W. torch's
+    `pipelining/_backward.py` splits the same way."""
+    groups, weight_nodes = _weight_groups(out.grad_fn, _node(inp), params)
     received = {}  # join -> the gradients flowing into it in B
     joins = {join for group_joins, _ in groups for join in group_joins}
     hooks = [join.register_prehook(functools.partial(received.__setitem__, join)) for join in joins]
-    with retain_recomputed():
+    with retain_recomputed(weight_nodes):  # what W's nodes use of a recomputed layer
         _backward(out, grad, inputs=[inp], keep=True)  # keep: W runs the joins again
     for hook in hooks:
         hook.remove()
@@ -295,10 +296,11 @@ def _node(t: torch.Tensor):
     return t.grad_fn or t.view_as(t).grad_fn.next_functions[0][0]
 
 
-def _weight_groups(root, inp, params: list) -> list[tuple[set, list]]:
-    """[(joins, parameters)]: for each parameter the first nodes on its way up to `root` that
-    also lead down to the input `inp` (through them B passes; below them lie the weight
-    gradient's own nodes), parameters sharing a join in one group (a weight and its bias)."""
+def _weight_groups(root, inp, params: list) -> tuple[list[tuple[set, list]], set]:
+    """[(joins, parameters)] and the nodes W runs: for each parameter the first nodes on its
+    way up to `root` that also lead down to the input `inp` (through them B passes; below
+    them lie the weight gradient's own nodes), parameters sharing a join in one group (a
+    weight and its bias)."""
     above = collections.defaultdict(list)  # node -> the nodes whose gradient flows into it
     todo, seen = [root], {root}
     while todo:
@@ -316,6 +318,7 @@ def _weight_groups(root, inp, params: list) -> list[tuple[set, list]]:
                 on_input_path.add(node)
                 todo.append(node)
     groups: list[tuple[set, list]] = []
+    weight_nodes = set()
     for p in params:
         joins, todo, seen = set(), [_node(p)], set()
         while todo:  # up from the parameter until the input's path
@@ -325,6 +328,7 @@ def _weight_groups(root, inp, params: list) -> list[tuple[set, list]]:
                 elif node not in seen:
                     seen.add(node)
                     todo.append(node)
+        weight_nodes |= joins | seen
         if joins:  # none: this micro-batch did not use p (an expert no token chose)
             group = [p]
             for other in [g for g in groups if g[0] & joins]:
@@ -332,7 +336,7 @@ def _weight_groups(root, inp, params: list) -> list[tuple[set, list]]:
                 joins |= other[0]
                 group += other[1]
             groups.append((joins, group))
-    return groups
+    return groups, weight_nodes
 
 
 class _Delivered:
