@@ -9,7 +9,8 @@ DNN Training", section 3; Megatron-LM's `forward_backward_pipelining_without_int
   the batch), run the stage, send the output to the next one (the last computes the loss,
   divided by m so the accumulated gradient is the whole batch's mean);
 - B(i): receive the gradient of that output, back-propagate, send the input's gradient back;
-  with the zero-bubble split, B(i) computes only the input gradient and W(i) the weights'.
+  with the zero-bubble split, B(i) computes only the input gradient and W(i) the weights',
+  starting where B left off (`backward.backward_input`): no node, so no collective, runs twice.
 
 Sends are asynchronous (`comm.batch_isend_irecv`), so two neighbours sending to each other
 never wait on one another; receives block. Once a send has completed, the stage's copy of
@@ -21,23 +22,20 @@ the embedding group, and data-parallel replicas all-reduce every gradient once.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.autograd.graph import GradientEdge
 
 from .. import comm
 from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import module_device
-from ..recompute.checkpoint import retain_recomputed
+from .backward import backward, backward_input
 from .schedules import SPLIT_BACKWARD, V_SHAPED, schedule, virtual_stage
 from .stages import GPTStage, split_gpt  # noqa: F401 (importable from here too)
 
@@ -138,12 +136,12 @@ class PipelineParallel(ParallelModule):
                 grad = None if stage.last else self._recv(shape, +1, c)
                 start = time.perf_counter()
                 if not self.split_backward:
-                    _backward(out, grad)
+                    backward(out, grad)
                 elif stage.first:  # no input gradient to pass: W runs the one backward
-                    outputs[key] = functools.partial(_backward, out, grad)
+                    outputs[key] = functools.partial(backward, out, grad)
                 else:  # the input gradient now; W, later, the weights' (what B leaves it)
                     params = [p for p in stage.parameters() if p.requires_grad]
-                    outputs[key] = _backward_input(out, grad, inp, params)
+                    outputs[key] = backward_input(out, grad, inp, params)
                 if not stage.first:
                     sends.append((self._send(inp.grad, -1, c), None))
                 if not self.split_backward:
@@ -244,99 +242,6 @@ class PipelineParallel(ParallelModule):
         return self._gathered(
             {n: p.grad.clone() for n, p in self._named().items() if p.grad is not None}
         )
-
-
-def _backward(out: torch.Tensor, grad, inputs=(), keep: bool = False) -> None:
-    """Back-propagate from `out` (its data may have been freed: the node is what counts)."""
-    grads = (grad,) if grad is not None else (torch.ones_like(out),)
-    torch.autograd.Variable._execution_engine.run_backward(
-        (out,), grads, keep, False, tuple(inputs), allow_unreachable=True, accumulate_grad=True
-    )
-
-
-def _backward_input(out: torch.Tensor, grad, inp: torch.Tensor, params: list) -> Callable:
-    """B of the zero-bubble split (Qi et al. 2024, section 2): back-propagate from `out` to
-    the stage input `inp` only; return W, which computes the gradients of `params` from the
-    nodes where their paths join the input's ("joins"), fed the gradients these nodes got in
-    B. W re-runs no node of the input's path, so none of its collectives (tensor parallelism's
-    f and gathers, ring attention's K/V sends), and no recomputation (lesson 08): what W's
-    nodes use of B's recomputation (each Linear's input) stays until W. torch's
-    `pipelining/_backward.py` splits the same way."""
-    groups, weight_nodes = _weight_groups(out.grad_fn, _node(inp), params)
-    received = {}  # join -> the gradients flowing into it in B
-    joins = {join for group_joins, _ in groups for join in group_joins}
-    hooks = [join.register_prehook(functools.partial(received.__setitem__, join)) for join in joins]
-    with retain_recomputed(weight_nodes):  # what W's nodes use of a recomputed layer
-        _backward(out, grad, inputs=[inp], keep=True)  # keep: W runs the joins again
-    for hook in hooks:
-        hook.remove()
-
-    def weights() -> None:
-        for joins, group in groups:
-            joins = [j for j in joins if j in received]
-            edges = [
-                (GradientEdge(j, k), g)
-                for j in joins
-                for k, g in enumerate(received[j])
-                if g is not None
-            ]
-            # a join below another of the group would also get the upper one's share: each
-            # gets exactly what it got in B
-            clamps = [j.register_prehook(lambda _, g=received[j]: g) for j in joins]
-            if edges:
-                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=group)
-            for clamp in clamps:
-                clamp.remove()
-
-    return weights
-
-
-def _node(t: torch.Tensor):
-    """The node `t`'s gradient enters: its grad_fn, or a leaf's gradient accumulator."""
-    return t.grad_fn or t.view_as(t).grad_fn.next_functions[0][0]
-
-
-def _weight_groups(root, inp, params: list) -> tuple[list[tuple[set, list]], set]:
-    """[(joins, parameters)] and the nodes W runs: for each parameter the first nodes on its
-    way up to `root` that also lead down to the input `inp` (through them B passes; below
-    them lie the weight gradient's own nodes), parameters sharing a join in one group (a
-    weight and its bias)."""
-    above = collections.defaultdict(list)  # node -> the nodes whose gradient flows into it
-    todo, seen = [root], {root}
-    while todo:
-        node = todo.pop()
-        for below, _ in node.next_functions:
-            if below is not None:
-                above[below].append(node)
-                if below not in seen:
-                    seen.add(below)
-                    todo.append(below)
-    on_input_path, todo = {inp}, [inp]
-    while todo:
-        for node in above[todo.pop()]:
-            if node not in on_input_path:
-                on_input_path.add(node)
-                todo.append(node)
-    groups: list[tuple[set, list]] = []
-    weight_nodes = set()
-    for p in params:
-        joins, todo, seen = set(), [_node(p)], set()
-        while todo:  # up from the parameter until the input's path
-            for node in above[todo.pop()]:
-                if node in on_input_path:
-                    joins.add(node)
-                elif node not in seen:
-                    seen.add(node)
-                    todo.append(node)
-        weight_nodes |= joins | seen
-        if joins:  # none: this micro-batch did not use p (an expert no token chose)
-            group = [p]
-            for other in [g for g in groups if g[0] & joins]:
-                groups.remove(other)
-                joins |= other[0]
-                group += other[1]
-            groups.append((joins, group))
-    return groups, weight_nodes
 
 
 class _Delivered:
