@@ -16,7 +16,7 @@ import minidist
 from minidist import comm
 from minidist.compose import parallelize
 from minidist.compose.dims import Grid, ParallelDims, coordinates, grid_groups
-from minidist.compose.fixture import build, bytes_by_kind, reference, run_rank
+from minidist.compose.fixture import build, bytes_by_kind, data_rows, reference, run_rank
 from minidist.models import lm_loss
 from minidist.runtime.device import rank_device
 from minidist.training import max_abs_diff
@@ -156,25 +156,28 @@ SPLIT_LAYOUTS = [  # (model, dims but the schedule, recompute)
     ("gpt", dict(tp=2, pp=2), True),
     ("gpt", dict(cp=2, pp=2), True),
     ("llama", dict(tp=2, sp=True, pp=2), True),
+    ("moe", dict(dp_shard=2, ep=2, pp=2), False),
 ]
 
 
-def grads_and_bytes(cases) -> list[tuple[dict, float, float]]:
+def grads_and_bytes(cases) -> list[tuple[dict, float, float, float]]:
     """Per (name, dims, recompute): the whole reduced gradients of one step of the global
-    batch (8 micro-batches) and this rank's tp and cp bytes in it."""
+    batch and this rank's tp, cp and ep bytes in it."""
     out = []
     for name, dims, recompute in cases:
         pdims = ParallelDims(**dims)
         grid = Grid(pdims)
         model, batches = build(name, steps=1)
-        engine = parallelize(model, pdims, grid=grid, microbatches=8, recompute=recompute)
+        rows = data_rows(grid, 8)
+        m = len(rows)  # one sequence per micro-batch
+        engine = parallelize(model, pdims, grid=grid, microbatches=m, recompute=recompute)
         pos = engine.ctx.positions.cpu()
-        x, y = (t[:, pos].to(rank_device()) for t in batches[0])
+        x, y = (t[rows.start : rows.stop, pos].to(rank_device()) for t in batches[0])
         with comm.record() as ledger:
             engine.train_step((x, y))
             engine.finish_gradient_sync()
         sent = bytes_by_kind(ledger, grid)
-        out.append((engine.full_grads(), sent["tp"], sent["cp"]))
+        out.append((engine.full_grads(), sent["tp"], sent["cp"], sent["ep"]))
     return out
 
 
@@ -182,10 +185,11 @@ def test_zero_bubble_w_runs_no_collective_and_gives_1f1bs_gradients():
     """ZB-H1, ZB-V, DualPipeV: W back-propagates to the weights from where their paths join the
     input's, so no f, sequence gather or ring K/V pass runs twice, and recomputation runs once
     (W uses what B recomputed). The gradients equal 1F1B's and one process's (measured ≤ 6e-8);
-    the tp and cp bytes equal 1F1B's: rank by rank under ZB-H1, over the world under the V
-    schedules (their ranks hold other layers). Before, tp 2 · pp 2 sent 756,736 tp bytes over
+    the tp, cp and ep bytes equal 1F1B's: rank by rank under ZB-H1, over the world under the
+    V schedules (their ranks hold other layers). Before, tp 2 · pp 2 sent 756,736 tp bytes over
     the world under ZB-H1 and 822,272 under ZB-V against 1F1B's 592,896; cp 2 · pp 2 720,896
-    and 819,200 cp bytes against 524,288."""
+    and 819,200 cp bytes against 524,288; the MoE's all-to-alls 160,256 and 174,848 ep bytes
+    against 127,488."""
     cases = [(n, {**d, "schedule": s}, r) for n, d, r in SPLIT_LAYOUTS for s in SCHEDULES]
     ranks = minidist.launch(grads_and_bytes, 4, cases, timeout_s=900)
     for i, (name, dims, recompute) in enumerate(cases):
@@ -197,7 +201,7 @@ def test_zero_bubble_w_runs_no_collective_and_gives_1f1bs_gradients():
         grads = ranks[0][i][0]
         assert max_abs_diff(grads, want) < 1e-6, (name, dims, recompute)
         assert max_abs_diff(grads, ranks[0][first][0]) < 1e-6, (name, dims, recompute)
-        for k in (1, 2):  # tp, cp
+        for k in (1, 2, 3):  # tp, cp, ep
             world = [rank[i][k] for rank in ranks]
             one_f_one_b = [rank[first][k] for rank in ranks]
             assert sum(world) == sum(one_f_one_b), (name, dims, recompute, k)
