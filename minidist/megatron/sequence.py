@@ -12,7 +12,8 @@ holding block r. `linear_with_sequence_gather` is the column-parallel Linear of 
 start: it gathers the sequence, multiplies, and saves only this rank's block of its input;
 backward gathers it again for the weight gradient (the extra all-gather of section 4.2.2
 that keeps the layer norm's output stored 1/t) and reduce-scatters the input gradient;
-split into B and W (lesson 09's zero bubble), B gathers and W computes from what B kept.
+split into B and W (lesson 09's zero bubble), B gathers and W computes from what B kept
+(the whole input, t blocks, held from B to W).
 Every collective goes through `minidist.comm`, with a tag naming where it runs.
 """
 
