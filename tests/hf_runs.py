@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from minidist.compose.dims import Grid, ParallelDims
-from minidist.compose.fixture import data_rows, one_step
+from minidist.compose.fixture import bytes_by_kind, data_rows, one_step
 from minidist.compose.parallelize import parallelize
 
 LR, STEPS, BATCH, SEQ = 1e-2, 3, 8, 16
@@ -60,6 +60,23 @@ def composed(name: str, dims: dict, steps: int = STEPS, seq: int = SEQ, micro_ba
         losses.append(one_step(engine, grid, ids[rows], shifted(labels)[rows])[0])
     return {"losses": losses, "params": engine.full_parameters(),
             "optim": engine.full_optimizer_state()}  # fmt: skip
+
+
+def step_bytes(runs) -> list[tuple[float, float]]:
+    """Per (name, dims, recompute): this rank's tp and cp bytes in one step of the first batch."""
+    out = []
+    for name, dims, recompute in runs:
+        pdims = ParallelDims(**dims)
+        grid = Grid(pdims)
+        m = BATCH // (pdims.dp_replicate * pdims.dp_shard)
+        model = hf_models.build(name)
+        options = dict(microbatches=m, seq_len=SEQ, lr=LR, recompute=recompute)
+        engine = parallelize(model, pdims, grid=grid, **options)
+        ids, labels = hf_models.batches(1, BATCH, SEQ)[0]
+        rows = list(data_rows(grid, BATCH))
+        sent = bytes_by_kind(one_step(engine, grid, ids[rows], shifted(labels)[rows])[2], grid)
+        out.append((sent["tp"], sent["cp"]))
+    return out
 
 
 def several(runs):

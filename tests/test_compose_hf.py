@@ -156,3 +156,23 @@ def test_padded_batches_with_an_attention_mask_equal_one_process():
     want = hf_runs.padded_reference("mistral")
     assert got[0] == pytest.approx(want[0], abs=1e-6)
     assert got[1:] == pytest.approx(want[1:], abs=1e-4)
+
+
+ZB_BYTES = [  # llama: (dims but the schedule, recompute)
+    (dict(tp=2, sp=True, pp=2), False),
+    (dict(cp=2, pp=2), False),
+    (dict(tp=2, pp=2), True),
+]
+
+
+def test_zero_bubble_sends_the_tp_and_cp_bytes_of_1f1b():
+    """The split backward's W runs no collective and no recomputation: the tp and cp bytes of
+    ZB-H1 equal 1F1B's on every rank, ZB-V's over the world (its ranks hold other layers)."""
+    schedules = ("1f1b", "zb-h1", "zb-v")
+    runs = [("llama", {**d, "schedule": s}, r) for d, r in ZB_BYTES for s in schedules]
+    ranks = minidist.launch(hf_runs.step_bytes, 4, runs, timeout_s=900)
+    for i in range(0, len(runs), len(schedules)):
+        one_f_one_b = [rank[i] for rank in ranks]
+        assert [rank[i + 1] for rank in ranks] == one_f_one_b, runs[i + 1]
+        world = [sum(rank[i + 2][k] for rank in ranks) for k in (0, 1)]
+        assert world == [sum(sent[k] for sent in one_f_one_b) for k in (0, 1)], runs[i + 2]

@@ -85,18 +85,19 @@ def test_every_factorisation_of_8_is_a_layout():
 def test_sampled_layouts_are_planned_to_the_byte(draw):
     cases = []
     for name, dims, precision, recompute in draw:
-        recompute = recompute and dims["schedule"] != "zb-v"  # not composed (the engine says)
         cases.append((name, dims, dict(precision=precision, recompute=recompute)))
     _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])
 
 
 def test_the_hard_cases_are_planned_to_the_byte():
-    """K/V replicated over tp = 4 under sp and cp; ZB-V's second backward pass with tp; HSDP
-    in bf16 with recomputation; the GPT's tied embedding across an interleaved pipeline and
-    on one rank in DualPipeV's V."""
+    """K/V replicated over tp = 4 under sp and cp; ZB-V's split backward with tp and cp and
+    recomputation (B runs each collective and recomputation once, W none); HSDP in bf16
+    with recomputation; the GPT's tied embedding across an interleaved pipeline and on one
+    rank in DualPipeV's V."""
     cases = [
         ("llama", dict(tp=4, cp=2, sp=True), {}),
         ("llama", dict(dp_shard=2, tp=2, sp=True, pp=2, schedule="zb-v"), {}),
+        ("gpt", dict(tp=2, sp=True, cp=2, pp=2, schedule="zb-v"), dict(recompute=True)),
         (
             "gpt",
             dict(dp_replicate=2, dp_shard=2, tp=2, sp=True),

@@ -354,3 +354,31 @@ def test_an_evaluation_runs_each_forward_once_in_pipeline_order(
         assert order == sorted(order) and len(set(order)) == len(order)
     with pytest.raises(ValueError, match="dualpipev needs microbatches=2"):
         forward_only("dualpipev", 2, 2)
+
+
+def one_step_grads_rank(kinds: tuple[str, ...], m: int) -> dict:
+    """{kind: every stage's gradients after one `train_step`} on a pipeline of the world."""
+    grads = {}
+    for kind in kinds:
+        model, batches, loss_fn = build("gpt", layers=4)
+        layout = ParallelLayout(tp=1, pp=dist.get_world_size())
+        pipe = PipelineParallel(model, loss_fn, layout, kind, m)
+        pipe.train_step(batches[0])
+        grads[kind] = pipe.full_grads()
+    return grads
+
+
+def test_split_backward_gives_the_weights_the_gradients_of_one_backward():
+    """ZB-H1, ZB-V, DualPipeV: B back-propagates to the stage input only and W from where each
+    weight's path joins the input's, fed what B sent there: together the gradients of 1F1B's
+    one backward, and of one process (the order of summing micro-batches differs)."""
+    model, batches, loss_fn = build("gpt", layers=4)
+    x, y = batches[0]
+    loss_fn(model(x), y).backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    kinds = ("1f1b", "zb-h1", "zb-v", "dualpipev")
+    for got in minidist.launch(one_step_grads_rank, 2, kinds, 4):
+        for kind in kinds:
+            assert set(got[kind]) == set(want), kind
+            assert max_abs_diff(got[kind], want) < 1e-6, kind
+            assert max_abs_diff(got[kind], got["1f1b"]) < 1e-6, kind

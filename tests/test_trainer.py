@@ -329,7 +329,6 @@ def _main_error(capsys, argv: list[str]) -> str:
     "argv, words",
     [
         (["--model", "moe", "--tp", "2"], "an MoE model with tp=2: the course MoE's experts"),
-        (["--pp", "2", "--schedule", "zb-v", "--recompute"], "recompute with schedule='zb-v'"),
         (["--data", "missing.txt"], "--data missing.txt: no such file"),
         (["--data", "{empty}"], "empty (no tokens)"),
         (["--data", "{small}", "--seq-len", "64"], "--seq-len=64 is longer than the data"),

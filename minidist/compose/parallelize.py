@@ -44,8 +44,7 @@ mean is the mean over the dp_replicate · dp_shard · cp data ranks):
 
 Not composed here (refused with the reason): experts with tp > 1; an MoE that drops
 tokens (its result would depend on the routing groups, so on the layout: lesson 16 shows
-each group equal); recomputation with the zero-bubble schedules (their split backward
-runs the recomputation twice).
+each group equal).
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ from ..megatron.layers import vocab_head
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
-from ..pipeline.schedules import SPLIT_BACKWARD, schedule, virtual_stage
+from ..pipeline.schedules import schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
@@ -136,7 +135,7 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
     return sizes
 
 
-def check_course_layout(model: nn.Module, dims: ParallelDims, recompute: bool = False) -> None:
+def check_course_layout(model: nn.Module, dims: ParallelDims) -> None:
     """Refuse, in one line, what `parallelize` cannot compose for one of the course's models
     (call it in the parent, on the model or its copy on the meta device)."""
     sizes = model_sizes(model)
@@ -153,11 +152,6 @@ def check_course_layout(model: nn.Module, dims: ParallelDims, recompute: bool = 
                 f"≥ experts/k = {moe.num_experts / moe.k}): which ones depends on the "
                 "routing groups, so on the layout"
             )
-    if recompute and dims.schedule in SPLIT_BACKWARD:
-        raise ValueError(
-            f"parallelize: recompute with schedule={dims.schedule!r} is not composed on the "
-            "course models (the split backward would recompute twice)"
-        )
 
 
 class ComposedParallel(StatePieces, PipelineParallel):
@@ -187,7 +181,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
                                  "needed for a transformers model")  # fmt: skip
             sizes.update(check_layout(model, dims, seq_len))
         else:
-            check_course_layout(model, dims, recompute)
+            check_course_layout(model, dims)
         grid = grid or Grid(dims)
         self.dims, self.grid, self.sizes, self.precision = dims, grid, sizes, precision
         self.kind, self.m, self.p, self.v = dims.schedule, microbatches, dims.pp, dims.chunks

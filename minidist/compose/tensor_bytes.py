@@ -8,7 +8,6 @@ import torch.nn as nn
 
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
-from ..pipeline.schedules import SPLIT_BACKWARD
 from .holdings import _kv_split, _owner, _sizes, _split, _style, chunks
 from .stage import family
 
@@ -78,25 +77,21 @@ def tp_bytes(
     pp_rank: int = 0,
 ) -> float:
     """A rank's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
-    recomputation repeats each layer's forward calls; a split backward (ZB-H1, ZB-V, DualPipeV)
-    runs a
-    chunk's backward calls twice where it passes an input gradient back (B, then W runs the
-    graph again), its partial sums' all-reduces once (their hooks fire when W makes the
-    parameters' gradients)."""
+    recomputation repeats each layer's forward calls. The same under every schedule: a split
+    backward (ZB-H1, ZB-V, DualPipeV) runs the backward calls in B, and W none (lesson 09's
+    engine); the partial sums' all-reduces fire in W, where the parameters' gradients are
+    made."""
     if dims.tp == 1:
         return 0.0
     sizes = _sizes(model)
     e = 2 if precision == "bf16" else 4
     tokens = micro_batch * sizes["seq_len"] // dims.cp
-    split = dims.schedule in SPLIT_BACKWARD
     total = 0.0
     for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
         calls, partial = tp_calls(model, dims, layers, first, last)
-        again = 2 if split and not first else 1
         for op, phase, width, in_layer in calls:
             size = 4 * tokens if phase == "loss" else e * tokens * width
-            times = again if phase == "B" else 1
-            times += 1 if recompute and phase == "F" and in_layer else 0
+            times = 2 if recompute and phase == "F" and in_layer else 1
             total += times * ring_bytes(op, size, dims.tp)
         total += ring_bytes("all_reduce", e * partial, dims.tp)  # hooks fire in W only
     return microbatches * total

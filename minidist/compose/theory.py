@@ -27,7 +27,7 @@ from ..context_parallel import theory as cp_theory
 from ..expert_parallel.gpt import is_expert
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
-from ..pipeline.schedules import SPLIT_BACKWARD, virtual_stage
+from ..pipeline.schedules import virtual_stage
 from ..zero import theory as zero_theory
 from .holdings import _owner, _sizes, chunks, local_numel
 from .stage import family
@@ -145,13 +145,11 @@ def cp_bytes(
     e = 2 if precision == "bf16" else 4
     ring = cp_theory.ring_bytes_per_layer(micro_batch, sizes["seq_len"],
                                           sizes["hidden"] // dims.tp, dims.cp, e)  # fmt: skip
-    split = dims.schedule in SPLIT_BACKWARD
     total = 0.0
-    for _, layers, first, _ in chunks(dims, pp_rank, sizes["layers"]):
-        again = 2 if split and not first else 1  # W runs the ring's backward again
-        backward = ring["backward K, V"] + ring["backward dK, dV"]
+    for _, layers, _, _ in chunks(dims, pp_rank, sizes["layers"]):
+        backward = ring["backward K, V"] + ring["backward dK, dV"]  # in B under a split
         forward = ring["forward"] * (2 if recompute else 1)
-        total += len(layers) * (forward + again * backward)
+        total += len(layers) * (forward + backward)
     return microbatches * total
 
 

@@ -11,7 +11,9 @@ Tensors are [batch, sequence, hidden]; the sequence (dim 1) splits in t equal bl
 holding block r. `linear_with_sequence_gather` is the column-parallel Linear of a region's
 start: it gathers the sequence, multiplies, and saves only this rank's block of its input;
 backward gathers it again for the weight gradient (the extra all-gather of section 4.2.2
-that keeps the layer norm's output stored 1/t) and reduce-scatters the input gradient.
+that keeps the layer norm's output stored 1/t) and reduce-scatters the input gradient;
+split into B and W (lesson 09's zero bubble), B gathers and W computes from what B kept
+(the whole input, t blocks, held from B to W).
 Every collective goes through `minidist.comm`, with a tag naming where it runs.
 """
 
@@ -91,12 +93,27 @@ class _LinearWithSequenceGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # one backward computes every gradient; a zero-bubble split (lesson 09) asks for the
+        # input's in B and the weights' in W: each part runs its collective once
         x, weight = ctx.saved_tensors
-        total = gather_sequence(x, ctx.group, "sp-regather-backward")  # section 4.2.2
-        grad_input = reduce_scatter_sequence(grad @ weight, ctx.group, "sp-gather-backward")
-        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ total.reshape(-1, total.shape[-1])
-        grad_bias = grad.sum(dim=tuple(range(grad.dim() - 1))) if ctx.has_bias else None
+        grad_input = grad_weight = grad_bias = None
+        if _asked(ctx, 0):
+            grad_input = reduce_scatter_sequence(grad @ weight, ctx.group, "sp-gather-backward")
+        if ctx.needs_input_grad[1] and not hasattr(ctx, "total"):  # kept from B for W
+            ctx.total = gather_sequence(x, ctx.group, "sp-regather-backward")  # section 4.2.2
+        if _asked(ctx, 1):
+            total = ctx.total.reshape(-1, x.shape[-1])
+            grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ total
+            del ctx.total
+        if ctx.has_bias and _asked(ctx, 2):
+            grad_bias = grad.sum(dim=tuple(range(grad.dim() - 1)))
         return grad_input, grad_weight, grad_bias, None
+
+
+def _asked(ctx, i: int) -> bool:
+    """Whether this backward wants the gradient of the Function's input `i`."""
+    node = ctx.next_functions[i][0]
+    return node is not None and torch._C._will_engine_execute_node(node)
 
 
 class _ScatterToSequence(torch.autograd.Function):  # into the region from a replicated x

@@ -9,7 +9,8 @@ DNN Training", section 3; Megatron-LM's `forward_backward_pipelining_without_int
   the batch), run the stage, send the output to the next one (the last computes the loss,
   divided by m so the accumulated gradient is the whole batch's mean);
 - B(i): receive the gradient of that output, back-propagate, send the input's gradient back;
-  with the zero-bubble split, B(i) computes only the input gradient and W(i) the weights'.
+  with the zero-bubble split, B(i) computes only the input gradient and W(i) the weights',
+  starting where B left off (`backward.backward_input`): no node, so no collective, runs twice.
 
 Sends are asynchronous (`comm.batch_isend_irecv`), so two neighbours sending to each other
 never wait on one another; receives block. Once a send has completed, the stage's copy of
@@ -25,6 +26,7 @@ the held-out loss, with no backward and nothing of the training state touched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -36,6 +38,7 @@ from ..memory import SavedActivations
 from ..models import GPT
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
 from ..policy import module_device
+from .backward import backward, backward_input
 from .schedules import SPLIT_BACKWARD, V_SHAPED, forward_only, schedule, virtual_stage
 from .stages import GPTStage, split_gpt  # noqa: F401 (importable from here too)
 
@@ -136,21 +139,20 @@ class PipelineParallel(ParallelModule):
                 grad = None if stage.last else self._recv(shape, +1, c)
                 start = time.perf_counter()
                 if not self.split_backward:
-                    _backward(out, grad)
-                elif not stage.first:  # the input gradient only; W comes later
-                    _backward(out, grad, inputs=[inp], keep=True)
-                else:
-                    out._minidist_grad = grad  # the first stage has no input gradient to pass
+                    backward(out, grad)
+                elif stage.first:  # no input gradient to pass: W runs the one backward
+                    outputs[key] = functools.partial(backward, out, grad)
+                else:  # the input gradient now; W, later, the weights' (what B leaves it)
+                    params = [p for p in stage.parameters() if p.requires_grad]
+                    outputs[key] = backward_input(out, grad, inp, params)
                 if not stage.first:
                     sends.append((self._send(inp.grad, -1, c), None))
                 if not self.split_backward:
                     del outputs[key], inputs[key], saved[key]
-            else:  # W: the weight gradients of micro-batch i, from the kept graph
+            else:  # W: the weight gradients of micro-batch i, from what its B left
                 start = time.perf_counter()
-                params = [p for p in stage.parameters() if p.requires_grad]
-                grad = getattr(outputs[key], "_minidist_grad", None)
-                _backward(outputs[key], grad, inputs=params, keep=False)
-                del outputs[key], inputs[key], saved[key]
+                outputs.pop(key)()
+                del inputs[key], saved[key]
             sends = _free_sent(sends)
             if self.timings is not None:
                 self.timings.append((op, i, start, time.perf_counter()))
@@ -274,17 +276,6 @@ class PipelineParallel(ParallelModule):
         return self._gathered(
             {n: p.grad.clone() for n, p in self._named().items() if p.grad is not None}
         )
-
-
-def _backward(out: torch.Tensor, grad, inputs=None, keep: bool = False) -> None:
-    """Back-propagate from `out` (its data may have been freed: the node is what counts)."""
-    grads = (grad,) if grad is not None else (torch.ones_like(out),)
-    if inputs is not None and keep:
-        out._minidist_grad = grad  # the W step needs it again
-    torch.autograd.Variable._execution_engine.run_backward(
-        (out,), grads, keep, False, tuple(inputs or ()), allow_unreachable=True,
-        accumulate_grad=True,
-    )  # fmt: skip
 
 
 class _Delivered:

@@ -30,6 +30,7 @@ of a recomputed layer, as HF's own gradient checkpointing does (see `_without_ca
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -137,10 +138,28 @@ def _checkpoint_non_reentrant(fn: Callable, args: tuple, kwargs: dict):
     def unpack(i: int) -> torch.Tensor:
         if i not in recomputed:  # first unpack of this backward (again under retain_graph)
             recompute()
+        if _retaining[0] and torch._C._current_autograd_node() in _retaining[0]:
+            return recomputed[i]
         return recomputed.pop(i)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return fn(*args, **kwargs)
+
+
+_retaining: list[set] = [set()]  # the nodes of a second backward (`retain_recomputed`)
+
+
+@contextlib.contextmanager
+def retain_recomputed(nodes: set):
+    """Inside, a recomputed tensor that one of the autograd `nodes` unpacks stays after its
+    use, for a second backward through the same graph that runs those nodes again: lesson
+    09's zero-bubble W computes the weight gradients from what its B recomputed, so each
+    segment is recomputed once. W frees them as it uses them."""
+    before, _retaining[0] = _retaining[0], nodes
+    try:
+        yield
+    finally:
+        _retaining[0] = before
 
 
 def checkpoint(fn: Callable, *args, use_reentrant: bool = True, **kwargs):

@@ -160,7 +160,7 @@ def check_run(args: argparse.Namespace) -> dict:
     if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta
         with torch.device("meta"):
             model = build_model(config, args.seed)
-        check_course_layout(model, ParallelDims(**dims_of(args)), args.recompute)
+        check_course_layout(model, ParallelDims(**dims_of(args)))
     if config["model"] == "factory":
         check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)),
                      data.seq_len)  # fmt: skip
