@@ -21,7 +21,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from minidist.__main__ import main
-from minidist.course import grade, grade_kernel
+from minidist.course import grade, grade_kernel, grade_sandbox
 from minidist.course.exercises import STUB
 from minidist.course.grade_run import NO_VERDICT
 
@@ -475,7 +475,7 @@ def test_sandbox(tmp_path, capsys, monkeypatch):
     """--sandbox: no file written beside the notebook, no network, a scrubbed environment,
     a writable temporary folder, a cell past the timeout interrupted; the same notebook
     without it escapes (the test can fail)."""
-    problem = grade_kernel.bwrap_problem()
+    problem = grade_sandbox.bwrap_problem()
     if problem:
         pytest.skip(f"bubblewrap cannot run here: {problem}")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -505,8 +505,8 @@ def test_the_sandbox_hides_the_home_even_when_python_lives_in_it(tmp_path, monke
     venv, checkout = home / ".venv", home / "minidist"
     for folder in (venv, klass / "alice", home / ".ssh"):
         folder.mkdir(parents=True)
-    monkeypatch.setattr(grade_kernel, "_needed", lambda: [venv, checkout])
-    args = grade_kernel.sandbox_prefix(tmp_path / "scratch", klass / "alice", [home, klass])
+    monkeypatch.setattr(grade_sandbox, "_needed", lambda: [venv, checkout])
+    args = grade_sandbox.sandbox_prefix(tmp_path / "scratch", klass / "alice", [home, klass])
     mounts = [tuple(args[i : i + 3]) for i, a in enumerate(args) if a == "--ro-bind"]
     tmpfs = [i for i, a in enumerate(args) if a == "--tmpfs"]
     hidden = {args[i + 1]: i for i in tmpfs}  # the last time each is hidden

@@ -17,7 +17,7 @@ import pytest
 from test_grade import CHECKER, LABCHECK, RIGHT, _json, _lab, _notebook, _rows
 
 from minidist.__main__ import main
-from minidist.course import grade, grade_kernel
+from minidist.course import grade, grade_kernel, grade_sandbox
 
 WRONG = "def add(a, b):\n    return a * b"  # add(1, 2) gives 2
 LATE_OK = (5, "def late():\n    pass")
@@ -198,8 +198,8 @@ def test_a_forking_chain_does_not_outlive_the_grader(tmp_path, capsys, sandbox):
     """Two chains of processes that fork, leave their session and let their parent die,
     one keeping the run's marker and one clearing its environment, for 20 s: none is alive
     0.5 s after `grade` returns."""
-    if sandbox and grade_kernel.bwrap_problem():
-        pytest.skip(grade_kernel.bwrap_problem())
+    if sandbox and grade_sandbox.bwrap_problem():
+        pytest.skip(grade_sandbox.bwrap_problem())
     (tmp_path / "chain.py").write_text(CHAIN)
     tag = f"chain-{os.getpid()}-{time.monotonic_ns()}"
     start = (
@@ -228,8 +228,8 @@ def test_the_sandbox_hides_a_home_holding_python_and_covers_host_sockets(tmp_pat
     import socket
     import tempfile
 
-    if grade_kernel.bwrap_problem():
-        pytest.skip(grade_kernel.bwrap_problem())
+    if grade_sandbox.bwrap_problem():
+        pytest.skip(grade_sandbox.bwrap_problem())
     if not os.access("/var/tmp", os.W_OK):
         pytest.skip("needs a writable /var/tmp (a folder the sandbox leaves visible)")
     base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="minidist-home-"))

@@ -7,8 +7,9 @@ exercise 1 still lets exercise 2 be graded. Its exercises are those of the relea
 exercise notebook it answers, found by its exercises rather than its file name
 (`exercises/` of this checkout, or `--released DIR`): each gets a row, PASS or FAIL with
 the checker's message; a file that cannot be graded gets ERROR rows and grading goes on
-(`grade_run`). Check cells run as released, and their verdict comes from outside the
-learner's namespace (`grade_kernel`).
+(`grade_run`). Check cells run as released, and their verdict comes back on a pipe of the
+grader's, not through what the kernel displays (`grade_kernel`); no process a notebook
+started outlives its grading (`grade_reap`).
 
 Two things would stop a plain "Run all" and do not stop the grader:
 
@@ -34,7 +35,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from . import grade_kernel
+from . import grade_sandbox
 from .grade_class import grade_all, shown, students, totals, write_csv
 from .grade_match import CHECK_CALL, EXERCISE_HEADING, find_exercises
 from .grade_run import Result, grade_one, unreadable
@@ -228,7 +229,7 @@ def run_grade(args) -> int:
         released = Path(args.released) if args.released else default_released()
         sandbox = None
         if args.sandbox:
-            problem = grade_kernel.bwrap_problem()
+            problem = grade_sandbox.bwrap_problem()
             if problem:
                 raise UsageError(problem)
             hide = [Path.home()] + ([Path(args.class_dir).resolve()] if args.class_dir else [])

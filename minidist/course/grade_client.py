@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import grade_kernel
+from . import grade_kernel, grade_sandbox
 
 
 def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: str):
     """(the client, the kernel's environment). `sandbox`: {"hide": [folders]} to run the
-    kernel under bubblewrap (`grade_kernel.sandbox_prefix`)."""
+    kernel under bubblewrap (`grade_sandbox.sandbox_prefix`)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionComplete
 
@@ -20,10 +20,10 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
     prefix = None
     env = dict(os.environ)
     if sandbox is not None:
-        prefix = grade_kernel.sandbox_prefix(
+        prefix = grade_sandbox.sandbox_prefix(
             scratch_dir, path.parent.resolve(), [Path(p) for p in sandbox.get("hide", [])]
         )
-        env = grade_kernel.sandbox_env(scratch_dir)
+        env = grade_sandbox.sandbox_env(scratch_dir)
 
     class Client(NotebookClient):
         timed_out = False

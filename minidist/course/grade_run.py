@@ -5,10 +5,10 @@ kernel and turn each exercise into a row. The exercises are the released exercis
 cells and a deleted check cell is a FAIL; a notebook that shares none with any released
 one (and has no namesake) is graded by its own check cells. Check cells run as released
 (a modified one restored and flagged) through `grade_kernel`'s runner, whose verdict comes
-back on a pipe of the grader's (`VerdictPipe`), not through what the kernel displays; every
-process the run started is ended with it (`grade_reap`). An earlier failing cell (SyntaxError,
-ModuleNotFoundError) is named in the row it caused. A file that is not a notebook is ERROR
-rows, never a crash.
+back on a pipe of the grader's (`grade_kernel.VerdictPipe`), not through what the kernel
+displays; every process the run started is ended with it (`grade_reap`). An earlier failing
+cell (SyntaxError, ModuleNotFoundError) is named in the row it caused. A file that is not a
+notebook is ERROR rows, never a crash.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import grade_kernel, grade_reap
-from .grade_kernel import FORGED, check_cell_runner, drain, read_verdict
+from .grade_kernel import FORGED, check_cell_runner, read_verdict, verdict_pipe
 from .grade_match import (
     CHECK_CALL,
     Exercise,
@@ -129,7 +129,7 @@ class Run:
         marker = uuid.uuid4().hex
         results: dict[int, Result] = {}
         abandoned = None
-        with grade_reap.reaping(marker), _scratch() as scratch, _verdict_pipe() as pipe:
+        with grade_reap.reaping(marker), _scratch() as scratch, verdict_pipe() as pipe:
             client, env = client_for(self.nb, self.path, self.timeout_s, self.sandbox, scratch)
             env[grade_reap.RUN_MARKER] = marker
             env[grade_kernel.VERDICT_FD] = str(pipe.write_fd)
@@ -213,44 +213,6 @@ class Run:
         mine = [e for e in self.errors if since < e[0] < index]
         setup = [e for e in self.errors if e[0] < (min(checks) if checks else index)]
         return (mine or setup or [None])[0]
-
-
-class VerdictPipe:
-    """The channel check cells' verdicts come back on (`grade_kernel`): the grader keeps the
-    read end, the kernel inherits the write end."""
-
-    LIMIT = 1 << 20  # bytes kept between two checks (a flood is forged anyway)
-
-    def __init__(self):
-        self.read_fd, self.write_fd = os.pipe()
-        self.kernel_fd = self.write_fd  # its number in the kernel (inherited as it is)
-        os.set_blocking(self.read_fd, False)
-        self.written = b""
-
-    def close_write(self) -> None:
-        if self.write_fd is not None:
-            os.close(self.write_fd)
-            self.write_fd = None
-
-    def keep(self) -> None:
-        """Read what arrived, to be judged at the next check cell."""
-        self.written = (self.written + drain(self.read_fd))[: self.LIMIT]
-
-    def take(self) -> bytes:
-        """What arrived since the last `take`."""
-        self.keep()
-        written, self.written = self.written, b""
-        return written
-
-
-@contextmanager
-def _verdict_pipe():
-    pipe = VerdictPipe()
-    try:
-        yield pipe
-    finally:
-        pipe.close_write()
-        os.close(pipe.read_fd)
 
 
 @contextmanager
