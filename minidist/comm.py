@@ -73,9 +73,15 @@ def _log(op: str, tensor, group, tag: str = "") -> CommRecord | None:
     payload = sum(t.numel() * t.element_size() for t in parts)
     tensor = parts[0] if parts else _NO_PAYLOAD
     rec = CommRecord(
-        op, len(ranks), ranks, payload, ring_bytes(op, payload, len(ranks)), tensor.dtype,
-        start=time.perf_counter(), tag=tag,
-    )  # fmt: skip
+        op,
+        len(ranks),
+        ranks,
+        payload,
+        ring_bytes(op, payload, len(ranks)),
+        tensor.dtype,
+        start=time.perf_counter(),
+        tag=tag,
+    )
     if op == "send" and any(ledger.keep_sent for ledger in _active_ledgers):
         rec.sent = tensor.detach().clone()
     for ledger in _active_ledgers:
@@ -140,19 +146,27 @@ def _stamp_end(rec: CommRecord | None, work):
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
     return _run(
-        "all_reduce", tensor, group, async_op,
-        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op), tag,
-    )  # fmt: skip
+        "all_reduce",
+        tensor,
+        group,
+        async_op,
+        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+        tag,
+    )
 
 
 def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
     """`output` (1/N of `input`) receives this rank's reduced chunk of `input`; `output` may
     be that chunk of `input` itself (in place), and share no other memory with it."""
     return _run(
-        "reduce_scatter", input, group, async_op,
+        "reduce_scatter",
+        input,
+        group,
+        async_op,
         lambda: _reduce_scatter_flat(output, input, op=op, group=group, async_op=async_op),
-        tag, (output,),
-    )  # fmt: skip
+        tag,
+        (output,),
+    )
 
 
 def all_gather(output, input, group=None, async_op=False, tag=""):
@@ -161,23 +175,36 @@ def all_gather(output, input, group=None, async_op=False, tag=""):
     this rank's own chunk of `output` (in place), and share no other memory with it."""
     gather = dist.all_gather if isinstance(output, list | tuple) else _all_gather_flat
     return _run(
-        "all_gather", output, group, async_op,
-        lambda: gather(output, input, group=group, async_op=async_op), tag, (input,),
-    )  # fmt: skip
+        "all_gather",
+        output,
+        group,
+        async_op,
+        lambda: gather(output, input, group=group, async_op=async_op),
+        tag,
+        (input,),
+    )
 
 
 def broadcast(tensor, src, group=None, async_op=False, tag=""):
     return _run(
-        "broadcast", tensor, group, async_op,
-        lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), tag,
-    )  # fmt: skip
+        "broadcast",
+        tensor,
+        group,
+        async_op,
+        lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op),
+        tag,
+    )
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, tag=""):
     return _run(
-        "reduce", tensor, group, async_op,
-        lambda: dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op), tag,
-    )  # fmt: skip
+        "reduce",
+        tensor,
+        group,
+        async_op,
+        lambda: dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op),
+        tag,
+    )
 
 
 def all_to_all(
@@ -202,12 +229,14 @@ def all_to_all(
             own = input_split_sizes[dist.get_rank(group)] * row
         rec.ring_bytes = float((input.numel() - own) * input.element_size())
     work = _on_board(
-        "all_to_all", tag, group,
+        "all_to_all",
+        tag,
+        group,
         lambda: dist.all_to_all_single(
             output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
         ),
         async_op,
-    )  # fmt: skip
+    )
     return _stamp_end(rec, work if async_op else None) or work
 
 
@@ -220,9 +249,13 @@ def all_gather_object(output: list, obj, group=None, tag=""):
     """`output[r]` receives rank r's picklable `obj` (recorded without a byte count: the
     pickled size is not known before; used for checks, not for training traffic)."""
     return _run(
-        "all_gather_object", _NO_PAYLOAD, group, False,
-        lambda: dist.all_gather_object(output, obj, group=group), tag,
-    )  # fmt: skip
+        "all_gather_object",
+        _NO_PAYLOAD,
+        group,
+        False,
+        lambda: dist.all_gather_object(output, obj, group=group),
+        tag,
+    )
 
 
 def send(tensor, dst, group=None, tag=""):

@@ -28,10 +28,23 @@ from torch.overrides import TorchFunctionMode
 _FACTORIES = frozenset(
     getattr(torch, name)
     for name in (
-        "empty", "zeros", "ones", "full", "tensor", "arange", "linspace", "logspace", "eye",
-        "rand", "randn", "randint", "randperm", "empty_strided", "scalar_tensor",
+        "empty",
+        "zeros",
+        "ones",
+        "full",
+        "tensor",
+        "arange",
+        "linspace",
+        "logspace",
+        "eye",
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "empty_strided",
+        "scalar_tensor",
     )
-)  # fmt: skip
+)
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = "MINIDIST_DEVICE_GUARD"

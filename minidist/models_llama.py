@@ -137,8 +137,12 @@ class LlamaForCausalLM(nn.Module):
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                use_cache: bool = False) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
+    ) -> torch.Tensor:
         positions = (
             position_ids[0]
             if position_ids is not None and position_ids.dim() == 2

@@ -19,12 +19,28 @@ VOCAB = 128
 def config(name: str, layers: int = 4, **extra):
     t = transformers
     ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                  **ids)  # fmt: skip
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **ids,
+    )
     if name == "gpt2":
-        cfg = t.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=64,
-                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)  # fmt: skip
+        cfg = t.GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=layers,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
     else:
         kind = {
             "llama": (t.LlamaConfig, {}),

@@ -18,8 +18,9 @@ def shifted(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[:, 1:], (0, 1), value=-100)
 
 
-def reference(name: str, steps: int = STEPS, seq: int = SEQ, prepare=None, after_step=None,
-              **extra) -> dict:  # fmt: skip
+def reference(
+    name: str, steps: int = STEPS, seq: int = SEQ, prepare=None, after_step=None, **extra
+) -> dict:
     """The untouched model trained in one process: its own loss, Adam at LR; `prepare(model)`
     before the first step, `after_step(model)` after each (its results in "after")."""
     model = hf_models.build(name, **extra)
@@ -39,27 +40,54 @@ def reference(name: str, steps: int = STEPS, seq: int = SEQ, prepare=None, after
             after.append(after_step(model))
         losses.append(loss.item())
     names = {p: n for n, p in model.named_parameters()}
-    optim = {f"optim.{names[p]}.{k}": v.detach().clone()
-             for p, state in opt.state.items() for k, v in state.items()}  # fmt: skip
-    return {"losses": losses, "optim": optim, "after": after, "model": model,
-            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}  # fmt: skip
+    optim = {
+        f"optim.{names[p]}.{k}": v.detach().clone()
+        for p, state in opt.state.items()
+        for k, v in state.items()
+    }
+    return {
+        "losses": losses,
+        "optim": optim,
+        "after": after,
+        "model": model,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }
 
 
-def composed(name: str, dims: dict, steps: int = STEPS, seq: int = SEQ, micro_batch: int = 1,
-             precision: str = "fp32", recompute: bool = False, **extra) -> dict:  # fmt: skip
+def composed(
+    name: str,
+    dims: dict,
+    steps: int = STEPS,
+    seq: int = SEQ,
+    micro_batch: int = 1,
+    precision: str = "fp32",
+    recompute: bool = False,
+    **extra,
+) -> dict:
     """On every rank of a world of `dims`' size: the same run, composed."""
     pdims = ParallelDims(**dims)
     grid = Grid(pdims)
     model = hf_models.build(name, **extra)
     m = BATCH // (pdims.dp_replicate * pdims.dp_shard * micro_batch)
-    engine = parallelize(model, pdims, grid=grid, microbatches=m, seq_len=seq, lr=LR,
-                         precision=precision, recompute=recompute)  # fmt: skip
+    engine = parallelize(
+        model,
+        pdims,
+        grid=grid,
+        microbatches=m,
+        seq_len=seq,
+        lr=LR,
+        precision=precision,
+        recompute=recompute,
+    )
     rows = list(data_rows(grid, BATCH))
     losses = []
     for ids, labels in hf_models.batches(steps, BATCH, seq):
         losses.append(one_step(engine, grid, ids[rows], shifted(labels)[rows])[0])
-    return {"losses": losses, "params": engine.full_parameters(),
-            "optim": engine.full_optimizer_state()}  # fmt: skip
+    return {
+        "losses": losses,
+        "params": engine.full_parameters(),
+        "optim": engine.full_optimizer_state(),
+    }
 
 
 def step_bytes(runs) -> list[tuple[float, float]]:
@@ -90,8 +118,9 @@ def sequence_parallel_records(name: str, tp: int, layers: int) -> list[tuple[str
 
     pdims = ParallelDims(tp=tp, sp=True)
     grid = Grid(pdims)
-    engine = parallelize(hf_models.build(name, layers=layers), pdims, grid=grid, microbatches=1,
-                         seq_len=SEQ, lr=LR)  # fmt: skip
+    engine = parallelize(
+        hf_models.build(name, layers=layers), pdims, grid=grid, microbatches=1, seq_len=SEQ, lr=LR
+    )
     ids, labels = hf_models.batches(1, BATCH, SEQ)[0]
     with comm.record() as ledger:
         engine.train_step((ids, shifted(labels)))
@@ -128,8 +157,9 @@ def padded_composed(name: str, dims: dict) -> list[float]:
     pdims = ParallelDims(**dims)
     grid = Grid(pdims)
     d = pdims.dp_replicate * pdims.dp_shard
-    engine = parallelize(hf_models.build(name), pdims, grid=grid, microbatches=BATCH // d,
-                         seq_len=SEQ, lr=LR)  # fmt: skip
+    engine = parallelize(
+        hf_models.build(name), pdims, grid=grid, microbatches=BATCH // d, seq_len=SEQ, lr=LR
+    )
     rank = grid.coord["dp_replicate"] * pdims.dp_shard + grid.coord["dp_shard"]
     losses = []
     for ids, labels, mask in padded_batches():

@@ -8,8 +8,14 @@ import subprocess
 
 
 def run_session(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:

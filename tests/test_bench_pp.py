@@ -7,8 +7,10 @@ import sys
 def test_bench_pp_prints_name_value_lines():
     out = subprocess.run(
         [sys.executable, "-m", "minidist", "bench", "pp", "--rounds", "1", "--steps", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
     values = dict(line.split("=", 1) for line in lines if line)

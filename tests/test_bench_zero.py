@@ -14,8 +14,10 @@ def test_zero_bench_is_registered_by_the_fsdp_lesson():
 def test_bench_zero_prints_name_value_lines():
     out = subprocess.run(
         [sys.executable, "-m", "minidist", "bench", "zero", "--rounds", "1", "--steps", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert all("=" in line for line in lines), out.stdout

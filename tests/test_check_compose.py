@@ -21,9 +21,18 @@ def stub(*args):
 # -- exercise 1: the groups from the dims ------------------------------------------------------
 
 
-def make_groups(order=AXES, shard_cp=("dp_shard", "cp"), dp_cp=("dp_replicate", "dp_shard", "cp"),
-                ep_from="dp_shard_cp", ep_strided=False, drop_ones=False, base=0,
-                leave_out=(), shifts=False, ep_scale=1):  # fmt: skip
+def make_groups(
+    order=AXES,
+    shard_cp=("dp_shard", "cp"),
+    dp_cp=("dp_replicate", "dp_shard", "cp"),
+    ep_from="dp_shard_cp",
+    ep_strided=False,
+    drop_ones=False,
+    base=0,
+    leave_out=(),
+    shifts=False,
+    ep_scale=1,
+):
     """A learner's `build_groups`, with the named parts changed: the grid's axis `order`
     (outermost first), ranks packed with bit shifts, the axes of dp_shard_cp and dp_cp, the
     kind ep is cut from (or "cp_outer": dp_shard × cp listed cp outermost), whether its
@@ -84,45 +93,45 @@ GROUP_MISTAKES = [
         "tp_outermost",
         (make_groups(order=("tp", "pp", "dp_replicate", "dp_shard", "cp")),),
         r"tp must be innermost",
-    ),  # fmt: skip
+    ),
     Mistake(
         "pp_innermost",
         (make_groups(order=("dp_replicate", "dp_shard", "cp", "tp", "pp")),),
         r"pp must be outermost",
-    ),  # fmt: skip
+    ),
     Mistake(
         "dp_swapped",
         (make_groups(order=("pp", "dp_shard", "dp_replicate", "cp", "tp")),),
         r"dp_shard and dp_replicate are swapped",
-    ),  # fmt: skip
+    ),
     Mistake(
         "cp_outside_dp_shard",
         (make_groups(order=("pp", "dp_replicate", "cp", "dp_shard", "tp")),),
         r"cp sits inside dp_shard",
-    ),  # fmt: skip
+    ),
     Mistake(
         "shard_group_without_cp", (make_groups(shard_cp=("dp_shard",)),), r"dp_shard_cp forgot cp"
-    ),  # fmt: skip
+    ),
     Mistake(
         "shard_group_with_replicas",
         (make_groups(shard_cp=("dp_replicate", "dp_shard", "cp")),),
         r"dp_shard_cp includes dp_replicate",
-    ),  # fmt: skip
+    ),
     Mistake(
         "dense_copies_without_replicas",
         (make_groups(dp_cp=("dp_shard", "cp")),),
         r"dp_cp forgot dp_replicate",
-    ),  # fmt: skip
+    ),
     Mistake(
         "dense_copies_without_cp",
         (make_groups(dp_cp=("dp_replicate", "dp_shard")),),
         r"dp_cp forgot cp",
-    ),  # fmt: skip
+    ),
     Mistake(
         "ep_across_dp_replicate",
         (make_groups(ep_from="dp_cp", ep_strided=True),),
         r"ep is drawn across dp_replicate",
-    ),  # fmt: skip
+    ),
     Mistake("ep_strided", (make_groups(ep_strided=True),), r"ep groups are strided"),
     Mistake("ep_cp_outermost", (make_groups(ep_from="cp_outer"),), r"ep is cut with cp outermost"),
     Mistake(
@@ -134,12 +143,12 @@ GROUP_MISTAKES = [
         "shard_group_without_dp_shard",
         (make_groups(shard_cp=("cp",)),),
         r"dp_shard_cp forgot dp_shard",
-    ),  # fmt: skip
+    ),
     Mistake(
         "dense_copies_with_tp",
         (make_groups(dp_cp=("dp_replicate", "dp_shard", "cp", "tp")),),
         r"dp_cp includes tp",
-    ),  # fmt: skip
+    ),
     Mistake(
         "no_single_slip", (_two_ep_slips,), r"ep: the group of rank \d+ is \[.*\], want \[.*\]\.$"
     ),
@@ -156,9 +165,19 @@ GROUP_MISTAKES = [
 SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
 
 
-def make_reduced(dense=("dp_cp",), sp_tp=True, tp_without_sp=False, tp_split_too=False,
-                 kv_rule=True, embedding=True, embedding_untied=False, expert="expert_dp",
-                 router_is_expert=False, extra=(), full_name=False):  # fmt: skip
+def make_reduced(
+    dense=("dp_cp",),
+    sp_tp=True,
+    tp_without_sp=False,
+    tp_split_too=False,
+    kv_rule=True,
+    embedding=True,
+    embedding_untied=False,
+    expert="expert_dp",
+    router_is_expert=False,
+    extra=(),
+    full_name=False,
+):
     """A learner's `reduced_over` with the named parts changed."""
 
     def reduced_over(model_name, name, dims):
@@ -203,24 +222,24 @@ REDUCED_MISTAKES = [
     Mistake("forgets_cp", (make_reduced(dense=("dp_replicate", "dp_shard")),), r"forgot cp"),
     Mistake(
         "forgets_dp_replicate", (make_reduced(dense=("dp_shard_cp",)),), r"forgot dp_replicate"
-    ),  # fmt: skip
+    ),
     Mistake("sp_norms_not_over_tp", (make_reduced(sp_tp=False),), r"partial sum"),
     Mistake(
         "replicated_over_tp_without_sp",
         (make_reduced(tp_without_sp=True),),
         r"without sp.*multiplies it by t",
-    ),  # fmt: skip
+    ),
     Mistake("split_weights_over_tp", (make_reduced(tp_split_too=True),), r"is split over tp"),
     Mistake(
         "replicated_kv_not_over_tp",
         (make_reduced(kv_rule=False),),
         r"does not divide the 2 KV heads",
-    ),  # fmt: skip
+    ),
     Mistake(
         "tied_embedding_without_stages",
         (make_reduced(embedding=False),),
         r"first stage.*last.*'embedding' group",
-    ),  # fmt: skip
+    ),
     Mistake("llama_embedding_tied", (make_reduced(embedding_untied=True),), r"untied"),
     Mistake("experts_over_all_dp", (make_reduced(expert="dp_cp"),), r"hold different experts"),
     Mistake("experts_over_ep", (make_reduced(expert="ep"),), r"hold different experts"),

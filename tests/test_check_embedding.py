@@ -300,8 +300,18 @@ def test_localized_reorder_stub_is_not_implemented():
 # -- exercise 1's catalogue: one wrong answer per likely mistake ------------------------------
 
 
-def probe_insert(table, key, *, step=1, modulus=None, home=None, over=False, changes_first=False,
-                 bound_first=False, row_is_slot=False):  # fmt: skip
+def probe_insert(
+    table,
+    key,
+    *,
+    step=1,
+    modulus=None,
+    home=None,
+    over=False,
+    changes_first=False,
+    bound_first=False,
+    row_is_slot=False,
+):
     """insert with one mistake switched on."""
     n = table.num_slots
     if bound_first and table.size + 1 > table.capacity:
@@ -326,8 +336,17 @@ def probe_insert(table, key, *, step=1, modulus=None, home=None, over=False, cha
     return table.rows[slot]
 
 
-def probe_find(table, key, *, step=1, modulus=None, home=None, missing=-1, slot_not_row=False,
-               no_empty_stop=False):  # fmt: skip
+def probe_find(
+    table,
+    key,
+    *,
+    step=1,
+    modulus=None,
+    home=None,
+    missing=-1,
+    slot_not_row=False,
+    no_empty_stop=False,
+):
     n = table.num_slots
     slot = home(key, n) if home else table.home(key)
     for _ in range(n):
@@ -344,10 +363,16 @@ def probe_find(table, key, *, step=1, modulus=None, home=None, missing=-1, slot_
 
 
 def both(**switches):
-    ins = {k: v for k, v in switches.items() if k in ("step", "modulus", "home", "over",
-           "changes_first", "bound_first", "row_is_slot")}  # fmt: skip
-    fnd = {k: v for k, v in switches.items() if k in ("step", "modulus", "home", "missing",
-           "slot_not_row", "no_empty_stop")}  # fmt: skip
+    ins = {
+        k: v
+        for k, v in switches.items()
+        if k in ("step", "modulus", "home", "over", "changes_first", "bound_first", "row_is_slot")
+    }
+    fnd = {
+        k: v
+        for k, v in switches.items()
+        if k in ("step", "modulus", "home", "missing", "slot_not_row", "no_empty_stop")
+    }
     return (lambda t, k: probe_insert(t, k, **ins), lambda t, k: probe_find(t, k, **fnd))
 
 
@@ -478,7 +503,7 @@ DEDUP_MISTAKES = [
         lambda r: (*dedup_right(r)[:2], (lambda o: o[1:] - o[:-1])(dedup_right(r)[2])),
         grads_right,
         "are the run lengths",
-    ),  # fmt: skip
+    ),
     (lambda r: (*dedup_right(r)[:2], dedup_right(r)[2][1:]), grads_right, "U \\+ 1"),
     (lambda r: (*dedup_right(r)[:2], dedup_right(r)[2][:-1]), grads_right, "U \\+ 1"),
     (dedup_right, lambda *a: grads_right(*a, assign=True), "only its last occurrence"),
@@ -493,7 +518,7 @@ DEDUP_MISTAKES = [
         dedup_right,
         lambda r, b, g, w, s: grads_right(r, torch.arange(r.numel()), g, w, s),
         "IndexError.*bags\\[i\\]",
-    ),  # fmt: skip
+    ),
     (dedup_right, lambda r, b, g, w, s: (r, g), "unique_rows .* expected"),
     (lambda rows: rows.sort(), grads_right, "return a tuple"),
 ]

@@ -199,10 +199,26 @@ def test_reduce_from_tp_stub_is_not_implemented():
 # -- exercise 2: the vocab-parallel cross entropy ---------------------------------------------
 
 
-def ce(logits, targets, group, start, vocab_size, *, max_op="global", mask_target="zero",
-       sum_exp=True, reduce_target=True, mask_padding=True, mean=True, gather=False,
-       padding_op="ge", range_op="lt", low_op="ge", shift_target=True,
-       target_if_any=False):  # fmt: skip
+def ce(
+    logits,
+    targets,
+    group,
+    start,
+    vocab_size,
+    *,
+    max_op="global",
+    mask_target="zero",
+    sum_exp=True,
+    reduce_target=True,
+    mask_padding=True,
+    mean=True,
+    gather=False,
+    padding_op="ge",
+    range_op="lt",
+    low_op="ge",
+    shift_target=True,
+    target_if_any=False,
+):
     """The right answer by default; each keyword makes one mistake."""
     if gather:
         n = dist.get_world_size(group)
@@ -429,7 +445,7 @@ CE_MISTAKES = [
         (ce_with(range_op="le"),),
         r"index 6 is out of bounds.*\(not <=\)",
         alone=True,
-    ),  # fmt: skip
+    ),
     Mistake("range > start", (ce_with(low_op="gt"),), "off by one at the start"),
     Mistake("unshifted target", (ce_with(shift_target=False),), "off by the row maximum M"),
     Mistake(
@@ -437,7 +453,7 @@ CE_MISTAKES = [
         (ce_with(target_if_any=True),),
         "a rank that holds none of the targets",
         alone=True,
-    ),  # fmt: skip
+    ),
     Mistake("no group", (_ce_no_group,), "pass group=group"),
     Mistake("in place", (_ce_in_place,), "in place"),
     Mistake("keepdim", (_ce_keepdim,), "0-dim tensor"),
@@ -448,58 +464,58 @@ CE_MISTAKES = [
         "lse: clamped",
         (ce_lse_clamp,),
         r"target 6 was counted at columns 3, 6, 8.*clamped into this rank's range instead",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: no start offset",
         (ce_lse_no_offset,),
         r"target 6 was counted at no column.*without subtracting the rank's voc",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: end included",
         (ce_lse_end_included,),
         r"target 4 was counted at columns 3, 4.*includes its end \(<= instead of <\)",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: upper end masked only",
         (ce_lse_upper_mask_only,),
         r"target 6 was counted at columns 6, 8: .*mask misses the lower end",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: index is the target",
         (ce_lse_index_is_target,),
         r"target 6 was counted at column 7: .*at another of its columns.*local = target - start",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: no target all-reduce",
         (ce_lse_no_target_reduce,),
         r"only the rank that holds the target counted it.*all-reduce \(SUM\) the masked target",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: index 0, not zeroed",
         (ce_lse_zero_index,),
         r"target 6 was counted at columns 0, 6, 8: .*the one at the index you replaced",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: lower end masked only",
         (ce_lse_lower_mask_only,),
         r"target 6 was counted at columns 3, 6: .*mask misses the upper end",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: target % columns",
         (ce_lse_modulo,),
         r"target 6 was counted at columns 2, 6, 10: the target logit must be counted once",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: target as the index",
         (ce_lse_target_as_index,),
         r"index \d+ is out of bounds.*used as the column index without subtracting this rank",
-    ),  # fmt: skip
+    ),
     Mistake(
         "lse: no lower test",
         (ce_lse_no_lower_test,),
         r"index -\d+ is out of bounds.*a negative index.*\(local >= 0\)",
         alone=True,
-    ),  # fmt: skip
+    ),
 ]
 CE_RIGHT = ("right", "right, unshifted")
 
@@ -642,9 +658,19 @@ def test_parallel_groups_stub_is_not_implemented():
 # -- exercise 4: data parallelism across tensor-parallel groups ------------------------------
 
 
-def average(model, dp_group, *, group="dp", divide_by="dp", skip_replicated=False,
-            skip_split=False, torch_directly=False, copy=False, before_too=False,
-            no_wait=False):  # fmt: skip
+def average(
+    model,
+    dp_group,
+    *,
+    group="dp",
+    divide_by="dp",
+    skip_replicated=False,
+    skip_split=False,
+    torch_directly=False,
+    copy=False,
+    before_too=False,
+    no_wait=False,
+):
     """The right answer by default; each keyword makes one mistake."""
     reduce_over = {"dp": dp_group, "world": None}.get(group, group)
     d = dist.get_world_size(dp_group)

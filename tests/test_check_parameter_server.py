@@ -76,7 +76,7 @@ RULE_MISTAKES = [
     (
         lambda c, clocks, s: c - min(clocks) <= s if s < 3 else c - min(clocks) <= 2,
         r"too strict\), for s in \[3\]",
-    ),  # fmt: skip
+    ),
     (lambda c, clocks, s: c - clocks[0] <= s, r"of 1220 cases differ"),
     (lambda c, clocks: True, "TypeError.*an int, a list of ints"),
 ]
@@ -196,7 +196,7 @@ LINK_MISTAKES = [
         bytes_swapped,
         "inner links: the inner and outer group sizes are swapped.*outer links: the "
         "inner and outer",
-    ),  # fmt: skip
+    ),
     (bytes_tuple, r"returned \("),
     (bytes_flat_inner, "flat all-reduce over all.*outer links: 0 on every mesh"),
     (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / o)), "not 1/O"),
@@ -206,14 +206,14 @@ LINK_MISTAKES = [
     (
         bytes_with(lambda i, o, m, n, e: ring(2, i, n), lambda i, o, m, n, e: ring(2, o, n / i)),
         "inner links: elements, not bytes.*outer links: elements",
-    ),  # fmt: skip
+    ),
     (bytes_with(lambda i, o, m, n, e: ring(2, i, 4 * n), RIGHT_OUTER), "4-byte elements"),
     (bytes_with(lambda i, o, m, n, e: ring(2, i, 8 * m), RIGHT_OUTER), "bits, not bytes"),
     (bytes_with(lambda i, o, m, n, e: ring(2, i, m / i), RIGHT_OUTER), "only the outer"),
     (
         bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, i, m) + ring(2, o, m / i)),
         "you added the inner bytes to the outer",
-    ),  # fmt: skip
+    ),
     (bytes_with(lambda i, o, m, n, e: m / (i - 1), RIGHT_OUTER), "ZeroDivisionError.*one rank"),
     (bytes_with(RIGHT_INNER, lambda i, o, m, n, e: ring(2, o, m / (i * o))), "divided\\s+by I·O"),
     (bytes_with(lambda i, o, m, n, e: 2 * ((i - 1) // i) * m, RIGHT_OUTER), "integer division"),

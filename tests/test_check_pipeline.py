@@ -13,8 +13,18 @@ from minidist.pipeline.check import check_one_f_one_b, check_peak_microbatches
 # -- exercise 1: one stage's 1F1B steps -------------------------------------------------------
 
 
-def f1b(stage, stages, microbatches, *, warmup=None, cap=True, order=None, pair=("F", "B"),
-        first=0, cooldown=True):  # fmt: skip
+def f1b(
+    stage,
+    stages,
+    microbatches,
+    *,
+    warmup=None,
+    cap=True,
+    order=None,
+    pair=("F", "B"),
+    first=0,
+    cooldown=True,
+):
     """1F1B, or one of its mistakes: another warm-up, no cap at m, backwards in another
     order, the steady pair reversed, micro-batches from `first`, no cool-down."""
     w = stages - stage - 1 if warmup is None else warmup(stage, stages)
@@ -81,7 +91,7 @@ ONE_F_ONE_B_MISTAKES = [
             else f1b(r, p, m)
         ),
         "step 12 differs: you run \\('B', 7\\), 1F1B runs \\('B', 4\\)",
-    ),  # fmt: skip
+    ),
     (_crash, "raised IndexError.*at line .* of your code.*Likely cause"),
     (lambda r, p: [], "raised TypeError.*three ints"),
 ]
@@ -136,7 +146,7 @@ PEAK_MISTAKES = [
     (
         peak(lambda r, p, m: min(p - r, m), gpipe=lambda r, p, m: min(p - r, m)),
         "for GPipe you returned 1F1B's answer",
-    ),  # fmt: skip
+    ),
     (lambda r, p, m, kind: float(peak_right(r, p, m, kind)), r"returned 1.0; return an int"),
     (peak(lambda r, p, m: min(p, m)), "that is stage 0's count only"),
     (peak(lambda r, p, m: min(p - r + 1, m)), "one too many"),
@@ -149,7 +159,7 @@ PEAK_MISTAKES = [
             else min(p - r, m)
         ),
         "lower case",
-    ),  # fmt: skip
+    ),
     (peak(lambda r, p, m: min(p - r, m - 1) if m > 1 else 1), r"all of them with m <= p-r"),
     (peak(lambda r, p, m: [0, 1][m]), r"raised IndexError.*at line"),
     (peak(lambda r, p, m: min(p - r, m) + (r == 1)), r"stages \[1\] are wrong"),

@@ -15,8 +15,15 @@ def stub(*args):
 # -- exercise 1: bytes per step ----------------------------------------------------------------
 
 
-def make_bytes(pad="each", element=4, ring="ring", reduce="rs", gathers="right", ddp_pad=False,
-               ddp_gather=False):  # fmt: skip
+def make_bytes(
+    pad="each",
+    element=4,
+    ring="ring",
+    reduce="rs",
+    gathers="right",
+    ddp_pad=False,
+    ddp_gather=False,
+):
     """A learner's `bytes_per_step`, written out, with the named parts changed: `pad` each
     piece, "none", "total" or "one_more"; `element` bytes; `ring`: "ring", "whole" or
     "ar_once"; ZeRO/FSDP's gradient `reduce`: "rs", "ar" or "none"; `gathers`: "right",
@@ -44,16 +51,23 @@ def make_bytes(pad="each", element=4, ring="ring", reduce="rs", gathers="right",
                 sent("all_gather", total) if ddp_gather else 0
             )
         total = element * -(-sum(numels) // n) * n if pad == "total" else sum(sizes)
-        reduced = {"rs": sent("reduce_scatter", total), "ar": sent("all_reduce", total),
-                   "none": 0}[reduce]  # fmt: skip
+        reduced = {"rs": sent("reduce_scatter", total), "ar": sent("all_reduce", total), "none": 0}[
+            reduce
+        ]
         root = element * -(-numels[-1] // n) * n if pad == "total" else sizes[-1]
         first = element * -(-numels[0] // n) * n if pad == "total" else sizes[0]
         if zero in (1, 2):
             g = {"none": 0, "fsdp": 2 * total - root}.get(gathers, total)
         else:
             fsdp = 2 * total - root
-            g = {"right": fsdp, "fsdp": fsdp, "once": total, "twice": 2 * total,
-                 "root_first": 2 * total - first, "none": 0}[gathers]  # fmt: skip
+            g = {
+                "right": fsdp,
+                "fsdp": fsdp,
+                "once": total,
+                "twice": 2 * total,
+                "root_first": 2 * total - first,
+                "none": 0,
+            }[gathers]
         return reduced + sent("all_gather", g)
 
     return bytes_per_step
@@ -106,8 +120,10 @@ BYTES_MISTAKES = [
     (make_bytes(reduce="ar"), ["reduce-scatter the gradients", "not the all-reduce"]),
     (make_bytes(reduce="none"), ["still have to be summed"]),
     (make_bytes(pad="none", element=1), ["padded to a multiple of N", "in elements"]),
-    (lambda numels, world, zero: make_bytes()(numels, world, zero) + 1,
-     ["1.0000x (+1 bytes)", "the planner counts all-reduce 107,648"]),
+    (
+        lambda numels, world, zero: make_bytes()(numels, world, zero) + 1,
+        ["1.0000x (+1 bytes)", "the planner counts all-reduce 107,648"],
+    ),
     (lambda numels, world, zero: None, ["did not return a number", "None"]),
     (lambda numels, world, zero: "12", ["did not return a number", "'12'"]),
     (_index_past_the_end, ["raised IndexError", "_index_past_the_end", "one entry per bucket"]),
@@ -115,7 +131,7 @@ BYTES_MISTAKES = [
     (_list_as_payload, ["raised TypeError", "a byte count"]),
     (_op_misspelt, ["raised KeyError", "'allreduce'", "underscores"]),
     (_own_error, ["raised ValueError: FSDP needs the unit sizes", "_own_error"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("fn, words", BYTES_MISTAKES)
@@ -143,12 +159,19 @@ def make_pipeline(bubble="share", held="right", scale=1, swap=False):
         p, m = pp, microbatches
         share = (p - 1) / (m + p - 1)
         b = {
-            "share": share, "ratio": (p - 1) / m, "p": p / (m + p), "p_over": p / (m + p - 1),
-            "denominator": (p - 1) / (m + p), "percent": 100 * share, "busy": m / (m + p - 1),
-            "slots": p - 1, "int": (p - 1) // (m + p - 1), "twice": 2 * (p - 1) / (m + 2 * p - 2),
+            "share": share,
+            "ratio": (p - 1) / m,
+            "p": p / (m + p),
+            "p_over": p / (m + p - 1),
+            "denominator": (p - 1) / (m + p),
+            "percent": 100 * share,
+            "busy": m / (m + p - 1),
+            "slots": p - 1,
+            "int": (p - 1) // (m + p - 1),
+            "twice": 2 * (p - 1) / (m + 2 * p - 2),
             "1f1b_none": 0 if schedule == "1f1b" else share,
             "1f1b_halved": (p - 1) / (2 * m + p - 1) if schedule == "1f1b" else share,
-        }[bubble]  # fmt: skip
+        }[bubble]
         right = m if schedule == "gpipe" else min(p, m)
         n = {
             "right": right,
@@ -181,8 +204,10 @@ def _slots_per_stage(pp, microbatches, schedule, microbatch_bytes):
 
 
 PIPELINE_MISTAKES = [
-    (make_pipeline(bubble="ratio"), ["Narayanan et al. 2021's bubble over the ideal time",
-                                     "idle over total"]),
+    (
+        make_pipeline(bubble="ratio"),
+        ["Narayanan et al. 2021's bubble over the ideal time", "idle over total"],
+    ),
     (make_pipeline(bubble="p"), ["p-1 slots, not p"]),
     (make_pipeline(bubble="p_over"), ["p-1 slots, not p"]),
     (make_pipeline(bubble="denominator"), ["m + p - 1 slots", "not m + p"]),
@@ -208,7 +233,7 @@ PIPELINE_MISTAKES = [
     (lambda *args: (0.5, "many"), ["two numbers"]),
     (_schedule_table, ["raised KeyError: 'gpipe'", "_schedule_table", "lower case"]),
     (_slots_per_stage, ["raised ZeroDivisionError", "m + p - 1 slots"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("fn, words", PIPELINE_MISTAKES)

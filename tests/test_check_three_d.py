@@ -42,9 +42,11 @@ RANK_MISTAKES = [
     (lambda i, j, k, t, p, d: rank_right(i, j, k, t, p, d) + 64, "is not in 0.."),
     (lambda i, j, k, t, p, d: [0][i], r"raised IndexError.*at line"),
     (lambda i, j, k, t, p: 0, "raised TypeError.*six ints"),
-    (lambda i, j, k, t, p, d: {0: 1, 1: 0}.get(r := rank_right(i, j, k, t, p, d), r),
-     "only some values of"),
-]  # fmt: skip
+    (
+        lambda i, j, k, t, p, d: {0: 1, 1: 0}.get(r := rank_right(i, j, k, t, p, d), r),
+        "only some values of",
+    ),
+]
 
 
 @pytest.mark.parametrize("fn, words", RANK_MISTAKES)
@@ -67,8 +69,9 @@ def test_rank_of_stub_is_not_implemented():
 
 def make_bytes(**switches):
     def bytes_per_step(stage, tp, pp, dp, trainable, layers, batch, seq, hidden, vocab):
-        return variant_bytes(stage, tp, pp, dp, trainable, layers, batch, seq, hidden, vocab,
-                             **switches)  # fmt: skip
+        return variant_bytes(
+            stage, tp, pp, dp, trainable, layers, batch, seq, hidden, vocab, **switches
+        )
 
     return bytes_per_step
 

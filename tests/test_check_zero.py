@@ -287,7 +287,7 @@ RS_MISTAKES = [
         (rs_into_chunk0,),
         r"output shares memory with the input but is not this rank's own chunk",
         alone=True,
-    ),  # fmt: skip
+    ),
 ]
 RS_RIGHT = ("right", "in place")
 
@@ -497,7 +497,7 @@ STAGE1_MISTAKES = [
         (Stage1NoDetach,),
         r"modified inplace.*Likely cause: .*Pass self.shard.detach\(\)",
         alone=True,
-    ),  # fmt: skip
+    ),
     Mistake(
         "all-gather input aliases chunk 0",
         (Stage1GatherFromChunk0,),
@@ -505,14 +505,14 @@ STAGE1_MISTAKES = [
         r"rank's own chunk.*overlaps chunk 0.*Likely cause: one collective's input and output "
         r"overlap",
         alone=True,
-    ),  # fmt: skip
+    ),
     Mistake(
         "reduce-scatter output aliases chunk 0",
         (Stage1ReduceIntoChunk0,),
         r"rank [12]: .*comm.reduce_scatter.*output shares memory with the input but is not "
         r"this rank's own chunk.*Likely cause: one collective's input and output overlap",
         alone=True,
-    ),  # fmt: skip
+    ),
 ]
 STAGE1_RIGHT = ("right", "in-place all-gather", "in-place reduce-scatter")
 

@@ -42,7 +42,11 @@ def test_a_copy_in_a_folder_named_minidist_passes_the_tests_that_name_places(tmp
     env = {**os.environ, "PYTHONPATH": str(copy)}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:nbval", "-q", "-p", "no:cacheprovider", *tests],
-        cwd=copy, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout

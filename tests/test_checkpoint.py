@@ -216,10 +216,11 @@ def try_loading_others(path):
         "buffer": (with_buffer(), UNITS["gpt"], adam),
         "sgd": (build("gpt").model, UNITS["gpt"], lambda c: torch.optim.SGD(c, lr=0.1)),
         "two groups": (
-            build("gpt").model, UNITS["gpt"],
+            build("gpt").model,
+            UNITS["gpt"],
             lambda c: torch.optim.Adam([{"params": c[:1]}, {"params": c[1:]}], lr=0.1),
         ),
-    }  # fmt: skip
+    }
     out = {}
     for case, (model, wrap, make_optimizer) in cases.items():
         fsdp = FullyShardedDataParallel(model, wrap=wrap)

@@ -72,30 +72,69 @@ def _copy(saved, tmp_path):
 
 # -- the metadata unpickler ------------------------------------------------------------------------
 MODULES = [
-    "builtins", "io", "os", "posix", "subprocess", "sys", "operator", "functools", "importlib",
-    "pickle", "copyreg", "codecs", "shutil", "runpy", "types", "pathlib", "collections",
-    "torch", "torch.serialization", "torch.distributed.checkpoint.filesystem", METADATA,
-]  # fmt: skip
+    "builtins",
+    "io",
+    "os",
+    "posix",
+    "subprocess",
+    "sys",
+    "operator",
+    "functools",
+    "importlib",
+    "pickle",
+    "copyreg",
+    "codecs",
+    "shutil",
+    "runpy",
+    "types",
+    "pathlib",
+    "collections",
+    "torch",
+    "torch.serialization",
+    "torch.distributed.checkpoint.filesystem",
+    METADATA,
+]
 DOTTED = [
-    "__init__.__globals__", "__init__.__builtins__.get", "__reduce__", "__reduce_ex__",
-    "__class__", "__subclasses__", "system", "__dict__", "mro", "__getattribute__", "__new__",
-    "create_from_tensor", "fromkeys", "write_text", "__call__", "__setstate__",
-]  # fmt: skip
+    "__init__.__globals__",
+    "__init__.__builtins__.get",
+    "__reduce__",
+    "__reduce_ex__",
+    "__class__",
+    "__subclasses__",
+    "system",
+    "__dict__",
+    "mro",
+    "__getattribute__",
+    "__new__",
+    "create_from_tensor",
+    "fromkeys",
+    "write_text",
+    "__call__",
+    "__setstate__",
+]
 
 
 def legitimate() -> set:
     """What a metadata pickle needs: DCP's metadata classes (defined in that module), the
     storage info, torch.Size, dtypes, the layout lookup, paths and OrderedDict."""
     classes = {
-        (METADATA, n) for n, v in vars(dcp_metadata).items()
+        (METADATA, n)
+        for n, v in vars(dcp_metadata).items()
         if isinstance(v, type) and v.__module__ == METADATA
-    }  # fmt: skip
+    }
     dtypes = {("torch", n) for n, v in vars(torch).items() if isinstance(v, torch.dtype)}
-    return classes | dtypes | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
-    }  # fmt: skip
+    return (
+        classes
+        | dtypes
+        | {
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("collections", "OrderedDict"),
+        }
+    )
 
 
 def candidates():
@@ -310,10 +349,13 @@ def test_an_interrupted_rank_file_write_leaves_no_file_under_its_name(tmp_path):
     "extra, message",
     [
         ("buffer", "frozen parameter or buffer extra: the checkpoint has [3], this model has no"),
-        ("parameter", "trainable parameter extra: the checkpoint has [3] torch.float32, this "
-         "model has no such parameter"),
+        (
+            "parameter",
+            "trainable parameter extra: the checkpoint has [3] torch.float32, this "
+            "model has no such parameter",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_checkpoint_with_entries_the_model_lacks_is_refused_naming_them(tmp_path, extra, message):
     minidist.launch(save_tiny, 2, tmp_path / "ckpt", extra)
     for error in minidist.launch(load_tiny, 2, tmp_path / "ckpt"):

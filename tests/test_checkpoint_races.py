@@ -98,8 +98,9 @@ def read_loop(values, path, stop, out):
 @pytest.mark.parametrize("kind", ["fsdp", "embedding"])
 def test_a_load_during_repeated_saves_reads_whole_versions(tmp_path, kind):
     saves, values = {
-        "fsdp": (fsdp_saves, fsdp_values), "embedding": (embedding_saves, embedding_values)
-    }[kind]  # fmt: skip
+        "fsdp": (fsdp_saves, fsdp_values),
+        "embedding": (embedding_saves, embedding_values),
+    }[kind]
     path = tmp_path / "ckpt"
     ctx = multiprocessing.get_context("fork")
     stop, out = ctx.Event(), ctx.Queue()

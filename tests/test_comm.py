@@ -157,10 +157,11 @@ def uneven_all_to_all(row: int):
     out = torch.empty_like(torch.cat([chunk(s, rank) for s in range(n)]))
     with comm.record() as ledger:
         comm.all_to_all(
-            out, inp,
+            out,
+            inp,
             output_split_sizes=[split(s, rank) for s in range(n)],
             input_split_sizes=[split(rank, d) for d in range(n)],
-        )  # fmt: skip
+        )
     expected = torch.cat([chunk(s, rank) for s in range(n)])
     (r,) = ledger.records
     own = split(rank, rank) * row * F32  # the chunk a rank keeps is not sent

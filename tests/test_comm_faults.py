@@ -15,8 +15,13 @@ from minidist import backends, comm
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 40), st.integers(0, 40), st.integers(0, 40), st.integers(0, 40),
-       st.sampled_from([torch.float32, torch.float64, torch.int8, torch.bfloat16]))  # fmt: skip
+@given(
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.sampled_from([torch.float32, torch.float64, torch.int8, torch.bfloat16]),
+)
 def test_overlap_is_exact_to_the_element(i, j, k, m, dtype):
     """Two slices of one buffer overlap iff their index ranges share an element."""
     x = torch.zeros(48, dtype=dtype)

@@ -105,7 +105,9 @@ def test_the_grid_picture_has_a_panel_per_kind_and_refuses_an_unknown_one():
 
     fig = plot_grid(ParallelDims(dp_shard=2, cp=2, tp=2, pp=2, ep=2))
     assert [ax.get_title(loc="left") for ax in fig.axes][:2] == [
-        "tp: 8 groups of 2", "cp: 8 groups of 2"]  # fmt: skip
+        "tp: 8 groups of 2",
+        "cp: 8 groups of 2",
+    ]
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -58,8 +58,9 @@ def factorisations(model: str) -> list[tuple[str, dict]]:
 
 # one launch of 8 ranks per example, so one example per run (no shrinking: each try is a
 # world); over the runs of the suite hypothesis covers the list
-@settings(max_examples=1, deadline=None, phases=[Phase.generate],
-          suppress_health_check=list(HealthCheck))  # fmt: skip
+@settings(
+    max_examples=1, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+)
 @given(st.tuples(*(st.sampled_from(factorisations(m)) for m in ("gpt", "moe", "llama"))))
 def test_sampled_factorisations_of_8_equal_one_process(layouts):
     results = minidist.launch(several, 8, list(layouts), timeout_s=600)[0]
@@ -81,8 +82,10 @@ class HFAttention(nn.Module):  # a user's model: nothing of minidist's but RMSNo
 
     def forward(self, x):
         b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
+        q, k, v = (
+            p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         d = self.head_dim
         inv = 1.0 / self.theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         ang = torch.arange(s, dtype=torch.float32)[:, None] * inv
@@ -115,9 +118,14 @@ class HFLlama(nn.Module):
     def __init__(self, vocab):
         super().__init__()
         self.config = c = types.SimpleNamespace(
-            hidden_size=32, num_attention_heads=4, num_key_value_heads=2, rope_theta=1e4,
-            num_hidden_layers=4, intermediate_size=64, max_position_embeddings=16,
-        )  # fmt: skip
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_theta=1e4,
+            num_hidden_layers=4,
+            intermediate_size=64,
+            max_position_embeddings=16,
+        )
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, c.hidden_size)
         self.model.layers = nn.ModuleList(HFLayer(c) for _ in range(c.num_hidden_layers))
@@ -158,8 +166,11 @@ def _pieces_round_trip():
         engine.step()
         if step == 0:
             pieces = engine.state_pieces()
-            mine = [(q.name, q.global_shape, q.box_offsets, q.box_sizes, q.flat,
-                     q.tensor.clone()) for q in pieces if q.owner]  # fmt: skip
+            mine = [
+                (q.name, q.global_shape, q.box_offsets, q.box_sizes, q.flat, q.tensor.clone())
+                for q in pieces
+                if q.owner
+            ]
             everyone = [None] * 8
             minidist.comm.all_gather_object(everyone, mine)
             saved = assemble([p for part in everyone for p in part])
@@ -172,8 +183,9 @@ def _pieces_round_trip():
                 for p in engine.module.parameters():  # the live copies too: loading sets them
                     p.fill_(7.0)
                 for q in pieces:
-                    box = saved[q.name][tuple(slice(o, o + s) for o, s in
-                                              zip(q.box_offsets, q.box_sizes))]  # fmt: skip
+                    box = saved[q.name][
+                        tuple(slice(o, o + s) for o, s in zip(q.box_offsets, q.box_sizes))
+                    ]
                     flat = box.reshape(-1) if q.flat is not None else box
                     q.tensor.copy_(flat[q.flat[0] : q.flat[1]] if q.flat else flat)
                 engine.finish_state_load()
@@ -196,8 +208,7 @@ def test_a_users_hf_layout_model_and_the_pieces_round_trip():
 def test_train_cli_prints_name_value_lines(capsys):
     from minidist.__main__ import main
 
-    argv = ["train", "--model", "moe", "--dp-shard", "2", "--ep", "2", "--steps", "2",
-            "--compare"]  # fmt: skip
+    argv = ["train", "--model", "moe", "--dp-shard", "2", "--ep", "2", "--steps", "2", "--compare"]
     assert main(argv) == 0
     lines = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
     assert float(lines["loss_max_abs_diff"]) < 1e-5 and float(lines["bytes_ep"]) > 0

@@ -22,8 +22,9 @@ from minidist.compose.optim import OptimizerConfig, lr_factor
 from minidist.training import max_abs_diff
 
 STEPS = 4
-CFG = OptimizerConfig("adamw", 1e-2, weight_decay=0.5, warmup=1, lr_schedule="cosine",
-                      min_lr=1e-3, clip_grad=0.5)  # fmt: skip
+CFG = OptimizerConfig(
+    "adamw", 1e-2, weight_decay=0.5, warmup=1, lr_schedule="cosine", min_lr=1e-3, clip_grad=0.5
+)
 LAYOUTS = [  # 4 ranks each; the six: tp with sp, pp with the tied embedding, cp, ep,
     ("llama", dict(dp_shard=2, tp=2, sp=True), "fp32"),  # HSDP, bf16
     ("gpt", dict(dp_shard=2, pp=2), "fp32"),
@@ -54,8 +55,11 @@ def test_clipped_adamw_with_a_schedule_equals_torchs_on_six_layouts():
     for (model, dims, precision), got in zip(LAYOUTS, runs):
         ref = want[model]
         bf16 = precision == "bf16"
-        tol = dict(loss=1e-2, params=2 * STEPS * CFG.lr, norm=5e-2) if bf16 else \
-            dict(loss=1e-5, params=1e-3, norm=1e-5)  # fmt: skip
+        tol = (
+            dict(loss=1e-2, params=2 * STEPS * CFG.lr, norm=5e-2)
+            if bf16
+            else dict(loss=1e-5, params=1e-3, norm=1e-5)
+        )
         assert got["losses"] == pytest.approx(ref["losses"], abs=tol["loss"]), dims
         assert got["norms"] == pytest.approx(ref["norms"], rel=tol["norm"]), dims
         assert max_abs_diff(got["params"], ref["params"]) < tol["params"], dims
@@ -65,8 +69,9 @@ def test_weight_decay_spares_norms_and_biases_in_one_process():
     plain = reference("gpt", 1, 8, optim=OptimizerConfig("adamw", 1e-2))  # one step: the
     # second would see the decayed matrices in its gradients
     decayed = reference("gpt", 1, 8, optim=OptimizerConfig("adamw", 1e-2, weight_decay=0.5))
-    moved = {n for n in plain["params"] if not torch.equal(plain["params"][n],
-                                                           decayed["params"][n])}  # fmt: skip
+    moved = {
+        n for n in plain["params"] if not torch.equal(plain["params"][n], decayed["params"][n])
+    }
     assert moved == {n for n, t in plain["params"].items() if t.dim() >= 2}
 
 

@@ -18,14 +18,25 @@ STEPS, BATCH, MICRO = 2, 8, 2
 
 
 def _dims(dp_replicate=1, dp_shard=1, tp=1, sp=False, pp=1, schedule="1f1b", virtual=1):
-    return types.SimpleNamespace(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, sp=sp,
-                                 pp=pp, schedule=schedule, virtual=virtual, cp=1, ep=1)  # fmt: skip
+    return types.SimpleNamespace(
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        tp=tp,
+        sp=sp,
+        pp=pp,
+        schedule=schedule,
+        virtual=virtual,
+        cp=1,
+        ep=1,
+    )
 
 
 def _batches():
     g = torch.Generator().manual_seed(1)
-    return [tuple(torch.randint(0, 64, (BATCH, 16), generator=g) for _ in range(2))
-            for _ in range(STEPS)]  # fmt: skip
+    return [
+        tuple(torch.randint(0, 64, (BATCH, 16), generator=g) for _ in range(2))
+        for _ in range(STEPS)
+    ]
 
 
 def _model():

@@ -73,8 +73,12 @@ def test_each_block_transfer_is_posted_before_its_computation_and_waited_after(c
     for t in minidist.launch(ring_timeline_rank, c, "zigzag", 1, 2, 8 * c, 4):
         compute = t.spans(transfers=False)
         kinds = Counter(what for what, _, _ in t.events)
-        assert kinds == {"compute": 2 * c, "cp-kv-forward": c - 1, "cp-kv-backward": c - 1,
-                         "cp-dkv-backward": c}  # fmt: skip
+        assert kinds == {
+            "compute": 2 * c,
+            "cp-kv-forward": c - 1,
+            "cp-kv-backward": c - 1,
+            "cp-dkv-backward": c,
+        }
         kv = [(s, e) for what, s, e in t.events if what.startswith("cp-kv")]
         steps = compute[: c - 1] + compute[c : 2 * c - 1]  # steps that hand a block on
         for (s, e), (cs, ce) in zip(kv, steps, strict=True):
@@ -110,13 +114,15 @@ def test_context_parallel_gpt_equals_the_dense_gpt_and_its_bytes_the_theory(c, r
             per_tag[r.tag] += r.ring_bytes / STEPS
         # each collective under its own tag, as the theory's phases
         phases = theory.ring_bytes_per_layer(b, s, cfg.hidden, c)
-        assert dict(per_tag) == pytest.approx({
-            "cp-kv-forward": cfg.layers * phases["forward"],
-            "cp-kv-backward": cfg.layers * phases["backward K, V"],
-            "cp-dkv-backward": cfg.layers * phases["backward dK, dV"],
-            "cp-grads": comm.ring_bytes("all_reduce", 4 * runs[0].trainable, c),
-            "cp-loss": comm.ring_bytes("all_reduce", 4, c),
-        })  # fmt: skip
+        assert dict(per_tag) == pytest.approx(
+            {
+                "cp-kv-forward": cfg.layers * phases["forward"],
+                "cp-kv-backward": cfg.layers * phases["backward K, V"],
+                "cp-dkv-backward": cfg.layers * phases["backward dK, dV"],
+                "cp-grads": comm.ring_bytes("all_reduce", 4 * runs[0].trainable, c),
+                "cp-loss": comm.ring_bytes("all_reduce", 4, c),
+            }
+        )
         # causal work: chunk pairs per forward on each rank
         assert [run.work[0] for run in runs] == theory.causal_pairs(layout, c)
 

@@ -58,8 +58,9 @@ def test_exercises_refuses_a_solutions_folder_that_is_not_one(tmp_path, capsys):
 def test_plan_plot_into_an_unwritable_folder_is_refused_before_planning(tmp_path, capsys):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    line = _usage_error(["plan", "--params", "1e9", "--world", "8", "--plot",
-                         str(locked / "p.png")], capsys)  # fmt: skip
+    line = _usage_error(
+        ["plan", "--params", "1e9", "--world", "8", "--plot", str(locked / "p.png")], capsys
+    )
     assert "argument --plot:" in line and "not writable" in line
     assert "memory_bytes_per_rank" not in capsys.readouterr().out
 
@@ -67,14 +68,20 @@ def test_plan_plot_into_an_unwritable_folder_is_refused_before_planning(tmp_path
 @pytest.mark.parametrize("where", ["missing/p.png", "file/p.png", "."])
 def test_plan_plot_into_a_path_that_cannot_be_a_file_is_refused(where, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    line = _usage_error(["plan", "--params", "1e9", "--world", "8", "--plot",
-                         str(tmp_path / where)], capsys)  # fmt: skip
+    line = _usage_error(
+        ["plan", "--params", "1e9", "--world", "8", "--plot", str(tmp_path / where)], capsys
+    )
     assert "argument --plot:" in line
 
 
 def _notebook(code: str) -> dict:
-    cell = {"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
-            "execution_count": None}  # fmt: skip
+    cell = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": code,
+        "outputs": [],
+        "execution_count": None,
+    }
     return {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 

@@ -121,13 +121,18 @@ def ours_vs_torch_ddp():
     local = [shard_batch(b, rank, world) for b in batches]
     ours = train(
         BucketedDataParallel(model, bucket_cap_mb=0.01),
-        local, loss_fn, make_optimizer(model.parameters()),
-    )  # fmt: skip
+        local,
+        loss_fn,
+        make_optimizer(model.parameters()),
+    )
     model, _, _ = build("gpt")
     native = train(
-        model, local, loss_fn, make_optimizer(model.parameters()),
+        model,
+        local,
+        loss_fn,
+        make_optimizer(model.parameters()),
         forward=DistributedDataParallel(model, bucket_cap_mb=0.01),
-    )  # fmt: skip
+    )
     return ours, native
 
 
@@ -191,9 +196,11 @@ def branches_on_rank(orders: tuple[tuple[str, ...], ...], find_unused: bool):
     torch.manual_seed(0)
     model = Branches()
     ddp = BucketedDataParallel(
-        model, bucket_cap_mb=BRANCH_MB, first_bucket_cap_mb=BRANCH_MB,
+        model,
+        bucket_cap_mb=BRANCH_MB,
+        first_bucket_cap_mb=BRANCH_MB,
         find_unused_parameters=find_unused,
-    )  # fmt: skip
+    )
     names = {id(p): n for n, p in model.named_parameters()}
     ready: list[list[str]] = []
     for p in model.parameters():  # after the wrapper's hooks: fire once it has seen the grad

@@ -10,8 +10,23 @@ import minidist
 from minidist.device_guard import ImplicitDeviceError, no_implicit_device
 
 PACKAGE = Path(minidist.__file__).parent
-FACTORIES = {"empty", "zeros", "ones", "full", "tensor", "arange", "linspace", "logspace", "eye",
-             "rand", "randn", "randint", "randperm", "empty_strided", "scalar_tensor"}  # fmt: skip
+FACTORIES = {
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "tensor",
+    "arange",
+    "linspace",
+    "logspace",
+    "eye",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "empty_strided",
+    "scalar_tensor",
+}
 
 
 def run_as_minidist_code(source: str):
@@ -52,9 +67,13 @@ def test_no_factory_call_in_minidist_omits_its_device():
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in FACTORIES and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "torch"
-                    and not any(k.arg in ("device", None) for k in node.keywords)):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+                and not any(k.arg in ("device", None) for k in node.keywords)
+            ):
                 missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert missing == []

@@ -26,8 +26,12 @@ def test_slots_to_sample_major_csr():
 
 def test_ids_to_csr_equals_slots_to_csr():
     """The same occurrences as (key, sample, slot) triples, shuffled across bags."""
-    triples = [(s_keys, b, s) for s, col in enumerate(PER_SLOT) for b, bag in enumerate(col)
-               for s_keys in bag]  # fmt: skip
+    triples = [
+        (s_keys, b, s)
+        for s, col in enumerate(PER_SLOT)
+        for b, bag in enumerate(col)
+        for s_keys in bag
+    ]
     order = [4, 0, 3, 6, 1, 5, 2]  # within a bag (10 before 11, the two 2s) input order
     keys, samples, slots = (torch.tensor([triples[i][j] for i in order]) for j in range(3))
     values, offsets = csr_from_ids(keys, samples, slots, batch_size=3, slots=2)
@@ -67,11 +71,14 @@ def test_layers_refuse_bad_batches_before_any_change():
         (TypeError, "values must be an int64 tensor", (values.int(), torch.tensor([0, 3]))),
         (TypeError, "row_offsets must be an int64 tensor", (values, torch.tensor([0, 3.0]))),
         (ValueError, "row_offsets must start at 0, got 1", (values, torch.tensor([1, 3]))),
-        (ValueError, r"never decrease, got row_offsets\[1\]=2 > row_offsets\[2\]=1",
-         (values, torch.tensor([0, 2, 1, 3]))),
+        (
+            ValueError,
+            r"never decrease, got row_offsets\[1\]=2 > row_offsets\[2\]=1",
+            (values, torch.tensor([0, 2, 1, 3])),
+        ),
         (ValueError, r"end at len\(values\)=3, got 2", (values, torch.tensor([0, 2]))),
         (HashTableFullError, "capacity=4", to_csr([[1, 2], [3, 4, 5]])),  # 5 keys, room for 4
-    ]  # fmt: skip
+    ]
     for error, message, batch in bad:
         with pytest.raises(error, match=message):
             layer(*batch)

@@ -111,8 +111,11 @@ def test_hash_model_equals_dense_embedding_bag_baseline(data, model):
 
 
 # the distributed slots' default scheme (HugeCTR's reduce-scatter) and TorchRec's all-to-all
-WORLD_CASES = [("wide_deep", "distributed", None), ("wide_deep", "distributed", "all_to_all"),
-               ("dlrm", "localized", None)]  # fmt: skip
+WORLD_CASES = [
+    ("wide_deep", "distributed", None),
+    ("wide_deep", "distributed", "all_to_all"),
+    ("dlrm", "localized", None),
+]
 
 
 @pytest.mark.parametrize(("model", "embedding", "scheme"), WORLD_CASES)
@@ -120,8 +123,9 @@ def test_world_of_2_equals_one_process(data, model, embedding, scheme):
     ref, ref_losses = _train(model, "hash", data, capacity=4096)
     held_out = STEPS * GB, (STEPS + 1) * GB
     scheme = {} if scheme is None else {"scheme": scheme}
-    runs = minidist.launch(ctr_on_rank, 2, model, embedding, data, STEPS, GB, held_out,
-                           capacity=2048, **scheme)  # fmt: skip
+    runs = minidist.launch(
+        ctr_on_rank, 2, model, embedding, data, STEPS, GB, held_out, capacity=2048, **scheme
+    )
     losses = [sum(r["losses"][i] for r in runs) / 2 for i in range(STEPS)]
     assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= TOL
     for name, dump in ref.dumps().items():
@@ -166,9 +170,10 @@ def test_bench_runs_on_tiny_sizes():
     assert out["hash_bench_keys"] == 512 and out["hash_find_speedup_vs_dict"] > 0
     small = measure.small_inserts(rounds=2, capacities=(24, 96))
     assert set(small) == {
-        "hash_insert_4_keys_ms_at_32_slots", "hash_insert_4_keys_ms_at_128_slots",
+        "hash_insert_4_keys_ms_at_32_slots",
+        "hash_insert_4_keys_ms_at_128_slots",
         "hash_small_insert_large_over_small",
-    }  # fmt: skip
+    }
     bag = measure.bag_vs_dense(16, rounds=1, steps=1)
     assert bag["embedding_bag_same_output"] and bag["embedding_bag_keys"] > 16 * SLOTS - 1
     kernel = measure.kernel_throughput("cpu", "torch", 256, 64, rounds=1)

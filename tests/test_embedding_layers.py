@@ -26,9 +26,12 @@ BAGS = [[], [5], [5, 5, -3], [], [1 << 40, -3, 7, 5], [-(1 << 63)], [9, 9, 9], [
 def torch_reference(layer: HashEmbeddingBag, values: torch.Tensor) -> nn.EmbeddingBag:
     """nn.EmbeddingBag over a copy of the layer's rows, fed the rows the table gives."""
     ref = nn.EmbeddingBag.from_pretrained(
-        layer.weight.detach().clone(), freeze=False, mode=layer.mode, sparse=True,
+        layer.weight.detach().clone(),
+        freeze=False,
+        mode=layer.mode,
+        sparse=True,
         include_last_offset=True,
-    )  # fmt: skip
+    )
     return ref
 
 

@@ -98,8 +98,11 @@ def run_torch(kind: str, mode: str, layer: HashEmbeddingBag, start: torch.Tensor
                 if r not in rows.tolist():
                     p.grad = None  # an untouched row: torch's optimizer skips it
         optimizer.step()
-        tables.append(torch.stack([p.detach() for p in params]) if how == "per_row" else
-                      params[0].detach().clone())  # fmt: skip
+        tables.append(
+            torch.stack([p.detach() for p in params])
+            if how == "per_row"
+            else params[0].detach().clone()
+        )
     return tables
 
 

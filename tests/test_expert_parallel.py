@@ -24,9 +24,15 @@ NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 # (e, k, capacity factor, padded to capacity)
 CONFIGS = {
     2: [(2, 1, 1.0, False), (2, 2, 1.25, False), (2, 2, 1.0, True)],
-    4: [(4, 1, 1.0, False), (4, 2, 1.0, False), (2, 1, 1.0, False), (2, 2, 1.5, False),
-        (4, 1, 1.0, True), (2, 2, 1.0, True)],
-}  # fmt: skip
+    4: [
+        (4, 1, 1.0, False),
+        (4, 2, 1.0, False),
+        (2, 1, 1.0, False),
+        (2, 2, 1.5, False),
+        (4, 1, 1.0, True),
+        (2, 2, 1.0, True),
+    ],
+}
 
 
 def _world(configs):
@@ -40,9 +46,11 @@ def _world(configs):
         refused.append("")
     except ValueError as e:
         refused.append(str(e))
-    for bad in (lambda: ExpertParallelMoE(MoE(8, 8, 6)),
-                lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8)),
-                lambda: ExpertParallelMoE(MoE(8, 8, 4), pad_to_capacity="yes")):  # fmt: skip
+    for bad in (
+        lambda: ExpertParallelMoE(MoE(8, 8, 6)),
+        lambda: ExpertParallelMoE(MoE(8, 8, 4))(torch.randn(2, 3, 8)),
+        lambda: ExpertParallelMoE(MoE(8, 8, 4), pad_to_capacity="yes"),
+    ):
         try:
             bad()
             refused.append("")
@@ -89,11 +97,19 @@ def test_expert_parallel_equals_one_process_and_its_bytes_the_theory(n):
                 assert torch.allclose(p, ref_params[name], atol=TOL), name
             total = sum(r.ring_bytes for r in run.records)
             want_total = sum(
-                theory.bytes_sent_per_step(send_matrix(runs, e, s, rank // e), rank % e, 16, 8,
-                                           run.router_params, run.expert_params, n, d,
-                                           counts=not pad)
+                theory.bytes_sent_per_step(
+                    send_matrix(runs, e, s, rank // e),
+                    rank % e,
+                    16,
+                    8,
+                    run.router_params,
+                    run.expert_params,
+                    n,
+                    d,
+                    counts=not pad,
+                )
                 for s in range(len(run.trace))
-            )  # fmt: skip
+            )
             assert total == pytest.approx(want_total)
             assert pad != any(r.tag == "ep counts" for r in run.records)  # padded: no counts
             grads = [r for r in run.records if r.tag == "ep expert grads"]
@@ -267,12 +283,17 @@ def _both_dispatches(cases) -> list:
     world=st.sampled_from([2, 4]),
     cases=st.lists(
         st.tuples(
-            st.sampled_from([4, 8]), st.sampled_from([4, 8]), st.integers(1, 2),
-            st.sampled_from([0.5, 1.0, 1.25, 2.0]), st.integers(1, 13), st.integers(0, 99),
+            st.sampled_from([4, 8]),
+            st.sampled_from([4, 8]),
+            st.integers(1, 2),
+            st.sampled_from([0.5, 1.0, 1.25, 2.0]),
+            st.integers(1, 13),
+            st.integers(0, 99),
         ),
-        min_size=2, max_size=3,
+        min_size=2,
+        max_size=3,
     ),
-)  # fmt: skip
+)
 def test_padded_and_exact_dispatch_equal_one_process_over_the_range(world, cases):
     """Hidden sizes, E, k, capacity factors and token counts that do not divide (ceil
     capacities, empty experts): both dispatches give the one-process MoE's outputs and

@@ -35,9 +35,12 @@ def test_bad_moe_arguments_are_refused_by_name(kwargs, rule):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.integers(2, 24), st.integers(1, 3), st.floats(0.25, 2.0), st.integers(0, 10**6),
+    st.integers(2, 24),
+    st.integers(1, 3),
+    st.floats(0.25, 2.0),
+    st.integers(0, 10**6),
     st.sampled_from([math.nan, math.inf, -math.inf]),
-)  # fmt: skip
+)
 def test_a_non_finite_token_is_refused_and_names_the_token(tokens, k, cf, seed, bad):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(tokens, 4, generator=g)

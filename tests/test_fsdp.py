@@ -201,8 +201,10 @@ def test_bad_input_is_named():
         return {n: u.module is model for u in fsdp.units for n in u.names}
 
     assert minidist.launch(tied_across_units, 2)[0] == {
-        "0.bias": False, "1.bias": False, "0.weight": True
-    }  # fmt: skip
+        "0.bias": False,
+        "1.bias": False,
+        "0.weight": True,
+    }
 
 
 def synced_accumulation_rank(micro_batches: tuple[int, ...]):

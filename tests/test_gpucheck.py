@@ -16,8 +16,12 @@ def test_without_a_gpu_it_says_so_and_exits_0(monkeypatch):
     assert gpucheck.main(lines.append) == 0
     assert lines[0] == "gpu=none"
     if not torch.cuda.is_available():
-        out = subprocess.run([sys.executable, "-m", "minidist", "gpucheck"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "minidist", "gpucheck"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.splitlines()[0] == "gpu=none"
 
@@ -66,12 +70,24 @@ def test_lessons_14_to_16_are_in_the_nccl_tour_and_the_world_of_one_checks():
 def test_triton_against_torch_runs_on_the_interpreter():
     """The same comparison as on a GPU, on few keys under TRITON_INTERPRET."""
     figures = gpucheck.triton_vs_torch(n=512, dim=4, device="cpu")
-    assert figures == {"keys": 512, "same_keys_found": True, "same_vectors": True,
-                       "same_bags": True, "same_grads": True, "ok": True}  # fmt: skip
+    assert figures == {
+        "keys": 512,
+        "same_keys_found": True,
+        "same_vectors": True,
+        "same_bags": True,
+        "same_grads": True,
+        "ok": True,
+    }
 
 
-CHEAP = ("bucketed_ddp", "pipeline_1f1b", "sequence_parallel", "context_parallel",
-         "expert_parallel", "composed_llama")  # fmt: skip
+CHEAP = (
+    "bucketed_ddp",
+    "pipeline_1f1b",
+    "sequence_parallel",
+    "context_parallel",
+    "expert_parallel",
+    "composed_llama",
+)
 
 
 @pytest.mark.parametrize("case", [c for c in gpucheck.WRAPPERS if c[0] in CHEAP], ids=str)

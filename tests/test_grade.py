@@ -102,12 +102,11 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
         (n[0], "Exercise 2: wrong", False, "AssertionError: add(1, 2) gave 2, expected 3"),
         (n[0], "Exercise 3: hangs, then is interrupted", False, HUNG),
         (n[0], "Exercise 4: the kernel still answers", True, "PASSED: add(1, 2) == 3"),
-    ]  # fmt: skip
+    ]
     assert got[4:6] == [
         (n[1], "Exercise 1: the kernel dies", False, "the kernel died while running cell 2"),
-        (n[1], "Exercise 2: never reached", False,
-         "not run: the kernel died while running cell 2"),
-    ]  # fmt: skip
+        (n[1], "Exercise 2: never reached", False, "not run: the kernel died while running cell 2"),
+    ]
     reason = "cell 2 hung past 3 s and ignored the interrupt"
     assert got[6:8] == [
         (n[2], "Exercise 1: ignores the interrupt", False, reason),

@@ -32,8 +32,9 @@ def imports_of(name: str) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([node.module] if node.module else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                       for a in node.names]  # fmt: skip
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
         else:
             continue
         found |= {t for t in targets if t in MODULES and t != name}
@@ -105,8 +106,10 @@ def lesson_violations() -> list[str]:
             if parts[1] in PLANS_LATER_LESSONS:
                 continue
             if other in lessons and lessons[other] > lessons[parts[1]]:
-                wrong.append(f"{name} (lesson {lessons[parts[1]]}) imports {target} "
-                             f"(lesson {lessons[other]})")  # fmt: skip
+                wrong.append(
+                    f"{name} (lesson {lessons[parts[1]]}) imports {target} "
+                    f"(lesson {lessons[other]})"
+                )
     return wrong
 
 

@@ -71,8 +71,16 @@ def test_divide_factors_values_and_how_they_differ_from_torch_fsdp():
 
     torch_rule = DefaultState._get_gradient_predivide_factor
     assert [divide_factors(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 128)] == [
-        (1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (2, 4), (2, 6), (4, 4), (8, 16)
-    ]  # fmt: skip
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+        (2, 6),
+        (4, 4),
+        (8, 16),
+    ]
     for k in range(8):
         n = 2**k
         pre, post = divide_factors(n)

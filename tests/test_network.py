@@ -31,8 +31,11 @@ def _input(rank: int, length: int, dtype) -> torch.Tensor:
 def _shapes_on_rank(grids: list[tuple[int, int]], node_sizes: list[int]):
     """Every shape on every length and dtype: (name, length, dtype, max diff, bytes by class)."""
     rank = dist.get_rank()
-    layouts = [(f"mesh{r}x{c}-{inner}", Mesh2D(r, c), inner) for r, c in grids
-               for inner in ("row", "column")]  # fmt: skip
+    layouts = [
+        (f"mesh{r}x{c}-{inner}", Mesh2D(r, c), inner)
+        for r, c in grids
+        for inner in ("row", "column")
+    ]
     layouts += [(f"nodes{g}", Nodes(g), "intra") for g in node_sizes]
     out = []
     for dtype in (torch.float32, torch.float64):

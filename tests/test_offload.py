@@ -122,8 +122,12 @@ def test_tier_bytes_measured_on_a_plain_module(tmp_path):
     opt.step()
     n = sum(p.numel() for p in model.parameters())
     assert opt.tier_bytes() == theory.tier_bytes(n, "disk", tensors=2)
-    assert opt.file_sizes() == {"0.exp_avg": 48, "0.exp_avg_sq": 48, "1.exp_avg": 12,
-                                "1.exp_avg_sq": 12}  # fmt: skip
+    assert opt.file_sizes() == {
+        "0.exp_avg": 48,
+        "0.exp_avg_sq": 48,
+        "1.exp_avg": 12,
+        "1.exp_avg_sq": 12,
+    }
     on_disk = np.fromfile(os.path.join(opt.directory, "0.exp_avg"), dtype=np.float32)
     assert np.array_equal(on_disk, opt.state[opt.masters[0]]["exp_avg"].reshape(-1).numpy())
     assert not opt.pinned and not opt.on_cuda  # nothing pinned, no CUDA call on a CPU

@@ -513,15 +513,24 @@ def test_state_bytes_by_kind_and_activations_without_gathered_weights(name):
     buffers = 16 if name == "llama" else 0
     ddp, zero, fsdp = r["ddp"]["bytes"], r["zero2"]["bytes"], r["fsdp"]["bytes"]
     assert (ddp.params, ddp.grads, ddp.optimizer, ddp.buffers) == (
-        4 * psi, 4 * psi, 8 * psi + 4 * tensors, buffers
-    )  # fmt: skip
+        4 * psi,
+        4 * psi,
+        8 * psi + 4 * tensors,
+        buffers,
+    )
     p, f = r["zero2"]["padded"], r["zero2"]["flats"]
     assert (zero.params, zero.grads, zero.optimizer, zero.buffers) == (
-        4 * p, 4 * p // n, 8 * p // n + 4 * f, buffers
-    )  # fmt: skip
+        4 * p,
+        4 * p // n,
+        8 * p // n + 4 * f,
+        buffers,
+    )
     p, f = r["fsdp"]["padded"], r["fsdp"]["flats"]
     assert (fsdp.params, fsdp.grads, fsdp.optimizer, fsdp.buffers) == (
-        4 * p // n, 4 * p // n, 8 * p // n + 4 * f, buffers
-    )  # fmt: skip
+        4 * p // n,
+        4 * p // n,
+        8 * p // n + 4 * f,
+        buffers,
+    )
     assert r["fsdp"]["saved"] == r["ddp"]["saved"] == r["zero2"]["saved"]
     assert r["fsdp"]["saved_old_rule"] > r["ddp"]["saved"]

@@ -70,9 +70,13 @@ def _replicas_on_rank() -> dict[str, list[str]]:
         elif hasattr(wrapper, "full_parameters"):
             params = wrapper.full_parameters()
         else:  # expert parallel, a 3D stage: the replicated parameters
-            params = {n: p for n, p in wrapper.named_parameters()
-                      if ".experts." not in n and not n.startswith("experts.")
-                      and not hasattr(p, "tp_split")}  # fmt: skip
+            params = {
+                n: p
+                for n, p in wrapper.named_parameters()
+                if ".experts." not in n
+                and not n.startswith("experts.")
+                and not hasattr(p, "tp_split")
+            }
         out[name] = _same_everywhere(params)
     return out
 

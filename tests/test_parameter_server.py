@@ -229,9 +229,17 @@ def test_downpour_one_worker_staleness_is_the_schedule(n_fetch, n_push):
 def test_downpour_three_workers_loss_falls_and_staleness_is_recorded():
     steps, n_fetch, n_push = 30, 2, 1
     results = minidist.launch(
-        train_on_rank, 4, 1, 3, "downpour", steps=steps, global_batch=12,
-        n_fetch=n_fetch, n_push=n_push, timeout_s=60,
-    )  # fmt: skip
+        train_on_rank,
+        4,
+        1,
+        3,
+        "downpour",
+        steps=steps,
+        global_batch=12,
+        n_fetch=n_fetch,
+        n_push=n_push,
+        timeout_s=60,
+    )
     served, trained = _split(results)
     applied = served[0].applied
     assert len(applied) == 3 * steps  # every push applied, one optimizer step each
@@ -265,9 +273,17 @@ def test_downpour_pushes_the_last_partial_interval(steps, n_push):
 
     lr = 0.05
     results = minidist.launch(
-        train_on_rank, 2, 1, 1, "downpour", steps=steps, n_fetch=steps, n_push=n_push,
-        lr=lr, momentum=0.0,
-    )  # fmt: skip
+        train_on_rank,
+        2,
+        1,
+        1,
+        "downpour",
+        steps=steps,
+        n_fetch=steps,
+        n_push=n_push,
+        lr=lr,
+        momentum=0.0,
+    )
     served, _ = _split(results)
     pushes = push_steps(steps, n_push)
     assert pushes[-1] == steps - 1 and len(pushes) == -(-steps // n_push)

@@ -106,10 +106,15 @@ def pipeline_rank(kind: str, m: int, pp: int):
     dp = [r for r in ledger.records if r.tag == "dp-grads"]
     trainable = sum(1 for p in pipe.module.parameters() if p.requires_grad)
     return dict(
-        losses=losses, params=pipe.full_parameters(), peak=pipe.peak_alive,
-        peak_bytes=pipe.peak_saved_bytes, per_mb=pipe.saved_per_microbatch,
-        dp_per_step=len(dp) / STEPS, trainable=trainable, stage=layout.pp_rank,
-    )  # fmt: skip
+        losses=losses,
+        params=pipe.full_parameters(),
+        peak=pipe.peak_alive,
+        peak_bytes=pipe.peak_saved_bytes,
+        per_mb=pipe.saved_per_microbatch,
+        dp_per_step=len(dp) / STEPS,
+        trainable=trainable,
+        stage=layout.pp_rank,
+    )
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zb-h1"])
@@ -234,20 +239,30 @@ def test_zb_h1_is_torchs_interleaved_zero_bubble_with_one_chunk():
         _ComputationType,
     )
 
-    names = {_ComputationType.FORWARD: "F", _ComputationType.BACKWARD_INPUT: "B",
-             _ComputationType.BACKWARD_WEIGHT: "W"}  # fmt: skip
+    names = {
+        _ComputationType.FORWARD: "F",
+        _ComputationType.BACKWARD_INPUT: "B",
+        _ComputationType.BACKWARD_WEIGHT: "W",
+    }
     checked = 0
     for p in range(1, 7):
         for m in range(1, 3 * p + 2):
             rounds = max(1, m // p)
             if m % rounds:
                 continue
-            this = SimpleNamespace(pp_group_size=p, _n_microbatches=m, n_local_stages=1,
-                                   microbatches_per_round=m // rounds)  # fmt: skip
+            this = SimpleNamespace(
+                pp_group_size=p,
+                _n_microbatches=m,
+                n_local_stages=1,
+                microbatches_per_round=m // rounds,
+            )
             for r, ours in enumerate(schedule("zb-h1", p, m)):
                 torch_ops = ScheduleInterleavedZeroBubble._calculate_single_rank_operations(this, r)
-                want = [(names[a.computation_type], a.microbatch_index)
-                        for a in torch_ops if a is not None]  # fmt: skip
+                want = [
+                    (names[a.computation_type], a.microbatch_index)
+                    for a in torch_ops
+                    if a is not None
+                ]
                 assert ours == want
                 checked += 1
     assert checked > 100
@@ -271,8 +286,11 @@ def test_zb_v_is_torchs_schedule_v_shaped():
 
     from minidist.pipeline.schedules import virtual_stage
 
-    names = {_ComputationType.FORWARD: "F", _ComputationType.BACKWARD_INPUT: "B",
-             _ComputationType.BACKWARD_WEIGHT: "W"}  # fmt: skip
+    names = {
+        _ComputationType.FORWARD: "F",
+        _ComputationType.BACKWARD_INPUT: "B",
+        _ComputationType.BACKWARD_WEIGHT: "W",
+    }
     for p in range(1, 6):
         for m in range(1, 3 * p + 2):
             ours = schedule("zb-v", p, m)
@@ -281,8 +299,11 @@ def test_zb_v_is_torchs_schedule_v_shaped():
                     SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p), r
                 )
                 chunk = {virtual_stage("zb-v", r, c, p): c for c in (0, 1)}
-                want = [(names[a.computation_type], a.microbatch_index, chunk[a.stage_index])
-                        for a in torch_ops if a is not None]  # fmt: skip
+                want = [
+                    (names[a.computation_type], a.microbatch_index, chunk[a.stage_index])
+                    for a in torch_ops
+                    if a is not None
+                ]
                 assert ours[r] == want
 
 

@@ -9,15 +9,25 @@ from hypothesis import strategies as st
 from minidist.pipeline import schedule, simulate
 from minidist.pipeline.schedules import virtual_stage
 
-KINDS = [("1f1b", 1, "loop"), ("gpipe", 1, "loop"), ("interleaved", 2, "loop"),
-         ("zb-h1", 1, "loop"), ("zb-v", 2, "v")]  # fmt: skip
+KINDS = [
+    ("1f1b", 1, "loop"),
+    ("gpipe", 1, "loop"),
+    ("interleaved", 2, "loop"),
+    ("zb-h1", 1, "loop"),
+    ("zb-v", 2, "v"),
+]
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.sampled_from(KINDS), st.integers(1, 4), st.integers(1, 6),
-    st.floats(0.5, 2.0), st.floats(0.5, 2.0), st.floats(0.0, 2.0), st.floats(0.01, 3.0),
-)  # fmt: skip
+    st.sampled_from(KINDS),
+    st.integers(1, 4),
+    st.integers(1, 6),
+    st.floats(0.5, 2.0),
+    st.floats(0.5, 2.0),
+    st.floats(0.0, 2.0),
+    st.floats(0.01, 3.0),
+)
 def test_every_step_starts_when_its_rank_and_its_input_are_ready(kind, p, m, f, b, w, latency):
     name, v, placement = kind
     if name == "interleaved" and m % p:

@@ -72,9 +72,12 @@ def _recompute_pair(**layout):
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(tp=2, global_batch=4), dict(tp=4, pp=2, dp=2, zero=1, microbatches=2, global_batch=8,
-     precision="mixed"), dict(tp=2, pp=3, microbatches=3, global_batch=6, optimizer="sgd")],
-)  # fmt: skip
+    [
+        dict(tp=2, global_batch=4),
+        dict(tp=4, pp=2, dp=2, zero=1, microbatches=2, global_batch=8, precision="mixed"),
+        dict(tp=2, pp=3, microbatches=3, global_batch=6, optimizer="sgd"),
+    ],
+)
 def test_recompute_repeats_the_forward_all_reduces(layout):
     """Full recomputation runs each block's forward again in backward, with its two g
     all-reduces of b·s·h elements: 6 per layer and micro-batch instead of 4. Nothing else
@@ -180,9 +183,16 @@ def test_interleaving_shrinks_the_bubble():
 
 @pytest.mark.parametrize(
     "kind, p, m",
-    [("zb-v", 2, 4), ("zb-v", 4, 8), ("zb-v", 3, 12), ("zb-v", 4, 3), ("dualpipev", 2, 4),
-     ("dualpipev", 4, 8), ("dualpipev", 3, 12)],
-)  # fmt: skip
+    [
+        ("zb-v", 2, 4),
+        ("zb-v", 4, 8),
+        ("zb-v", 3, 12),
+        ("zb-v", 4, 3),
+        ("dualpipev", 2, 4),
+        ("dualpipev", 4, 8),
+        ("dualpipev", 3, 12),
+    ],
+)
 def test_v_schedules_bubble_equals_the_simulator(kind, p, m):
     """ZB-V's closed form (lesson 09's theory) and DualPipeV's simulated bubble, F = B = W."""
     from minidist.pipeline import simulate
@@ -425,8 +435,10 @@ def test_tensor_parallel_activations_equal_what_autograd_saves():
 
     spec = ModelSpec.of(build_dense().model)
     measured = minidist.launch(_tp_saved_both, 4)[0]
-    planned = [plan(spec, Layout(tp=4, sp=sp, optimizer="sgd")).memory["activations"]
-               for sp in (False, True)]  # fmt: skip
+    planned = [
+        plan(spec, Layout(tp=4, sp=sp, optimizer="sgd")).memory["activations"]
+        for sp in (False, True)
+    ]
     assert planned == measured
     assert measured[1] < measured[0]
 
@@ -493,8 +505,10 @@ def test_bench_plan_prints_name_value_lines():
     """Runs the fit and both timed layouts; prints ratios (never asserted: timing)."""
     out = subprocess.run(
         [sys.executable, "-m", "minidist", "bench", "plan", "--rounds", "1", "--steps", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     values = dict(line.split("=") for line in out.stdout.split())
     for kind in ("dp", "tp"):
@@ -537,10 +551,18 @@ def _pipeline_peak(kind: str, p: int, m: int, v: int, layers: int) -> tuple:
 
 @pytest.mark.parametrize(
     "kind, p, m, v, layers",
-    [("gpipe", 2, 4, 1, 4), ("zb-h1", 4, 8, 1, 4), ("interleaved", 2, 4, 2, 4),
-     ("interleaved", 4, 8, 2, 8), ("interleaved", 2, 4, 2, 5), ("zb-v", 2, 4, 1, 4),
-     ("zb-v", 2, 2, 1, 4), ("dualpipev", 2, 4, 1, 4), ("dualpipev", 3, 8, 1, 6)],
-)  # fmt: skip
+    [
+        ("gpipe", 2, 4, 1, 4),
+        ("zb-h1", 4, 8, 1, 4),
+        ("interleaved", 2, 4, 2, 4),
+        ("interleaved", 4, 8, 2, 8),
+        ("interleaved", 2, 4, 2, 5),
+        ("zb-v", 2, 4, 1, 4),
+        ("zb-v", 2, 2, 1, 4),
+        ("dualpipev", 2, 4, 1, 4),
+        ("dualpipev", 3, 8, 1, 6),
+    ],
+)
 def test_stage0_activations_equal_the_engine_for_every_schedule(kind, p, m, v, layers):
     """Exact: the walk of rank 0's schedule (chunks of 1/v of its layers, the embedding's
     indices on the first chunk; in a V the head's and the loss's on the second) against the

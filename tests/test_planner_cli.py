@@ -57,16 +57,22 @@ def _values(out: str) -> dict[str, str]:
         ([*PARAMS, "--world", "6", "--tp", "4"], ["--world 6", "--tp 4"]),
         ([*PARAMS, "--world", "8", "--dp", "2", "--tp", "2"], ["--dp 2", "--world 8"]),
         ([*PARAMS, "--world", "8", "--shard-size", "3", "--zero", "3"], ["--shard-size 3"]),
-        ([*PARAMS, "--world", "8", "--reduce-dtype", "bf16", "--precision", "fp32"],
-         ["--reduce-dtype bf16", "--precision mixed"]),
+        (
+            [*PARAMS, "--world", "8", "--reduce-dtype", "bf16", "--precision", "fp32"],
+            ["--reduce-dtype bf16", "--precision mixed"],
+        ),
         ([*PARAMS, "--world", "8", "--tp", "2"], ["tp=2", "configuration"]),
         ([*PARAMS, *GPT, "--world", "8"], ["not both"]),
         (["--layers", "4", "--world", "8"], ["missing", "--hidden"]),
         ([*GPT, "--world", "16", "--pp", "16"], ["pp=16", "layers=4"]),
-        ([*GPT, "--world", "8", "--global-batch", "16", "--micro-batch", "3"],
-         ["micro-batches of 3 sequences"]),
-        ([*GPT, "--world", "8", "--global-batch", "12", "--micro-batch", "1"],
-         ["micro-batches of 1 sequence over"]),
+        (
+            [*GPT, "--world", "8", "--global-batch", "16", "--micro-batch", "3"],
+            ["micro-batches of 3 sequences"],
+        ),
+        (
+            [*GPT, "--world", "8", "--global-batch", "12", "--micro-batch", "1"],
+            ["micro-batches of 1 sequence over"],
+        ),
         ([*GPT, "--world", "8", "--zero", "2", "--optimizer", "sgd"], ["zero=2", "Adam"]),
         ([*GPT, "--world", "8", "--schedule", "2f2b"], ["argument --schedule", "invalid choice"]),
         ([*GPT, "--world", "8", "--sp"], ["--sp", "--tp > 1"]),
@@ -77,12 +83,16 @@ def _values(out: str) -> dict[str, str]:
         ([*GPT, "--world", "8", "--cp", "2", "--zero", "1"], ["--cp 2", "--zero 1"]),
         ([*GPT, "--world", "8", "--dp", "2", "--cp", "2"], ["--dp 2", "--cp 2", "--world 8"]),
         ([*GPT[:8], "--seq", "12", "--world", "8", "--cp", "8"], ["cp=8", "seq=12"]),
-        ([*GPT, "--world", "4", "--pp", "2", "--tp", "2", "--schedule", "zb-v"],
-         ["schedule='zb-v'", "tp=2"]),
-        ([*GPT, "--world", "2", "--pp", "2", "--schedule", "dualpipev", "--microbatches", "2"],
-         ["dualpipev", "microbatches=2"]),
+        (
+            [*GPT, "--world", "4", "--pp", "2", "--tp", "2", "--schedule", "zb-v"],
+            ["schedule='zb-v'", "tp=2"],
+        ),
+        (
+            [*GPT, "--world", "2", "--pp", "2", "--schedule", "dualpipev", "--microbatches", "2"],
+            ["dualpipev", "microbatches=2"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_option_is_refused_in_argparse_format(capsys, args, words):
     with pytest.raises(SystemExit) as exit_:
         main(["plan", *args])
@@ -175,8 +185,22 @@ def test_pipeline_note_says_one_micro_batch(capsys):
 @pytest.mark.parametrize("kind", ["zb-v", "dualpipev"])
 def test_v_schedules_are_planned(capsys, kind):
     """Rank 0 holds virtual stages 0 and 3 of 4: the embedding and the head, both its sends."""
-    out, _ = _run(capsys, *GPT, "--world", "2", "--pp", "2", "--schedule", kind,
-                  "--microbatches", "4", "--global-batch", "8", "--precision", "fp32")  # fmt: skip
+    out, _ = _run(
+        capsys,
+        *GPT,
+        "--world",
+        "2",
+        "--pp",
+        "2",
+        "--schedule",
+        kind,
+        "--microbatches",
+        "4",
+        "--global-batch",
+        "8",
+        "--precision",
+        "fp32",
+    )
     values = _values(out)
     assert "bytes_sent[all_reduce@pp]" not in values  # the tied copies meet on rank 0
     assert int(values["bytes_sent[p2p@pp]"]) == 2 * 4 * 8 * 128 * 256  # out and back, fp32
@@ -236,7 +260,7 @@ def test_experts_are_planned_and_their_placements_ranked(capsys):
         (["--world", "4", "--ep", "2"], "ep=2 needs a model with experts"),
         (["--experts", "8", "--capacity-factor", "0", "--world", "4"], "0 must be"),
     ],
-)  # fmt: skip
+)
 def test_bad_expert_options_are_named(capsys, args, words):
     with pytest.raises(SystemExit) as exit_:
         _run(capsys, *GPT, *args)
@@ -258,8 +282,19 @@ def test_the_chosen_layout_in_the_sweep_has_the_same_memory(capsys, extra):
     for the chosen one (a sweep that ran a replica's batch at once listed the chosen ZeRO-1
     layout at twice its memory)."""
     big = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--vocab", "32000"]
-    out, _ = _run(capsys, *big, "--seq", "1024", "--world", "8", "--top", "1000",
-                  "--memory-gib", "1000", *extra)  # fmt: skip
+    out, _ = _run(
+        capsys,
+        *big,
+        "--seq",
+        "1024",
+        "--world",
+        "8",
+        "--top",
+        "1000",
+        "--memory-gib",
+        "1000",
+        *extra,
+    )
     chosen = int(_values(out)["memory_bytes_per_rank"]) / 2**30
     listed = {
         m.group(1): float(m.group(2))

@@ -11,8 +11,9 @@ from minidist.expert_parallel.gpt import is_expert
 from minidist.planner import CLUSTERS, Layout, ModelSpec, layouts, plan
 from minidist.planner.plan import calls_per_step
 
-MOE = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, experts=8, top_k=2,
-                capacity_factor=1.25)  # fmt: skip
+MOE = ModelSpec(
+    layers=4, hidden=64, heads=4, vocab=128, seq=32, experts=8, top_k=2, capacity_factor=1.25
+)
 
 
 def test_meta_model_is_lesson_16s_moe_gpt():
@@ -88,10 +89,13 @@ def test_experts_need_a_configuration():
         (dict(dp=4, tp=2), MOE, "a model with experts=8 with tp=2"),
         (dict(dp=4, ep=2, recompute=True), MOE, "ep=2 with recompute=True"),
         (dict(dp=6, ep=3, global_batch=6), MOE, "ep=3 must divide experts=8"),
-        (dict(dp=4, ep=2), ModelSpec(layers=2, hidden=32, heads=2, vocab=32, seq=16),
-         "ep=2 needs a model with experts"),
+        (
+            dict(dp=4, ep=2),
+            ModelSpec(layers=2, hidden=32, heads=2, vocab=32, seq=16),
+            "ep=2 needs a model with experts",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_expert_layout_is_named(kwargs, model, words):
     with pytest.raises(ValueError, match=words):
         Layout(**kwargs).check(model)

@@ -32,8 +32,9 @@ def test_published_llamas_have_their_parameter_counts(cfg, params):
 def test_llama_flops_with_two_thirds_of_4h_are_the_gpts(b, s):
     """SwiGLU's three matrices of 8h/3 units hold the GPT MLP's 8h² weights: the same FLOPs."""
     h = 96
-    spec = ModelSpec(arch="llama", layers=1, hidden=h, heads=8, vocab=10, seq=s, kv_heads=8,
-                     ffn=8 * h // 3)  # fmt: skip
+    spec = ModelSpec(
+        arch="llama", layers=1, hidden=h, heads=8, vocab=10, seq=s, kv_heads=8, ffn=8 * h // 3
+    )
     assert planner_llama.layer_flops(spec, b, s) == tp_theory.transformer_layer_flops(b, s, h)
 
 
@@ -55,8 +56,9 @@ def test_one_process_llama_activations_equal_what_autograd_saves(b, s, h, a, kv,
 
 
 def test_tensor_parallel_llama_keeps_kv_whole_when_t_does_not_divide_them():
-    spec = ModelSpec(arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=2,
-                     ffn=96)  # fmt: skip
+    spec = ModelSpec(
+        arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=2, ffn=96
+    )
     kv = 64 * 2 * 8  # h × kv_heads · head_dim
     for tp, split in ((2, True), (4, False), (8, False)):
         assert planner_llama.kv_split(spec, tp) is split
@@ -71,11 +73,11 @@ def test_llama_refuses_what_the_planner_does_not_plan_for_it():
     with pytest.raises(ValueError, match="kv_heads"):
         ModelSpec(arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, ffn=96)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
-        ModelSpec(arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=3,
-                  ffn=96)  # fmt: skip
+        ModelSpec(arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=3, ffn=96)
     with pytest.raises(ValueError, match="arch="):
         ModelSpec(arch="mamba", layers=2, hidden=64, heads=8, vocab=100, seq=16)
-    spec = ModelSpec(arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=2,
-                     ffn=96)  # fmt: skip
+    spec = ModelSpec(
+        arch="llama", layers=2, hidden=64, heads=8, vocab=100, seq=16, kv_heads=2, ffn=96
+    )
     with pytest.raises(ValueError, match="sp=True"):
         plan(spec, Layout(tp=2, sp=True))

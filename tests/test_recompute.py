@@ -100,8 +100,10 @@ def test_bench_memory_prints_every_setup():
 
     out = subprocess.run(
         [sys.executable, "-m", "minidist", "bench", "memory", "--world-size", "2", "--steps", "2"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     values = dict(line.split("=") for line in out.stdout.split())
     peaks = [float(v) for k, v in values.items() if k.endswith("_peak_kib")]

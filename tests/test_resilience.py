@@ -85,8 +85,12 @@ def zero_run(path, steps_after=0):
     zero = ZeroDataParallel(model, stage=1, bucket_cap_mb=1e-3, **ADAM)
     local = [shard_batch(b, rank, world) for b in batches]
     train(zero, local[:SAVED_AT], loss_fn, zero.optimizer)
-    save(path, zero_pieces(zero), TrainingState(step=SAVED_AT, samples=8 * SAVED_AT),
-         {"zero": 1, "dp": world})  # fmt: skip
+    save(
+        path,
+        zero_pieces(zero),
+        TrainingState(step=SAVED_AT, samples=8 * SAVED_AT),
+        {"zero": 1, "dp": world},
+    )
     saved = {k: v.clone() for k, v in zero.full_parameters().items()}
     train(zero, local[SAVED_AT : SAVED_AT + steps_after], loss_fn, zero.optimizer)
     return saved, zero.full_parameters()
@@ -117,8 +121,7 @@ def one_process_load(path, optimizer="adam", **sizes):
     materialize_optimizer_state(opt)
     report = load(path, module_pieces(model, opt), {"one process": 1})
     key = "exp_avg" if optimizer == "adam" else "momentum_buffer"
-    moments = {n: opt.state[p][key].clone() for n, p in model.named_parameters()
-               if p.requires_grad}  # fmt: skip
+    moments = {n: opt.state[p][key].clone() for n, p in model.named_parameters() if p.requires_grad}
     return dict(model.state_dict()), moments, report
 
 
@@ -132,8 +135,12 @@ def fsdp_same_layout(path, resume: bool):
     first = train(fsdp, local[:SAVED_AT], loss_fn, opt)
     if resume:
         torch.manual_seed(1234 + rank)  # the streams the checkpoint keeps
-        save(path, fsdp_pieces(fsdp, opt), TrainingState(SAVED_AT, 8 * SAVED_AT,
-             rng=minidist.resilience.capture_rng()), {"fsdp": 2})  # fmt: skip
+        save(
+            path,
+            fsdp_pieces(fsdp, opt),
+            TrainingState(SAVED_AT, 8 * SAVED_AT, rng=minidist.resilience.capture_rng()),
+            {"fsdp": 2},
+        )
         model, _, _ = build("gpt", seed=7)
         fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"])
         opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
@@ -175,8 +182,12 @@ def tp_run(path, steps_after=0):
     tp = TensorParallelGPT(model, None)
     opt = make_optimizer(tp.parameters())
     train(tp, batches[:SAVED_AT], tp.loss, opt)
-    save(path, tensor_parallel_pieces(tp, opt), TrainingState(step=SAVED_AT),
-         {"tp": dist.get_world_size()})  # fmt: skip
+    save(
+        path,
+        tensor_parallel_pieces(tp, opt),
+        TrainingState(step=SAVED_AT),
+        {"tp": dist.get_world_size()},
+    )
     saved = {k: v.clone() for k, v in tp.full_parameters().items()}
     train(tp, batches[SAVED_AT : SAVED_AT + steps_after], tp.loss, opt)
     return saved, tp.full_parameters()

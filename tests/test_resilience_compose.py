@@ -40,11 +40,23 @@ def _same_layout(ck: str, layout: list[str]) -> tuple[dict, dict]:
 
 
 SAME_LAYOUTS = [  # 4 ranks each: every kind of parallelism in one of them
-    ["--model", "llama", "--dp-shard", "2", "--pp", "2", "--schedule", "interleaved",
-     "--virtual", "2", "--micro-batch", "2"],
+    [
+        "--model",
+        "llama",
+        "--dp-shard",
+        "2",
+        "--pp",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--virtual",
+        "2",
+        "--micro-batch",
+        "2",
+    ],
     ["--model", "gpt", "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16"],
     ["--model", "moe", "--dp-shard", "4", "--ep", "2"],
-]  # fmt: skip
+]
 
 
 def _same_layouts(ck: str) -> list[tuple[dict, dict]]:
@@ -65,15 +77,18 @@ def test_a_resume_on_the_same_layout_is_bit_for_bit(tmp_path):
 
 CHANGES = {
     "8 ranks to 4, tp 2 to 1, pp 2 to 1": (
-        "gpt", ["--dp-shard", "2", "--tp", "2", "--pp", "2"], ["--dp-shard", "4"]),
-    "pp 2 to 4, the blocks re-staged": (
-        "gpt", ["--dp-shard", "2", "--pp", "2"], ["--pp", "4"]),
-    "ep 2 to 4": (
-        "moe", ["--dp-shard", "2", "--ep", "2"], ["--dp-shard", "4", "--ep", "4"]),
+        "gpt",
+        ["--dp-shard", "2", "--tp", "2", "--pp", "2"],
+        ["--dp-shard", "4"],
+    ),
+    "pp 2 to 4, the blocks re-staged": ("gpt", ["--dp-shard", "2", "--pp", "2"], ["--pp", "4"]),
+    "ep 2 to 4": ("moe", ["--dp-shard", "2", "--ep", "2"], ["--dp-shard", "4", "--ep", "4"]),
     "cp 2 to 1 in bf16": (
-        "llama", ["--cp", "2", "--tp", "2", "--precision", "bf16"],
-        ["--dp-shard", "2", "--precision", "bf16"]),
-}  # fmt: skip
+        "llama",
+        ["--cp", "2", "--tp", "2", "--precision", "bf16"],
+        ["--dp-shard", "2", "--precision", "bf16"],
+    ),
+}
 
 
 def _world(layout: list[str]) -> int:
@@ -153,11 +168,40 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
     layout = ["--model", "llama", "--tp", "2", "--sp"]
     whole = minidist.launch(_run, 2, layout + ["--steps", str(STEPS)], timeout_s=600)[0]
     ck, log = str(tmp_path / "ck"), tmp_path / "log.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc-per-node", "2", "--max-restarts", "3", "--monitor-interval", "0.5",
-           "-m", "minidist", "train", *layout, "--steps", str(STEPS), "--save", ck,
-           "--save-every", str(SAVE_AT), "--resume", ck, "--log-jsonl", str(log),
-           "--die-at", "3", "--die-rank", "1", "--die-once", str(tmp_path / "died")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        "-m",
+        "minidist",
+        "train",
+        *layout,
+        "--steps",
+        str(STEPS),
+        "--save",
+        ck,
+        "--save-every",
+        str(SAVE_AT),
+        "--resume",
+        ck,
+        "--log-jsonl",
+        str(log),
+        "--die-at",
+        "3",
+        "--die-rank",
+        "1",
+        "--die-once",
+        str(tmp_path / "died"),
+    ]
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = run_session(cmd, 600, env=env, cwd=root)

@@ -393,8 +393,11 @@ def test_a_marker_is_followed_only_to_a_folder_named_for_its_dead_pid(tmp_path, 
     tmp, mine = tmp_path / "tmp", tmp_path / "mine"
     tmp.mkdir()
     mine.mkdir()
-    targets = [mine / "important", mine / f"minidist-offload-{os.getpid()}-x",
-               mine / f"minidist-offload-{dead.pid}-y"]  # fmt: skip
+    targets = [
+        mine / "important",
+        mine / f"minidist-offload-{os.getpid()}-x",
+        mine / f"minidist-offload-{dead.pid}-y",
+    ]
     for i, target in enumerate(targets):
         target.mkdir()
         (tmp / f"minidist-{dead.pid}-{i}.where").write_text(str(target))
@@ -421,8 +424,15 @@ def test_joins_a_torchrun_world(tmp_path):
             """
         )
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(script)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RESULTS [(0, 2.0), (1, 2.0)]" in out.stdout

@@ -52,9 +52,15 @@ def test_a_rank_function_that_destroys_its_process_group_is_accepted_quietly(tmp
     from minidist.runtime import board, rank
 
     board.create_board(str(tmp_path / "board"), 1)
-    cfg = {"store_path": str(tmp_path / "store"), "board_path": str(tmp_path / "board"),
-           "parent_pid": os.getpid(), "backend": "gloo", "timeout_s": 60.0, "threads": 1,
-           "cuda_peak": False}  # fmt: skip
+    cfg = {
+        "store_path": str(tmp_path / "store"),
+        "board_path": str(tmp_path / "board"),
+        "parent_pid": os.getpid(),
+        "backend": "gloo",
+        "timeout_s": 60.0,
+        "threads": 1,
+        "cuda_peak": False,
+    }
     ctx = mp.get_context("fork")
     recv_end, send_end = ctx.Pipe(duplex=False)
     err_recv, err_send = ctx.Pipe(duplex=False)
@@ -86,8 +92,13 @@ def test_timeout_s_reaches_init_process_group_under_torchrun(timeout_s):
     seen = {}
     mp = pytest.MonkeyPatch()
     try:
-        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "x"),
-                           ("MASTER_PORT", "1"), ("LOCAL_WORLD_SIZE", "1")):  # fmt: skip
+        for key, value in (
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "x"),
+            ("MASTER_PORT", "1"),
+            ("LOCAL_WORLD_SIZE", "1"),
+        ):
             mp.setenv(key, value)
         mp.setattr(torchrun.dist, "is_initialized", lambda: False)
         mp.setattr(torchrun.dist, "init_process_group", lambda *a, **k: seen.update(k))

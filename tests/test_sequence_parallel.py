@@ -159,8 +159,10 @@ def test_bench_report_says_when_torch_is_unavailable_and_compares_losses_otherwi
 
     down = ab_report("sp", [{"torch_error": "X: no rule", "ms_ours": 2.0}], 2, 10)
     assert down["sp_torch_baseline"] == "unavailable" and down["sp_torch_error"] == "X: no rule"
-    up = [dict(ratio=0.5, ms_ours=1.0, ms_torch=2.0, loss_ours=1.0, loss_torch=1.0 + d)
-          for d in (0.0, 1e-3)]  # fmt: skip
+    up = [
+        dict(ratio=0.5, ms_ours=1.0, ms_torch=2.0, loss_ours=1.0, loss_torch=1.0 + d)
+        for d in (0.0, 1e-3)
+    ]
     report = ab_report("sp", up, 2, 10)
     assert report["sp_step_ratio_vs_torch"] == 0.5 and report["sp_same_loss"] is False
     assert report["sp_loss_max_abs_diff"] == pytest.approx(1e-3)

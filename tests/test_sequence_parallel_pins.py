@@ -37,9 +37,16 @@ def _sp_grads_against_dense(draws):
 
 def test_the_sp_bench_model_has_the_dense_gradients_over_sizes():
     g = torch.Generator().manual_seed(0)
-    draws = [tuple(int(v) for v in (torch.randint(1, 3, (1,), generator=g),
-                                    torch.randint(1, 4, (1,), generator=g),
-                                    4 * torch.randint(1, 4, (1,), generator=g),
-                                    torch.randint(1, 3, (1,), generator=g)))
-             for _ in range(6)]  # fmt: skip
+    draws = [
+        tuple(
+            int(v)
+            for v in (
+                torch.randint(1, 3, (1,), generator=g),
+                torch.randint(1, 4, (1,), generator=g),
+                4 * torch.randint(1, 4, (1,), generator=g),
+                torch.randint(1, 3, (1,), generator=g),
+            )
+        )
+        for _ in range(6)
+    ]
     assert max(minidist.launch(_sp_grads_against_dense, 2, draws)) < TOL

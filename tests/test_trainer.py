@@ -29,8 +29,20 @@ from minidist.trainer.options import config_path, resolved_toml
 from minidist.training import max_abs_diff
 
 TEXT = Path(argparse.__file__)  # real text this machine has: a standard-library module
-OPTIM = ["--optimizer", "adamw", "--weight-decay", "0.1", "--warmup", "1",
-         "--lr-schedule", "cosine", "--min-lr", "1e-3", "--clip-grad", "1.0"]  # fmt: skip
+OPTIM = [
+    "--optimizer",
+    "adamw",
+    "--weight-decay",
+    "0.1",
+    "--warmup",
+    "1",
+    "--lr-schedule",
+    "cosine",
+    "--min-lr",
+    "1e-3",
+    "--clip-grad",
+    "1.0",
+]
 
 
 def _world(argv: list[str]) -> int:
@@ -50,13 +62,55 @@ def _close_to_one_process(got: dict, argv: list[str], start: int = 0) -> None:
 def test_models_of_any_size_on_real_data_equal_one_process(tmp_path):
     np.arange(5000, dtype=np.uint16).__mod__(300).astype(np.uint16).tofile(tmp_path / "t.bin")
     sized = [
-        ["--model", "llama", "--hidden", "48", "--heads", "6", "--kv-heads", "2", "--ffn",
-         "80", "--layers", "2", "--seq-len", "32", "--data", str(TEXT), "--dp-shard", "2",
-         "--tp", "2", *OPTIM, "--steps", "3"],
-        ["--model", "gpt", "--hidden", "48", "--heads", "4", "--layers", "2", "--vocab", "304",
-         "--data", str(tmp_path / "t.bin"), "--seq-len", "8", "--dp-shard", "2", "--pp", "2",
-         *OPTIM, "--steps", "3"],
-    ]  # fmt: skip
+        [
+            "--model",
+            "llama",
+            "--hidden",
+            "48",
+            "--heads",
+            "6",
+            "--kv-heads",
+            "2",
+            "--ffn",
+            "80",
+            "--layers",
+            "2",
+            "--seq-len",
+            "32",
+            "--data",
+            str(TEXT),
+            "--dp-shard",
+            "2",
+            "--tp",
+            "2",
+            *OPTIM,
+            "--steps",
+            "3",
+        ],
+        [
+            "--model",
+            "gpt",
+            "--hidden",
+            "48",
+            "--heads",
+            "4",
+            "--layers",
+            "2",
+            "--vocab",
+            "304",
+            "--data",
+            str(tmp_path / "t.bin"),
+            "--seq-len",
+            "8",
+            "--dp-shard",
+            "2",
+            "--pp",
+            "2",
+            *OPTIM,
+            "--steps",
+            "3",
+        ],
+    ]
     runs = minidist.launch(_runs, 4, sized, timeout_s=600)[0]
     for argv, got in zip(sized, runs):
         _close_to_one_process(got, argv)
@@ -133,8 +187,9 @@ def test_keep_last_keeps_the_newest_saves_and_a_resume_goes_on_from_the_newest_c
     check_run(parse(before))
     saved = minidist.launch(_runs, 2, [before], timeout_s=600)[0][0]
     users = ["notes.txt", "step_00000099", "step_x"]
-    assert sorted(p.name for p in ck.iterdir()) == sorted(["step_00000004", "step_00000005",
-                                                           *users])  # fmt: skip
+    assert sorted(p.name for p in ck.iterdir()) == sorted(
+        ["step_00000004", "step_00000005", *users]
+    )
     assert saved["samples"] == [0, 1, 2, 3, 4]
     (ck / ".step_00000006.unfinished").mkdir()  # a save of step 6 killed midway
     (ck / ".step_00000006.unfinished" / "__0_0.distcp").write_bytes(b"half")
@@ -143,8 +198,9 @@ def test_keep_last_keeps_the_newest_saves_and_a_resume_goes_on_from_the_newest_c
     resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
     assert resumed["resumed_from"] == 5 and resumed["samples"] == [5, 6]
     _close_to_one_process(resumed, after, start=5)
-    assert sorted(p.name for p in ck.iterdir()) == sorted(["step_00000006", "step_00000007",
-                                                           *users])  # fmt: skip
+    assert sorted(p.name for p in ck.iterdir()) == sorted(
+        ["step_00000006", "step_00000007", *users]
+    )
     other = tmp_path / "other.txt"
     other.write_text(TEXT.read_text()[:-1000])
     with pytest.raises(ValueError, match="step_00000007: saved with data .* this run has data"):
@@ -167,9 +223,24 @@ def _export_and_eval(argv: list[str]) -> dict:
 def test_export_hf_loads_with_from_pretrained_and_the_eval_loss_is_the_held_out_loss(tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "hf"
-    argv = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", "--steps", "3",
-            "--dp-shard", "2", "--eval-every", "3", "--eval-batches", "2",
-            "--export-hf", str(out)]  # fmt: skip
+    argv = [
+        "--model",
+        "llama",
+        "--data",
+        str(TEXT),
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--dp-shard",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "2",
+        "--export-hf",
+        str(out),
+    ]
     from minidist.__main__ import main
 
     got = minidist.launch(_export_and_eval, 2, argv, timeout_s=600)[0]
@@ -193,13 +264,29 @@ def test_export_hf_loads_with_from_pretrained_and_the_eval_loss_is_the_held_out_
 def test_init_from_hf_trains_a_transformers_model_as_one_process(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
-    argv = ["--init-from-hf", str(tmp_path / "llama"), "--data", str(TEXT), "--seq-len", "16",
-            "--steps", "2", "--dp-shard", "2", *OPTIM]  # fmt: skip
+    argv = [
+        "--init-from-hf",
+        str(tmp_path / "llama"),
+        "--data",
+        str(TEXT),
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--dp-shard",
+        "2",
+        *OPTIM,
+    ]
     got = minidist.launch(_runs, 2, [argv], timeout_s=600)[0][0]
     _close_to_one_process(got, argv)
 
@@ -211,10 +298,18 @@ def test_a_transformers_model_with_ignored_labels_trains_composed_and_exports(tm
     --export-hf writes what from_pretrained loads back."""
     transformers = pytest.importorskip("transformers")
     config = transformers.MistralConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        sliding_window=5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        sliding_window=5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     transformers.MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
     g = np.random.default_rng(0)
@@ -222,9 +317,25 @@ def test_a_transformers_model_with_ignored_labels_trains_composed_and_exports(tm
     labels = np.where(g.random((16, 16)) < 0.2, -100, ids)
     np.savez(tmp_path / "rows.npz", input_ids=ids, labels=labels)
     out = tmp_path / "trained"
-    argv = ["--init-from-hf", str(tmp_path / "mistral"), "--data", str(tmp_path / "rows.npz"),
-            "--steps", "2", "--tp", "2", "--sp", "--pp", "2", "--optimizer", "adamw",
-            "--lr", "1e-2", "--export-hf", str(out)]  # fmt: skip
+    argv = [
+        "--init-from-hf",
+        str(tmp_path / "mistral"),
+        "--data",
+        str(tmp_path / "rows.npz"),
+        "--steps",
+        "2",
+        "--tp",
+        "2",
+        "--sp",
+        "--pp",
+        "2",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "1e-2",
+        "--export-hf",
+        str(out),
+    ]
     got = minidist.launch(_runs, 4, [argv], timeout_s=600)[0][0]
     _close_to_one_process(got, [a for a in argv if a not in ("--export-hf", str(out))])
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -238,8 +349,19 @@ def test_a_users_factory_names_the_model(tmp_path):
     g = np.random.default_rng(1)
     ids = g.integers(3, 128, (16, 16))
     np.savez(tmp_path / "rows.npz", input_ids=ids, labels=np.where(ids % 5 == 0, -100, ids))
-    argv = ["--model", "hf_models:qwen2_factory", "--data", str(tmp_path / "rows.npz"),
-            "--steps", "2", "--dp-shard", "2", "--tp", "2", "--sp"]  # fmt: skip
+    argv = [
+        "--model",
+        "hf_models:qwen2_factory",
+        "--data",
+        str(tmp_path / "rows.npz"),
+        "--steps",
+        "2",
+        "--dp-shard",
+        "2",
+        "--tp",
+        "2",
+        "--sp",
+    ]
     got = minidist.launch(_runs, 4, [argv], timeout_s=600)[0][0]
     _close_to_one_process(got, argv)
 
@@ -293,8 +415,11 @@ def test_data_rows_are_the_files_tokens(tmp_path):
     assert y[:, :-1].tolist() == labels[4:8, 1:].tolist() and (y[:, -1] == -100).all()
     tokenizers = pytest.importorskip("tokenizers")
     words = sorted(set(TEXT.read_text().split()))[:500]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-        {w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))  # fmt: skip
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel(
+            {w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"
+        )
+    )
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.save(str(tmp_path / "tok.json"))
     words_data = load_data(str(TEXT), 8, str(tmp_path / "tok.json"))
@@ -307,8 +432,13 @@ def test_a_config_file_is_read_the_command_line_wins_and_the_resolved_one_repeat
     run = tmp_path / "run.toml"
     run.write_text('model = "llama"\nlr = 3e-4\nglobal-batch = 16\nsp = true\ntp = 2\n')
     args = parse(["--config", str(run), "--lr", "1e-3"])
-    assert (args.model, args.lr, args.global_batch, args.sp, args.tp) == ("llama", 1e-3, 16,
-                                                                          True, 2)  # fmt: skip
+    assert (args.model, args.lr, args.global_batch, args.sp, args.tp) == (
+        "llama",
+        1e-3,
+        16,
+        True,
+        2,
+    )
     saved = tmp_path / "resolved.toml"
     saved.write_text(resolved_toml(args))
     assert vars(parse(["--config", str(saved)])) == {**vars(args), "config": str(saved)}
@@ -357,8 +487,11 @@ def _main_error(capsys, argv: list[str]) -> str:
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
-    files = {"empty": tmp_path / "empty.txt", "small": tmp_path / "small.txt",
-             "bad_toml": tmp_path / "bad.toml"}  # fmt: skip
+    files = {
+        "empty": tmp_path / "empty.txt",
+        "small": tmp_path / "small.txt",
+        "bad_toml": tmp_path / "bad.toml",
+    }
     files["empty"].write_text("")
     files["small"].write_text("hello world, this is some text")
     files["bad_toml"].write_text("lr = 0.001\nbogus = 1\n")
@@ -413,7 +546,7 @@ def test_plot_run_draws_a_log_and_refuses_what_is_not_one(tmp_path, capsys):
             **({"eval_loss": 2.9} if s == 2 else {}),
         }
         for s in (1, 2, 2, 3)
-    ]  # fmt: skip  (step 2 twice: a resumed run's log)
+    ]  # step 2 twice: a resumed run's log
     log = tmp_path / "run.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert main(["plot-run", str(log)]) == 0
@@ -437,10 +570,18 @@ def test_a_transformers_model_a_layout_cannot_take_is_refused_before_any_rank(
 ):
     transformers = pytest.importorskip("transformers")
     kind = {"phi3": transformers.Phi3Config, "llama": transformers.LlamaConfig}[name]
-    config = kind(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    config = kind(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / name)
-    argv = ["--init-from-hf", str(tmp_path / name), "--data", str(TEXT), "--seq-len", "16",
-            *layout]  # fmt: skip
+    argv = ["--init-from-hf", str(tmp_path / name), "--data", str(TEXT), "--seq-len", "16", *layout]
     assert words in _main_error(capsys, argv)

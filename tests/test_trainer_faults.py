@@ -42,13 +42,22 @@ def test_a_dead_rank_is_named_and_the_same_command_resumes_bit_for_bit(tmp_path)
 def test_an_async_save_run_equals_a_synchronous_one_and_logs_the_blocking_time(tmp_path):
     runs = {}
     for mode in ("sync", "async"):
-        argv = [*LAYOUT, "--save", str(tmp_path / mode), "--save-every", str(EVERY),
-                "--log", str(tmp_path / f"{mode}.jsonl")]  # fmt: skip
-        runs[mode] = minidist.launch(_run, 2, argv + (["--async-save"] if mode == "async"
-                                                      else []), timeout_s=600)[0]  # fmt: skip
+        argv = [
+            *LAYOUT,
+            "--save",
+            str(tmp_path / mode),
+            "--save-every",
+            str(EVERY),
+            "--log",
+            str(tmp_path / f"{mode}.jsonl"),
+        ]
+        runs[mode] = minidist.launch(
+            _run, 2, argv + (["--async-save"] if mode == "async" else []), timeout_s=600
+        )[0]
     assert runs["async"]["params_sha256"] == runs["sync"]["params_sha256"]
     log = [json.loads(line) for line in Path(tmp_path / "async.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "save_blocked_s" in r] == [2, 4, 6]
-    resumed = minidist.launch(_run, 2, [*LAYOUT, "--steps", "7", "--resume",
-                                        str(tmp_path / "async")], timeout_s=600)[0]  # fmt: skip
+    resumed = minidist.launch(
+        _run, 2, [*LAYOUT, "--steps", "7", "--resume", str(tmp_path / "async")], timeout_s=600
+    )[0]
     assert resumed["resumed_from"] == STEPS  # the last async save was whole

@@ -78,10 +78,14 @@ def groups_rank(gather_weights: str, clip: float | None):
     weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
     biases = [p for n, p in model.named_parameters() if n.endswith("bias") and p.requires_grad]
     zero = ZeroDataParallel(
-        model, stage=2, optimizer_class=torch.optim.AdamW, gather_weights=gather_weights,
+        model,
+        stage=2,
+        optimizer_class=torch.optim.AdamW,
+        gather_weights=gather_weights,
         param_groups=[{"params": weights, "weight_decay": 0.1}, {"params": biases, "lr": 0.05}],
-        lr=1e-2, bucket_cap_mb=1e-4,
-    )  # fmt: skip
+        lr=1e-2,
+        bucket_cap_mb=1e-4,
+    )
     norms = []
     for batch in batches:
         x, y = shard_batch(batch, rank, world)
@@ -185,8 +189,10 @@ def division_rank(cases):
     for shapes, seed in cases:
         g = torch.Generator().manual_seed(seed)
         init = [torch.randn(s, generator=g) for s in shapes]
-        grads = [torch.randn(s, generator=torch.Generator().manual_seed(seed + 100 + rank))
-                 for s in shapes]  # fmt: skip
+        grads = [
+            torch.randn(s, generator=torch.Generator().manual_seed(seed + 100 + rank))
+            for s in shapes
+        ]
         params = [nn.Parameter(t.clone()) for t in init]
         opt = ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=1.0)
         for p, grad in zip(params, grads):
@@ -220,10 +226,12 @@ def test_gradients_are_divided_by_the_world_once(world, shapes):
         g = torch.Generator().manual_seed(seed)
         init = [torch.randn(s, generator=g) for s in shapes]
         per_rank = [
-            [torch.randn(s, generator=torch.Generator().manual_seed(seed + 100 + r))
-             for s in shapes]
+            [
+                torch.randn(s, generator=torch.Generator().manual_seed(seed + 100 + r))
+                for s in shapes
+            ]
             for r in range(world)
-        ]  # fmt: skip
+        ]
         mean = [sum(gs[i] for gs in per_rank) / world for i in range(len(shapes))]
         for got in (r[c] for r in results):
             for i, t in enumerate(init):

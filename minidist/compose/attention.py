@@ -33,8 +33,17 @@ class ComposedAttention(nn.Module):
     """`dense`'s projections (GPT: `qkv`, `proj`; Llama: `q_proj` ... `o_proj`), attention
     over `cp_group` (None: one rank holds the whole sequence)."""
 
-    def __init__(self, dense: nn.Module, ctx: Positions, heads: int, kv_heads: int,
-                 head_dim: int, rope_theta: float | None, tp_group, cp_group):  # fmt: skip
+    def __init__(
+        self,
+        dense: nn.Module,
+        ctx: Positions,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        rope_theta: float | None,
+        tp_group,
+        cp_group,
+    ):
         super().__init__()
         self.fused = hasattr(dense, "qkv")
         names = ("qkv", "proj") if self.fused else ("q_proj", "k_proj", "v_proj", "o_proj")

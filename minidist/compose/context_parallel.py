@@ -24,8 +24,17 @@ from .split import Stage
 NAME = "minidist_ring"
 
 
-def _ring_kernel(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                 sliding_window=None, **kwargs):  # fmt: skip
+def _ring_kernel(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    sliding_window=None,
+    **kwargs,
+):
     group, seq = module._minidist_cp
     if dropout:
         raise ValueError(f"parallelize: attention dropout {dropout} with cp > 1 is not composed")
@@ -38,8 +47,9 @@ def _ring_kernel(module, query, key, value, attention_mask, dropout=0.0, scaling
     dv = value.shape[-1]
     if dv != query.shape[-1]:  # latent attention's V is narrower than Q·K: zero columns
         value = torch.nn.functional.pad(value, (0, query.shape[-1] - dv))
-    out = ring_attention(query, key, value, group, "zigzag", seq, scale=scaling,
-                         window=sliding_window)  # fmt: skip
+    out = ring_attention(
+        query, key, value, group, "zigzag", seq, scale=scaling, window=sliding_window
+    )
     return out[..., :dv].transpose(1, 2).contiguous(), None
 
 

@@ -171,8 +171,9 @@ def grid_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
     out["ep"] = [g[i : i + e] for g in out["dp_shard_cp"] for i in range(0, len(g), e)]
     out["ep_shard"] = [g[i::e] for g in out["dp_shard_cp"] for i in range(e)]
     sc = dims.dp_shard * dims.cp  # every copy of one expert, dp_replicate included:
-    out["expert_dp"] = [[r for j, r in enumerate(g) if j % sc % e == i]
-                        for g in out["dp_cp"] for i in range(e)]  # fmt: skip
+    out["expert_dp"] = [
+        [r for j, r in enumerate(g) if j % sc % e == i] for g in out["dp_cp"] for i in range(e)
+    ]
     out["embedding"] = [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in out["pp"]]
     return out
 

@@ -38,17 +38,21 @@ def expert_modules(model: nn.Module, experts: int) -> list[tuple[str, nn.Module]
         params = list(module.parameters(recurse=False))
         if isinstance(module, nn.ModuleList) or not params:
             kind = type(module).__name__
-            raise ValueError(f"parallelize: ep needs experts stacked in one module (as "
-                             f"transformers 5 keeps them); {name} is {kind}")  # fmt: skip
+            raise ValueError(
+                f"parallelize: ep needs experts stacked in one module (as "
+                f"transformers 5 keeps them); {name} is {kind}"
+            )
         if any(p.shape[0] != experts for p in params):
-            raise ValueError(f"parallelize: {name}'s parameters are not stacked over the "
-                             f"{experts} experts")  # fmt: skip
+            raise ValueError(
+                f"parallelize: {name}'s parameters are not stacked over the {experts} experts"
+            )
         out.append((name, module))
     return out
 
 
-def _ep_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _ep_forward(
+    self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     e, per, group = self._ep
     k = top_k_index.shape[-1]
     chosen = top_k_index.reshape(-1)

@@ -49,24 +49,34 @@ def build(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0, **siz
             LlamaConfig(vocab_size=vocab, kv_heads=2, ffn=2 * sizes["hidden"], **sizes)
         )
     elif name == "moe":
-        model = moe_gpt(GPTConfig(vocab_size=vocab, **sizes), experts=4, k=1,
-                        capacity_factor=4.0, seed=seed)  # fmt: skip
+        model = moe_gpt(
+            GPTConfig(vocab_size=vocab, **sizes), experts=4, k=1, capacity_factor=4.0, seed=seed
+        )
     else:
         model = GPT(GPTConfig(vocab_size=vocab, **sizes))
     batches = lm_batches(tok.encode(text), steps, global_batch, sizes["seq_len"], seed=seed)
     return model.to(rank_device()), batches
 
 
-def reference(name: str, steps: int = 3, global_batch: int = 8, seed: int = 0,
-              optim: OptimizerConfig | None = None) -> dict:  # fmt: skip
+def reference(
+    name: str,
+    steps: int = 3,
+    global_batch: int = 8,
+    seed: int = 0,
+    optim: OptimizerConfig | None = None,
+) -> dict:
     """The one-process run of `build(name)`'s model and batches (`train_one_process`); by
     default Adam at `LR`."""
     model, batches = build(name, steps, global_batch, seed)
     return train_one_process(model, batches, optim or OptimizerConfig(lr=LR))
 
 
-def train_one_process(model: nn.Module, batches, optim: OptimizerConfig,
-                      after_step: Callable[[], object] | None = None) -> dict:  # fmt: skip
+def train_one_process(
+    model: nn.Module,
+    batches,
+    optim: OptimizerConfig,
+    after_step: Callable[[], object] | None = None,
+) -> dict:
     """`model` trained on `batches` (global (x, y) pairs) in one process with torch's
     optimizer (`compose.optim.torch_optimizer`: Adam or AdamW, `LambdaLR`, `clip_grad_norm_`)
     -> losses, final parameters, Adam's state under the pieces' names, and with
@@ -117,13 +127,31 @@ def memory_by_kind(engine) -> dict[str, int]:
     }
 
 
-BYTE_KINDS = {"tp": "tp", "cp": "cp", "pp": "pp", "embedding": "pp", "ep": "ep",
-              "dp_shard_cp": "dp", "dp_replicate": "dp", "ep_shard": "dp", "dp_shard": "dp",
-              "dp_cp": "dp", "expert_dp": "dp"}  # fmt: skip
+BYTE_KINDS = {
+    "tp": "tp",
+    "cp": "cp",
+    "pp": "pp",
+    "embedding": "pp",
+    "ep": "ep",
+    "dp_shard_cp": "dp",
+    "dp_replicate": "dp",
+    "ep_shard": "dp",
+    "dp_shard": "dp",
+    "dp_cp": "dp",
+    "expert_dp": "dp",
+}
 
 
-TAGS = {"zero1": "dp", "clip": "dp", "hsdp": "dp", "pp": "pp", "cp": "cp", "tp": "tp",
-        "sp": "tp", "ep": "ep"}  # fmt: skip
+TAGS = {
+    "zero1": "dp",
+    "clip": "dp",
+    "hsdp": "dp",
+    "pp": "pp",
+    "cp": "cp",
+    "tp": "tp",
+    "sp": "tp",
+    "ep": "ep",
+}
 
 
 def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
@@ -162,8 +190,14 @@ def data_rows(grid: Grid, global_batch: int) -> range:
     return range(data * per, (data + 1) * per)
 
 
-def one_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor, lr: float | None = None,
-             clip_grad: float | None = None):  # fmt: skip
+def one_step(
+    engine,
+    grid: Grid,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float | None = None,
+    clip_grad: float | None = None,
+):
     """One step of `engine` on this rank's rows of the global batch (x, y: `data_rows`), its
     cp positions of them, at learning rate `lr` (None: the engine's), the gradient clipped
     to the global norm `clip_grad` (None: not) -> (the global batch's mean loss, seconds,
@@ -198,10 +232,19 @@ def eval_step(engine, grid: Grid, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(mean) / grid.size("dp_cp")
 
 
-def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
-             micro_batch: int = 1, precision: str = "fp32", recompute: bool = False,
-             seed: int = 0, measure: bool = False, progress=None,
-             optim: OptimizerConfig | None = None) -> dict:  # fmt: skip
+def run_rank(
+    name: str,
+    dims: dict,
+    steps: int = 3,
+    global_batch: int = 8,
+    micro_batch: int = 1,
+    precision: str = "fp32",
+    recompute: bool = False,
+    seed: int = 0,
+    measure: bool = False,
+    progress=None,
+    optim: OptimizerConfig | None = None,
+) -> dict:
     """On every rank of a world of `dims`' size: train, return the curve and the state
     (`optim`: as `reference`'s)."""
     optim = optim or OptimizerConfig(lr=LR)
@@ -210,18 +253,28 @@ def run_rank(name: str, dims: dict, steps: int = 3, global_batch: int = 8,
     grid = Grid(pdims)
     d = pdims.dp_replicate * pdims.dp_shard
     if global_batch % (d * micro_batch):
-        raise ValueError(f"global_batch={global_batch} must divide by dp_replicate·dp_shard"
-                         f"·micro_batch = {d}·{micro_batch}")  # fmt: skip
+        raise ValueError(
+            f"global_batch={global_batch} must divide by dp_replicate·dp_shard"
+            f"·micro_batch = {d}·{micro_batch}"
+        )
     m = global_batch // (d * micro_batch)
-    engine = parallelize(model, pdims, grid=grid, microbatches=m, precision=precision,
-                         recompute=recompute, **engine_options(optim))  # fmt: skip
+    engine = parallelize(
+        model,
+        pdims,
+        grid=grid,
+        microbatches=m,
+        precision=precision,
+        recompute=recompute,
+        **engine_options(optim),
+    )
     engine.measure_activations = measure
     losses, times, ledgers, norms = [], [], [], []
     for i, (x, y) in enumerate(batches):
         rows = data_rows(grid, global_batch)
         x, y = x[rows.start : rows.stop], y[rows.start : rows.stop]
-        loss, seconds, ledger, norm = one_step(engine, grid, x, y, optim.lr_at(i, steps),
-                                               optim.clip_grad)  # fmt: skip
+        loss, seconds, ledger, norm = one_step(
+            engine, grid, x, y, optim.lr_at(i, steps), optim.clip_grad
+        )
         norms.append(norm)
         losses.append(loss)
         times.append(seconds)

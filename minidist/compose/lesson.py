@@ -48,8 +48,11 @@ def compose_row(world_size: int, out_dir: Path) -> TourRow:
     args = (model, pdims, 1, 8 // (pdims.dp_replicate * pdims.dp_shard))
     sent = theory.dp_bytes(model, pdims) + theory.tp_bytes(*args) + theory.pp_bytes(*args)
     return TourRow(
-        f"every parallelism at once ({label})", loss < LOSS_TOL and diff < PARAM_TOL, diff,
+        f"every parallelism at once ({label})",
+        loss < LOSS_TOL and diff < PARAM_TOL,
+        diff,
         memory_per_rank=m["params"] + m["grads"] + m["master"] + m["optimizer"],
-        memory_theory=sum(states.values()), bytes_per_rank=sum(r0["bytes"].values()),
+        memory_theory=sum(states.values()),
+        bytes_per_rank=sum(r0["bytes"].values()),
         bytes_theory=sent + theory.cp_bytes(*args),
-    )  # fmt: skip
+    )

@@ -41,8 +41,9 @@ def find_parts(model: nn.Module) -> Parts:
     base_name, _, layers_name = name.rpartition(".")
     base = model.get_submodule(base_name)
     embeddings = [n for n, m in base.named_children() if isinstance(m, nn.Embedding)]
-    norms = [n for n, m in base.named_children()
-             if n in NORM_NAMES or "norm" in type(m).__name__.lower()]  # fmt: skip
+    norms = [
+        n for n, m in base.named_children() if n in NORM_NAMES or "norm" in type(m).__name__.lower()
+    ]
     head = "lm_head" if isinstance(getattr(model, "lm_head", None), nn.Linear) else None
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
         out = model.get_output_embeddings()
@@ -68,9 +69,14 @@ def hf_sizes(config) -> dict:
         or 0
     )
     return dict(
-        heads=heads, kv_heads=kv, head_dim=head_dim, layers=config.num_hidden_layers,
-        hidden=hidden, vocab=config.vocab_size, experts=experts,
-    )  # fmt: skip
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        layers=config.num_hidden_layers,
+        hidden=hidden,
+        vocab=config.vocab_size,
+        experts=experts,
+    )
 
 
 def is_hf(model: nn.Module) -> bool:

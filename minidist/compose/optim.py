@@ -73,8 +73,9 @@ class OptimizerConfig:
 
     def lr_at(self, step: int, steps: int) -> float:
         """The learning rate of step `step` (0-based) of `steps`."""
-        return self.lr * lr_factor(step, steps, self.warmup, self.lr_schedule,
-                                   self.min_lr / self.lr)  # fmt: skip
+        return self.lr * lr_factor(
+            step, steps, self.warmup, self.lr_schedule, self.min_lr / self.lr
+        )
 
 
 def lr_factor(step: int, steps: int, warmup: int, schedule: str, min_ratio: float) -> float:
@@ -124,8 +125,15 @@ def shard_optimizer(zero, cfg: OptimizerConfig) -> ShardAdam:
         lo, hi = max(off, lay.start), min(off + n, lay.start + lay.chunk)
         if decays(p) and lo < hi:
             ranges.append((lo - lay.start, hi - lay.start))
-    return ShardAdam([zero.shard], ranges, cfg.weight_decay, cfg.optimizer == "adamw",
-                     lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)  # fmt: skip
+    return ShardAdam(
+        [zero.shard],
+        ranges,
+        cfg.weight_decay,
+        cfg.optimizer == "adamw",
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+    )
 
 
 def set_lr(engine, lr: float) -> None:
@@ -157,8 +165,10 @@ def torch_optimizer(model: nn.Module, cfg: OptimizerConfig, steps: int):
     """The one-process run's optimizer and scheduler: torch's Adam or AdamW with two groups
     (decayed and not) and `LambdaLR` on `lr_factor`; clip with `clip_grad_norm_`."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if decays(p)], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if not decays(p)], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in params if decays(p)], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if not decays(p)], "weight_decay": 0.0},
+    ]
     kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     opt = kind([g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     ratio = cfg.min_lr / cfg.lr
@@ -171,5 +181,10 @@ def torch_optimizer(model: nn.Module, cfg: OptimizerConfig, steps: int):
 def engine_options(cfg: OptimizerConfig) -> dict:
     """`parallelize`'s optimizer keywords for `cfg` (the schedule and clipping are the
     loop's: `set_lr`, `clip_grad_norm_`)."""
-    return dict(lr=cfg.lr, optimizer=cfg.optimizer, weight_decay=cfg.weight_decay,
-                betas=cfg.betas, eps=cfg.eps)  # fmt: skip
+    return dict(
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        weight_decay=cfg.weight_decay,
+        betas=cfg.betas,
+        eps=cfg.eps,
+    )

@@ -116,8 +116,10 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
                     "here; use tp = 1 for this model"
                 )
             if "expert" in name and isinstance(module, nn.Linear):
-                raise ValueError(f"parallelize: experts with tp={dims.tp} are not composed "
-                                 f"here ({name}; use ep, or tp = 1)")  # fmt: skip
+                raise ValueError(
+                    f"parallelize: experts with tp={dims.tp} are not composed "
+                    f"here ({name}; use ep, or tp = 1)"
+                )
     if dims.tp > 1 and sizes["kv_heads"] != sizes["heads"]:
         fused = [n for n, _ in model.named_modules() if n.endswith(".qkv_proj")]
         if fused:
@@ -130,8 +132,10 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
         expert_modules(model, sizes["experts"])
     dropout = getattr(model.config, "attention_dropout", 0.0)
     if dims.cp > 1 and dropout:
-        raise ValueError(f"parallelize: cp={dims.cp} with attention_dropout={dropout}: ring "
-                         "attention has no dropout")  # fmt: skip
+        raise ValueError(
+            f"parallelize: cp={dims.cp} with attention_dropout={dropout}: ring "
+            "attention has no dropout"
+        )
     return sizes
 
 
@@ -161,12 +165,22 @@ class ComposedParallel(StatePieces, PipelineParallel):
     measure_activations = False  # the CLI turns it on to print the activations' peak
 
     def __init__(
-        self, model: nn.Module, dims: ParallelDims, grid: Grid | None = None,
-        microbatches: int = 1, precision: str = "fp32", recompute: bool = False,
-        lr: float = 1e-2, pad_to_capacity: bool = False, plan: dict | None = None,
-        seq_len: int | None = None, optimizer: str = "adam", weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-    ):  # fmt: skip
+        self,
+        model: nn.Module,
+        dims: ParallelDims,
+        grid: Grid | None = None,
+        microbatches: int = 1,
+        precision: str = "fp32",
+        recompute: bool = False,
+        lr: float = 1e-2,
+        pad_to_capacity: bool = False,
+        plan: dict | None = None,
+        seq_len: int | None = None,
+        optimizer: str = "adam",
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
         ParallelModule.__init__(self)
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
@@ -177,8 +191,10 @@ class ComposedParallel(StatePieces, PipelineParallel):
         sizes = model_sizes(model)
         if self.hf:
             if seq_len is None:
-                raise ValueError("parallelize: seq_len= (the batches' sequence length) is "
-                                 "needed for a transformers model")  # fmt: skip
+                raise ValueError(
+                    "parallelize: seq_len= (the batches' sequence length) is "
+                    "needed for a transformers model"
+                )
             sizes.update(check_layout(model, dims, seq_len))
         else:
             check_course_layout(model, dims)
@@ -219,9 +235,16 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 if tp is not None:  # 2. the tp entry once per module input
                     enter_once(layer, tp, dims.sp)
                 if isinstance(getattr(layer, "mlp", None), MoEMLP) and dims.ep > 1:
-                    layer.mlp = MoEMLP(ExpertParallelMoE(
-                        layer.mlp.moe, grid.group("ep"), grid.group("expert_dp"),
-                        pad_to_capacity, world=grid.group("stage")), None)  # fmt: skip
+                    layer.mlp = MoEMLP(
+                        ExpertParallelMoE(
+                            layer.mlp.moe,
+                            grid.group("ep"),
+                            grid.group("expert_dp"),
+                            pad_to_capacity,
+                            world=grid.group("stage"),
+                        ),
+                        None,
+                    )
                 if recompute:
                     recompute_module(layer)
             self.chunks.append(chunk)
@@ -246,8 +269,9 @@ class ComposedParallel(StatePieces, PipelineParallel):
         seq = sizes["seq_len"]
         self.ctx = StageContext(self.ctx.positions, seq)
         # GPT-2's Conv1D weights are held as nn.Linear's (transposed): named for the edges
-        self.transposed = {f"{n}.weight" for n, m in model.named_modules()
-                           if type(m).__name__ == "Conv1D"}  # fmt: skip
+        self.transposed = {
+            f"{n}.weight" for n, m in model.named_modules() if type(m).__name__ == "Conv1D"
+        }
         stages = self.p * self.v
         for c in range(self.v):
             vs = virtual_stage(self.kind, self.stage_index, c, self.p)
@@ -309,9 +333,20 @@ class ComposedParallel(StatePieces, PipelineParallel):
     def _attention(self, layer: nn.Module, sizes: dict, tp, cp) -> None:
         attr = "attn" if hasattr(layer, "attn") else "self_attn"
         heads, kv = sizes["heads"], sizes["kv_heads"]
-        setattr(layer, attr, ComposedAttention(
-            getattr(layer, attr), self.ctx, heads, kv, sizes["hidden"] // heads,
-            sizes["rope_theta"], tp, cp))  # fmt: skip
+        setattr(
+            layer,
+            attr,
+            ComposedAttention(
+                getattr(layer, attr),
+                self.ctx,
+                heads,
+                kv,
+                sizes["hidden"] // heads,
+                sizes["rope_theta"],
+                tp,
+                cp,
+            ),
+        )
 
     def _named(self) -> dict[str, torch.Tensor]:
         """{one-process name: parameter} of every chunk (experts renumbered; the GPT's last
@@ -340,8 +375,12 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self.optimizers = []
         for names, kind in ((self.dense_names, "dp_shard_cp"), (self.expert_names, "ep_shard")):
             if names:
-                opt = ZeroRedundancyOptimizer([named[n] for n in names], torch.optim.Adam,
-                                              group=self.grid.group(kind), lr=optim.lr)  # fmt: skip
+                opt = ZeroRedundancyOptimizer(
+                    [named[n] for n in names],
+                    torch.optim.Adam,
+                    group=self.grid.group(kind),
+                    lr=optim.lr,
+                )
                 opt.inner = shard_optimizer(opt, optim)
                 state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
                 state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it

@@ -46,10 +46,26 @@ def plot_grid(dims: ParallelDims, kinds: Sequence[str] = KINDS) -> Figure:
         color = {r: hues[i] for i, g in enumerate(groups[kind]) for r in g}
         for rank in range(world):
             c, row = rank % per_stage, rank // per_stage
-            ax.add_patch(Rectangle((c, -row - 1), 1, 1, facecolor=color[rank], alpha=0.75,
-                                   edgecolor="white", linewidth=2))  # fmt: skip
-            ax.text(c + 0.5, -row - 0.5, str(rank), ha="center", va="center", fontsize=11,
-                    fontweight="bold")  # fmt: skip
+            ax.add_patch(
+                Rectangle(
+                    (c, -row - 1),
+                    1,
+                    1,
+                    facecolor=color[rank],
+                    alpha=0.75,
+                    edgecolor="white",
+                    linewidth=2,
+                )
+            )
+            ax.text(
+                c + 0.5,
+                -row - 0.5,
+                str(rank),
+                ha="center",
+                va="center",
+                fontsize=11,
+                fontweight="bold",
+            )
         for row in range(dims.pp):
             ax.text(-0.1, -row - 0.5, f"stage {row}", ha="right", va="center", fontsize=10)
         ax.set_xlim(-1.3, per_stage)
@@ -81,12 +97,18 @@ def plot_planned_measured(measured: dict, planned: dict, layout: str = "") -> Fi
         ax.set_xticks(list(xs), kinds)
         ax.set_ylabel(unit)
         title = "bytes per group kind" if what == "bytes" else "model states per kind"
-        ax.set_title(title + (f" (0: {', '.join(empty)})" if empty else ""), fontsize=10,
-                     loc="left")  # fmt: skip
+        ax.set_title(
+            title + (f" (0: {', '.join(empty)})" if empty else ""), fontsize=10, loc="left"
+        )
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=10, frameon=False)
-    fig.suptitle(f"{layout}: measured (the most over the ranks) and planned" if layout
-                 else "measured (the most over the ranks) and planned", x=0.01, ha="left",
-                 fontsize=11)  # fmt: skip
+    fig.suptitle(
+        f"{layout}: measured (the most over the ranks) and planned"
+        if layout
+        else "measured (the most over the ranks) and planned",
+        x=0.01,
+        ha="left",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

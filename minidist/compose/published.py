@@ -64,8 +64,16 @@ LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 128, 16384, 128, 8, 53248, 128256
 
 
 def spec(seq: int) -> ModelSpec:
-    return ModelSpec(arch="llama", layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB,
-                     seq=seq, kv_heads=KV_HEADS, ffn=FFN)  # fmt: skip
+    return ModelSpec(
+        arch="llama",
+        layers=LAYERS,
+        hidden=HIDDEN,
+        heads=HEADS,
+        vocab=VOCAB,
+        seq=seq,
+        kv_heads=KV_HEADS,
+        ffn=FFN,
+    )
 
 
 def megatron_tp_bytes(row: Llama3Row) -> float:
@@ -102,8 +110,12 @@ def plan_row(row: Llama3Row) -> dict:
     shard = rank_params(model, dims)["dense_trainable"]
     dp = ring_bytes("reduce_scatter", 4 * shard, row.dp * row.cp)  # fp32 gradients
     dp += ring_bytes("all_gather", 2 * shard, row.dp * row.cp)  # bf16 parameters
-    sent = {"dp": dp, "tp": megatron_tp_bytes(row), "cp": llama3_cp_bytes(row),
-            "pp": m * row.seq // (row.cp * row.tp) * HIDDEN * 2}  # fmt: skip
+    sent = {
+        "dp": dp,
+        "tp": megatron_tp_bytes(row),
+        "cp": llama3_cp_bytes(row),
+        "pp": m * row.seq // (row.cp * row.tp) * HIDDEN * 2,
+    }
     args = (model, dims, 1, m, "bf16")
     flops = m * layer_flops(spec(row.seq), 1, row.seq) * (LAYERS // row.pp) / (row.tp * row.cp)
     step_s = flops / (row.tflops * 1e12)

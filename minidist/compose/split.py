@@ -99,8 +99,15 @@ class Stage(nn.Module):
     """Layers `held` of `model` (edited in place: call it on a copy), the embeddings if
     `first`, the final norm and head if `last`."""
 
-    def __init__(self, model: nn.Module, held: range, first: bool, last: bool,
-                 ctx: StageContext, parts: Parts | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        held: range,
+        first: bool,
+        last: bool,
+        ctx: StageContext,
+        parts: Parts | None = None,
+    ):
         super().__init__()
         self.first, self.last, self.ctx = first, last, ctx
         self.parts = parts = parts or find_parts(model)
@@ -155,11 +162,13 @@ class Stage(nn.Module):
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the global batch's mean over valid tokens."""
         if self.tp_group is None:
-            total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                                    reduction="sum")  # fmt: skip
+            total = F.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+            )
         else:
-            total = vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_start,
-                                                 self.vocab_size, reduction="sum")  # fmt: skip
+            total = vocab_parallel_cross_entropy(
+                logits, targets, self.tp_group, self.vocab_start, self.vocab_size, reduction="sum"
+            )
         return total * (self.ctx.scale / self.ctx.tokens)
 
 

@@ -57,8 +57,10 @@ class Chunk(nn.Module):
             return
         self.tied = model.lm_head.weight is model.model.embed_tokens.weight
         if self.tied:
-            raise ValueError("parallelize: a Llama-layout model with a tied lm_head is not "
-                             "supported (Llama's is untied)")  # fmt: skip
+            raise ValueError(
+                "parallelize: a Llama-layout model with a tied lm_head is not "
+                "supported (Llama's is untied)"
+            )
         self.model = nn.Module()
         if first:
             self.model.embed_tokens = copy.deepcopy(model.model.embed_tokens)

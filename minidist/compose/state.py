@@ -63,8 +63,17 @@ class StatePieces:
                     if lo >= hi:
                         continue
                     key = name if which in ("param", "grad") else f"optim.{name}.{which}"
-                    out.append(Piece(key, shape, offsets, sizes, (lo - off - a, hi - off - a),
-                                     source[lo - lay.start : hi - lay.start], owner))  # fmt: skip
+                    out.append(
+                        Piece(
+                            key,
+                            shape,
+                            offsets,
+                            sizes,
+                            (lo - off - a, hi - off - a),
+                            source[lo - lay.start : hi - lay.start],
+                            owner,
+                        )
+                    )
         return out
 
     def _step_pieces(self) -> list[Piece]:
@@ -115,8 +124,18 @@ class StatePieces:
             opt.gather()
 
     def _assemble(self, pieces: list[Piece]) -> dict[str, torch.Tensor]:
-        mine = [(q.name, q.global_shape, q.box_offsets, q.box_sizes, q.flat,
-                 q.tensor.detach().float().cpu().clone()) for q in pieces if q.owner]  # fmt: skip
+        mine = [
+            (
+                q.name,
+                q.global_shape,
+                q.box_offsets,
+                q.box_sizes,
+                q.flat,
+                q.tensor.detach().float().cpu().clone(),
+            )
+            for q in pieces
+            if q.owner
+        ]
         everyone = [None] * self.grid.dims.world_size
         comm.all_gather_object(everyone, mine, tag="full-state")
         return assemble([p for part in everyone for p in part])

@@ -84,8 +84,9 @@ def conv1d_to_linear(model: nn.Module) -> list[str]:
     for name, module in list(model.named_modules()):
         if type(module).__name__ == "Conv1D":
             w = module.weight
-            linear = nn.Linear(w.shape[0], w.shape[1], bias=module.bias is not None,
-                               device=w.device, dtype=w.dtype)  # fmt: skip
+            linear = nn.Linear(
+                w.shape[0], w.shape[1], bias=module.bias is not None, device=w.device, dtype=w.dtype
+            )
             with torch.no_grad():
                 linear.weight.copy_(w.t())
                 if module.bias is not None:
@@ -238,21 +239,25 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
             if type(parent).__name__.endswith(("MoeBlock", "MoE", "SparseMoeBlock")) or (
                 "expert" in name
             ):
-                raise ValueError(f"parallelize: experts with tp={t} are not composed here "
-                                 "(use ep, or tp = 1)")  # fmt: skip
+                raise ValueError(
+                    f"parallelize: experts with tp={t} are not composed here (use ep, or tp = 1)"
+                )
             matched.setdefault(style, []).append(f"{lname}.{name}")
             if style == "rowwise":
                 new = RowParallelLinear(module, group)
                 new.sequence_parallel = sp
             elif style == "colwise_kv" and kv_whole:
-                mine = torch.arange(r * (heads // t), (r + 1) * (heads // t),
-                                    device=module.weight.device)  # fmt: skip
+                mine = torch.arange(
+                    r * (heads // t), (r + 1) * (heads // t), device=module.weight.device
+                )
                 new = ReplicatedKV(module, hd, mine // (heads // kv))
             else:
                 if style == "colwise_qkv" and kv != heads and attr == "qkv_proj":
-                    raise ValueError(f"parallelize: a fused qkv_proj with {kv} KV heads for "
-                                     f"{heads} query heads is not split over tp={t} here "
-                                     "(its sections differ in size)")  # fmt: skip
+                    raise ValueError(
+                        f"parallelize: a fused qkv_proj with {kv} KV heads for "
+                        f"{heads} query heads is not split over tp={t} here "
+                        "(its sections differ in size)"
+                    )
                 blocks = {"colwise_qkv": 3, "colwise_2": 2}.get(style, 1)
                 new = ColumnParallelLinear(module, group, blocks=blocks)
                 new.entered = True
@@ -266,8 +271,10 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
                     for p in whole.parameters() if whole is not None else ():
                         p.tp_partial = True  # each rank's heads' share of the gradient
     if not matched:
-        raise ValueError(f"parallelize: tp={t} found no projection of {type(model).__name__} "
-                         f"to split (patterns: {sorted(HF_PLAN)})")  # fmt: skip
+        raise ValueError(
+            f"parallelize: tp={t} found no projection of {type(model).__name__} "
+            f"to split (patterns: {sorted(HF_PLAN)})"
+        )
     for module in regions:
         module.register_forward_pre_hook(_enter_region(group, sp), with_kwargs=True)
     for attn in attentions:

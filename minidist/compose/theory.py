@@ -72,8 +72,10 @@ def model_state_bytes(
     between steps."""
     e = 2 if precision == "bf16" else 4
     held = rank_params(model, dims, pp_rank)
-    groups = ((held["dense_trainable"], dims.dp_shard * dims.cp),
-              (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep))  # fmt: skip
+    groups = (
+        (held["dense_trainable"], dims.dp_shard * dims.cp),
+        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
+    )
     chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
     params = held["dense"] + held["expert"]
     return {
@@ -90,8 +92,10 @@ def dp_bytes(model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0) 
     e = 2 if precision == "bf16" else 4
     held = rank_params(model, dims, pp_rank)
     out = 0.0
-    for n, g in ((held["dense_trainable"], dims.dp_shard * dims.cp),
-                 (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep)):  # fmt: skip
+    for n, g in (
+        (held["dense_trainable"], dims.dp_shard * dims.cp),
+        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
+    ):
         if n:
             padded = zero_theory.padded_numel([n], g)
             out += ring_bytes("reduce_scatter", 4 * padded, g)
@@ -100,8 +104,14 @@ def dp_bytes(model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0) 
     return out + ring_bytes("all_reduce", e * trainable, dims.dp_replicate)
 
 
-def pp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
-             precision: str = "fp32", pp_rank: int = 0) -> float:  # fmt: skip
+def pp_bytes(
+    model: nn.Module,
+    dims,
+    micro_batch: int,
+    microbatches: int,
+    precision: str = "fp32",
+    pp_rank: int = 0,
+) -> float:
     """A rank's float32 activations and their gradients to other ranks, every micro-batch;
     the loss's broadcast; the GPT's tied embedding all-reduced between its two ranks."""
     sizes = _sizes(model)
@@ -110,8 +120,11 @@ def pp_bytes(model: nn.Module, dims, micro_batch: int, microbatches: int,
     s = sizes["seq_len"] // dims.cp // (dims.tp if dims.sp else 1)
     act = 4 * micro_batch * s * sizes["hidden"]
     stages = dims.pp * dims.chunks
-    where = {virtual_stage(dims.schedule, r, c, dims.pp): r
-             for r in range(dims.pp) for c in range(dims.chunks)}  # fmt: skip
+    where = {
+        virtual_stage(dims.schedule, r, c, dims.pp): r
+        for r in range(dims.pp)
+        for c in range(dims.chunks)
+    }
     sent = 0.0
     mine = chunks(dims, pp_rank, sizes["layers"])
     for vs, _, first, last in mine:
@@ -143,8 +156,9 @@ def cp_bytes(
         return 0.0
     sizes = _sizes(model)
     e = 2 if precision == "bf16" else 4
-    ring = cp_theory.ring_bytes_per_layer(micro_batch, sizes["seq_len"],
-                                          sizes["hidden"] // dims.tp, dims.cp, e)  # fmt: skip
+    ring = cp_theory.ring_bytes_per_layer(
+        micro_batch, sizes["seq_len"], sizes["hidden"] // dims.tp, dims.cp, e
+    )
     total = 0.0
     for _, layers, _, _ in chunks(dims, pp_rank, sizes["layers"]):
         backward = ring["backward K, V"] + ring["backward dK, dV"]  # in B under a split
@@ -153,8 +167,14 @@ def cp_bytes(
     return microbatches * total
 
 
-def planned(model: nn.Module, dims, global_batch: int, micro_batch: int,
-            precision: str = "fp32", recompute: bool = False) -> dict:  # fmt: skip
+def planned(
+    model: nn.Module,
+    dims,
+    global_batch: int,
+    micro_batch: int,
+    precision: str = "fp32",
+    recompute: bool = False,
+) -> dict:
     """{"memory": {kind: bytes}, "bytes": {kind: bytes}}, the most over the pipeline ranks
     (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
     train` prints them beside the measured ones."""

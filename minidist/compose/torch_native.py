@@ -29,9 +29,13 @@ from .model_parts import find_parts, hf_sizes, is_hf
 from .split import Stage, StageContext, split_model
 from .tensor_parallel import _localize
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-             "interleaved": "ScheduleInterleaved1F1B", "zb-v": "ScheduleZBVZeroBubble",
-             "dualpipev": "ScheduleDualPipeV"}  # fmt: skip
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zb-v": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
 
 
 def stage_indices(pp: int, chunks: int, schedule: str, pp_rank: int) -> list[int]:
@@ -57,30 +61,37 @@ def tensor_parallel(stage: Stage, mesh, sequence_parallel: bool, sizes: dict) ->
     seq = Shard(1) if sequence_parallel else Replicate()
     t, hf = mesh.size(), is_hf(stage.model)
     if sizes["kv_heads"] % t:
-        raise ValueError(f"torch_native: tp={t} must divide the KV heads={sizes['kv_heads']} "
-                         "(ColwiseParallel splits K and V by rows)")  # fmt: skip
+        raise ValueError(
+            f"torch_native: tp={t} must divide the KV heads={sizes['kv_heads']} "
+            "(ColwiseParallel splits K and V by rows)"
+        )
     for layer in stage.layers():
         attn = layer.self_attn
         plan = {
-            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(),
             "mlp.up_proj": ColwiseParallel(),
             "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
             "mlp.down_proj": RowwiseParallel(output_layouts=seq),
-        }  # fmt: skip
+        }
         if sequence_parallel:
-            plan.update({
-                "input_layernorm": SequenceParallel(),
-                "post_attention_layernorm": SequenceParallel(),
-                "self_attn": PrepareModuleInput(  # transformers pass hidden_states by name
-                    input_layouts=None if hf else (seq, None),
-                    desired_input_layouts=None if hf else (Replicate(), None),
-                    input_kwarg_layouts={"hidden_states": seq} if hf else None,
-                    desired_input_kwarg_layouts={"hidden_states": Replicate()} if hf else None,
-                ),
-                "mlp": PrepareModuleInput(input_layouts=(seq,),
-                                          desired_input_layouts=(Replicate(),)),
-            })  # fmt: skip
+            plan.update(
+                {
+                    "input_layernorm": SequenceParallel(),
+                    "post_attention_layernorm": SequenceParallel(),
+                    "self_attn": PrepareModuleInput(  # transformers pass hidden_states by name
+                        input_layouts=None if hf else (seq, None),
+                        desired_input_layouts=None if hf else (Replicate(), None),
+                        input_kwarg_layouts={"hidden_states": seq} if hf else None,
+                        desired_input_kwarg_layouts={"hidden_states": Replicate()} if hf else None,
+                    ),
+                    "mlp": PrepareModuleInput(
+                        input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+                    ),
+                }
+            )
         parallelize_module(layer, mesh, plan)
         _localize(attn, sizes, t, kv_whole=False)
     parts, model = stage.parts, stage.model
@@ -90,9 +101,15 @@ def tensor_parallel(stage: Stage, mesh, sequence_parallel: bool, sizes: dict) ->
         parallelize_module(model, mesh, {embed: whole})
         if sequence_parallel:  # this rank's block of the sequence, without communication
             rest = () if hf else (None,)  # lesson 17's Llama passes the positions too
-            parallelize_module(stage.layers()[0], mesh, PrepareModuleInput(
-                input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest),
-                use_local_output=True))  # fmt: skip
+            parallelize_module(
+                stage.layers()[0],
+                mesh,
+                PrepareModuleInput(
+                    input_layouts=(Replicate(), *rest),
+                    desired_input_layouts=(Shard(1), *rest),
+                    use_local_output=True,
+                ),
+            )
     if stage.last:
         top = {parts.head: ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
         if sequence_parallel:
@@ -105,8 +122,7 @@ def _base_name(model: nn.Module, parts) -> str:
     return f"{name}." if name else ""
 
 
-def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.device,
-          seq_len: int):  # fmt: skip
+def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.device, seq_len: int):
     """(stage modules of this rank, torch's schedule, the mesh) for `dims` (a
     `ParallelDims`-like object: dp_replicate, dp_shard, tp, sp, pp, schedule, virtual; cp
     and ep must be 1) on this rank, for sequences of `seq_len`."""
@@ -115,15 +131,20 @@ def build(model: nn.Module, dims, loss_fn, microbatches: int, device: torch.devi
     from torch.distributed.fsdp import fully_shard
 
     if getattr(dims, "cp", 1) != 1 or getattr(dims, "ep", 1) != 1:
-        raise ValueError("torch_native.build: torch 2.13 composes no context parallelism on "
-                         "CPUs and has no expert parallelism: cp and ep must be 1")  # fmt: skip
+        raise ValueError(
+            "torch_native.build: torch 2.13 composes no context parallelism on "
+            "CPUs and has no expert parallelism: cp and ep must be 1"
+        )
     if dims.schedule not in SCHEDULES:
-        raise ValueError(f"torch_native.build: schedule={dims.schedule!r} is not one of "
-                         f"{tuple(SCHEDULES)}")  # fmt: skip
+        raise ValueError(
+            f"torch_native.build: schedule={dims.schedule!r} is not one of {tuple(SCHEDULES)}"
+        )
     if (dims.pp > 1 or dims.tp > 1) and find_parts(model).tied:
-        raise ValueError("torch_native.build: a tied head with pp > 1 or tp > 1 (torch's "
-                         "pipelining keeps no tied copies; DTensor's plan splits the "
-                         "embedding by rows and the head by columns, two tensors)")  # fmt: skip
+        raise ValueError(
+            "torch_native.build: a tied head with pp > 1 or tp > 1 (torch's "
+            "pipelining keeps no tied copies; DTensor's plan splits the "
+            "embedding by rows and the head by columns, two tensors)"
+        )
     shape = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
     mesh = init_device_mesh(
         device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp")
@@ -170,8 +191,9 @@ def train_on_rank(model: nn.Module, dims, batches, microbatches: int, lr: float 
     tokens = [1.0]
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                ignore_index=-100, reduction="sum")  # fmt: skip
+        total = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+        )
         # torch's schedule divides the gradients by the micro-batches, FSDP by the replicas
         return total * (microbatches * replicas / tokens[0])
 

@@ -88,9 +88,12 @@ def launch_shared(fn: Callable, world_size: int, args: tuple, timeout_s: float) 
         ]
         try:
             per_rank = launch(
-                _each, world_size, fn, arg_lists,
+                _each,
+                world_size,
+                fn,
+                arg_lists,
                 timeout_s=timeout_s + _BATCH_S_PER_ANSWER * len(arg_lists),
-            )  # fmt: skip
+            )
             batch.cache[key] = [[rank[j] for rank in per_rank] for j in range(len(arg_lists))]
         except (RankFailedError, WorldTimeoutError):
             batch.cache[key] = None

@@ -201,8 +201,11 @@ def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path
             rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
         except Exception as exc:  # one notebook never stops the class: ERROR rows, go on
             failed.append(path)
-            print(f"minidist grade: internal error grading {path} (a bug in the grader; "
-                  "grading goes on):", file=sys.stderr)  # fmt: skip
+            print(
+                f"minidist grade: internal error grading {path} (a bug in the grader; "
+                "grading goes on):",
+                file=sys.stderr,
+            )
             traceback.print_exc()
             why = f"the grader failed on it ({type(exc).__name__}: {exc})"
             return unreadable(path, [], why, student)

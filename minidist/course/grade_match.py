@@ -54,8 +54,9 @@ def released_twin(path: Path, released: Path | None, nb=None) -> Path | None:
     if any(candidate.resolve() == path.resolve() for candidate, _ in candidates):
         return None
     mine = _exercise_keys(nb) if nb is not None else set()
-    scored = [(len(mine & keys), candidate.name == path.name, candidate)
-              for candidate, keys in candidates]  # fmt: skip
+    scored = [
+        (len(mine & keys), candidate.name == path.name, candidate) for candidate, keys in candidates
+    ]
     shared, same_name, best = max(scored, key=lambda s: s[:2], default=(0, False, None))
     return best if shared or same_name else None
 
@@ -107,8 +108,11 @@ def _calls(source: str, checks: list[str], pattern: re.Pattern) -> bool:
     import tokenize
 
     try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]  # fmt: skip
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+        ]
     except (tokenize.TokenError, SyntaxError):
         return bool(pattern.search(source))
     return any(

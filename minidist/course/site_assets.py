@@ -70,9 +70,11 @@ def alt_text(source: str, nb, intro: str, title: str) -> str:
     import importlib
 
     names = PLOT_CALL.findall(source)
-    imports = re.findall(r"from (minidist[\w.]*) import \(?([^)\n]*(?:\n[^)\n]*)*?)\)?$",
-                         "\n".join(c.source for c in nb.cells if c.cell_type == "code"),
-                         re.M)  # fmt: skip
+    imports = re.findall(
+        r"from (minidist[\w.]*) import \(?([^)\n]*(?:\n[^)\n]*)*?)\)?$",
+        "\n".join(c.source for c in nb.cells if c.cell_type == "code"),
+        re.M,
+    )
     for name in names:
         for module, what in imports:
             if re.search(rf"\b{name}\b", what):

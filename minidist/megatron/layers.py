@@ -236,8 +236,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = target_logit.masked_fill(~inside, 0.0)
         comm.all_reduce(target_logit, group=group, tag="tp-ce-target")
         # an ignored target's row saved as zeros (no gradient): nothing more is kept
-        ctx.save_for_backward(exp / total.unsqueeze(-1) * valid.unsqueeze(-1), local_t,
-                              inside & valid)  # fmt: skip
+        ctx.save_for_backward(
+            exp / total.unsqueeze(-1) * valid.unsqueeze(-1), local_t, inside & valid
+        )
         losses = (total.log() - target_logit) * valid
         # the mean over the valid targets (F.cross_entropy's with ignore_index), or their sum
         ctx.divisor = max(int(valid.sum()), 1) if reduction == "mean" else 1
@@ -253,13 +254,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, group, start: int, vocab_size: int,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    group,
+    start: int,
+    vocab_size: int,
     reduction: str = "mean",
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Cross entropy from this rank's logits columns [start, start + local); the full logits
     are never formed. Equal to `F.cross_entropy(..., ignore_index=-100, reduction=)` on the
     gathered logits: targets of -100 count for nothing ("mean": over the others)."""
     if reduction not in ("mean", "sum"):
-        raise ValueError(f"vocab_parallel_cross_entropy: reduction={reduction!r} must be "
-                         "'mean' or 'sum'")  # fmt: skip
+        raise ValueError(
+            f"vocab_parallel_cross_entropy: reduction={reduction!r} must be 'mean' or 'sum'"
+        )
     return _VocabParallelCrossEntropy.apply(logits, targets, group, start, vocab_size, reduction)

@@ -55,8 +55,16 @@ def plot_rank_grid(
         color = {r: cmap(i % 20) for i, g in enumerate(groups[kind]) for r in g}
         for rank in range(world_size):
             c, row = cell(rank)
-            ax.add_patch(Rectangle((c, -row - 1), 1, 1, facecolor=color.get(rank, "white"),
-                                   edgecolor="white", linewidth=2))  # fmt: skip
+            ax.add_patch(
+                Rectangle(
+                    (c, -row - 1),
+                    1,
+                    1,
+                    facecolor=color.get(rank, "white"),
+                    edgecolor="white",
+                    linewidth=2,
+                )
+            )
             ax.text(c + 0.5, -row - 0.5, str(rank), ha="center", va="center", fontsize=9)
         for node in range(-(-world_size // gpus_per_node)):
             ranks = range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node))
@@ -64,19 +72,43 @@ def plot_rank_grid(
             c0, c1 = min(c for c, _ in cells), max(c for c, _ in cells) + 1
             r0, r1 = min(r for _, r in cells), max(r for _, r in cells) + 1
             if len(cells) == (c1 - c0) * (r1 - r0):  # the node is a rectangle of the grid
-                ax.add_patch(Rectangle((c0 + 0.04, -r1 + 0.04), c1 - c0 - 0.08, r1 - r0 - 0.08,
-                                       fill=False, edgecolor="black", linewidth=2.2,
-                                       linestyle="--"))  # fmt: skip
+                ax.add_patch(
+                    Rectangle(
+                        (c0 + 0.04, -r1 + 0.04),
+                        c1 - c0 - 0.08,
+                        r1 - r0 - 0.08,
+                        fill=False,
+                        edgecolor="black",
+                        linewidth=2.2,
+                        linestyle="--",
+                    )
+                )
                 if c0 == 0 and c1 == per_stage:  # whole rows: label on the right
-                    ax.text(c1 + 0.08, -(r0 + r1) / 2, f"node {node}", rotation=90,
-                            ha="left", va="center", fontsize=8)  # fmt: skip
+                    ax.text(
+                        c1 + 0.08,
+                        -(r0 + r1) / 2,
+                        f"node {node}",
+                        rotation=90,
+                        ha="left",
+                        va="center",
+                        fontsize=8,
+                    )
                 elif r1 == pp:  # part of the last row: label below
-                    ax.text((c0 + c1) / 2, -r1 - 0.12, f"node {node}", ha="center", va="top",
-                            fontsize=8)  # fmt: skip
+                    ax.text(
+                        (c0 + c1) / 2, -r1 - 0.12, f"node {node}", ha="center", va="top", fontsize=8
+                    )
             else:
                 for c, r in cells:
-                    ax.add_patch(Rectangle((c + 0.06, -r - 0.94), 0.88, 0.88, fill=False,
-                                           edgecolor="black", linestyle="--"))  # fmt: skip
+                    ax.add_patch(
+                        Rectangle(
+                            (c + 0.06, -r - 0.94),
+                            0.88,
+                            0.88,
+                            fill=False,
+                            edgecolor="black",
+                            linestyle="--",
+                        )
+                    )
         for stage in range(pp):
             ax.text(-0.1, -stage - 0.5, f"stage {stage}", ha="right", va="center", fontsize=8)
         ax.set_xlim(-1.2, per_stage + 0.6)
@@ -84,10 +116,16 @@ def plot_rank_grid(
         ax.set_aspect("equal")
         ax.axis("off")
         sizes = {len(g) for g in groups[kind]}
-        ax.set_title(f"{_KIND_TITLES.get(kind, kind)}\n{len(groups[kind])} groups of "
-                     f"{'/'.join(map(str, sorted(sizes)))}", fontsize=9)  # fmt: skip
-    fig.suptitle(f"{world_size} ranks, t = {tp}, p = {pp}, d = {world_size // (tp * pp)}; "
-                 f"nodes of {gpus_per_node} GPUs dashed", fontsize=10)  # fmt: skip
+        ax.set_title(
+            f"{_KIND_TITLES.get(kind, kind)}\n{len(groups[kind])} groups of "
+            f"{'/'.join(map(str, sorted(sizes)))}",
+            fontsize=9,
+        )
+    fig.suptitle(
+        f"{world_size} ranks, t = {tp}, p = {pp}, d = {world_size // (tp * pp)}; "
+        f"nodes of {gpus_per_node} GPUs dashed",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
@@ -108,8 +146,14 @@ def plot_comm_seconds(
     ax.set_yticks(ys, [f"{what}, {link}" for what, link, _ in labels], fontsize=8)
     if compute_s is not None:
         ax.axvline(compute_s, color="black", linestyle="--", linewidth=1)
-        ax.text(compute_s, max(ys) + 0.5, f"compute {compute_s:.1f} s ", ha="right",
-                va="bottom", fontsize=8)  # fmt: skip
+        ax.text(
+            compute_s,
+            max(ys) + 0.5,
+            f"compute {compute_s:.1f} s ",
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xlabel("seconds per step and GPU (α-β model)")
     ax.set_ylim(-0.6, max(ys) + 1.1)
     ax.margins(x=0.12)

@@ -69,13 +69,14 @@ def tensor_parallel_row(world_size: int, out_dir: Path) -> TourRow:
     b, s = batches[0][0].shape
     _save(plot_weight_split(tp, cfg.hidden, cfg.heads, cfg.vocab_size), out_dir / "tp_split.png")
     return TourRow(
-        f"tensor parallel (t={tp})", all(matches(d) for d in diffs),
+        f"tensor parallel (t={tp})",
+        all(matches(d) for d in diffs),
         max(d["param"] for d in diffs),
         memory_per_rank=runs[0].memory.total,
         memory_theory=memory_theory(tp),
         bytes_per_rank=sent,
         bytes_theory=theory.bytes_sent_per_step(cfg.layers, b, s, cfg.hidden, tp),
-    )  # fmt: skip
+    )
 
 
 def layout_shape(world_size: int) -> tuple[int, int]:
@@ -99,7 +100,8 @@ def parallel_layout_row(world_size: int, out_dir: Path) -> TourRow:
     b, s = batches[0][0].shape
     _save(plot_rank_grid(tp * dp, tp, 1, gpus_per_node=tp), out_dir / "layout_groups.png")
     return TourRow(
-        f"layout (t={tp} x d={dp})", all(matches(d) for d in diffs),
+        f"layout (t={tp} x d={dp})",
+        all(matches(d) for d in diffs),
         max(d["param"] for d in diffs),
         memory_per_rank=runs[0].memory.total,
         memory_theory=memory_theory(tp),
@@ -107,7 +109,7 @@ def parallel_layout_row(world_size: int, out_dir: Path) -> TourRow:
         bytes_theory=theory.layout_bytes_sent_per_step(
             cfg.layers, b, s, cfg.hidden, tp, dp, runs[0].trainable
         ),
-    )  # fmt: skip
+    )
 
 
 # -- bench: minidist's tensor-parallel MLP blocks vs torch's DTensor tensor parallelism ------

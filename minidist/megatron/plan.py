@@ -88,12 +88,14 @@ def _build(style: str, module: nn.Module, parent: nn.Module, group, name: str) -
     n = dist.get_world_size(group)
     if style == "vocab":
         if not isinstance(module, nn.Embedding):
-            raise ValueError(f"apply_plan: {name} is {type(module).__name__}; 'vocab' needs "
-                             "an nn.Embedding")  # fmt: skip
+            raise ValueError(
+                f"apply_plan: {name} is {type(module).__name__}; 'vocab' needs an nn.Embedding"
+            )
         return VocabParallelEmbedding(module, group)
     if not isinstance(module, nn.Linear):
-        raise ValueError(f"apply_plan: {name} is {type(module).__name__}; {style!r} needs "
-                         "an nn.Linear")  # fmt: skip
+        raise ValueError(
+            f"apply_plan: {name} is {type(module).__name__}; {style!r} needs an nn.Linear"
+        )
     if style == "rowwise":
         return RowParallelLinear(module, group)
     if style == "colwise_qkv":
@@ -109,9 +111,12 @@ def _build(style: str, module: nn.Module, parent: nn.Module, group, name: str) -
 
 
 def apply_plan(
-    root: nn.Module, plan: dict[str, str], group, sequence_parallel: bool = False,
+    root: nn.Module,
+    plan: dict[str, str],
+    group,
+    sequence_parallel: bool = False,
     required: bool = True,
-) -> dict[str, list[str]]:  # fmt: skip
+) -> dict[str, list[str]]:
     """Replace `root`'s modules matched by `plan` with their tensor-parallel form, in place.
     `required=False` lets a pattern match nothing (a pipeline stage holds some layers)."""
     for pattern, style in plan.items():

@@ -106,8 +106,10 @@ def _diagnose_pipeline(one_f_one_b: Callable, p: int, m: int) -> str | list | No
     stages = []
     for r in range(p):
         call = f"one_f_one_b({r}, {p}, {m})"
-        got = _as_steps(learner_call(one_f_one_b, r, p, m, call=call, hints=HINTS_1),
-                        f"stage {r} of p = {p}, m = {m}")  # fmt: skip
+        got = _as_steps(
+            learner_call(one_f_one_b, r, p, m, call=call, hints=HINTS_1),
+            f"stage {r} of p = {p}, m = {m}",
+        )
         if isinstance(got, str):
             return got
         stages.append(got)
@@ -134,8 +136,10 @@ def check_one_f_one_b(one_f_one_b: Callable) -> None:
         peaks = timeline.peak_in_flight()
         want = [theory.peak_microbatches(r, p, m, "1f1b") for r in range(p)]
         if abs(bubble - formula) > 1e-9 or peaks != want:  # unreachable when the steps match
-            fail(f"p = {p}, m = {m}: simulated bubble {bubble:.3f} (formula {formula:.3f}), "
-                 f"peaks {peaks} (formula {want})")  # fmt: skip
+            fail(
+                f"p = {p}, m = {m}: simulated bubble {bubble:.3f} (formula {formula:.3f}), "
+                f"peaks {peaks} (formula {want})"
+            )
     p, m = 4, 8
     timeline = simulate([one_f_one_b(r, p, m) for r in range(p)])
     passed(

@@ -58,8 +58,10 @@ def learner_call(
         raise
     except _LearnerTimeout:
         cause = (hints or {}).get("LearnerTimeout", "a loop that never ends")
-        fail(f"{call or fn.__name__} was still running after {limit_s:g} s (a right answer "
-             f"takes microseconds): likely {cause}.")  # fmt: skip
+        fail(
+            f"{call or fn.__name__} was still running after {limit_s:g} s (a right answer "
+            f"takes microseconds): likely {cause}."
+        )
     except Exception as exc:  # noqa: BLE001 (the learner's crash is the diagnosis)
         name, text = type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else ""
         cause = next(

@@ -27,8 +27,14 @@ def _reference(r: int, p: int, m: int) -> list[tuple]:
     return schedule("1f1b", p, m)[r]
 
 
-def with_warmup(warmup: int, m: int, reverse_backwards: bool = False, cap: bool = True,
-                 backward_first: bool = False, first: int = 0) -> list[tuple]:  # fmt: skip
+def with_warmup(
+    warmup: int,
+    m: int,
+    reverse_backwards: bool = False,
+    cap: bool = True,
+    backward_first: bool = False,
+    first: int = 0,
+) -> list[tuple]:
     """1F1B's shape with another warm-up (capped at m or not), backwards in reverse order,
     the steady pair backward-first, or micro-batches numbered from `first`."""
     warmup = min(warmup, m) if cap else warmup

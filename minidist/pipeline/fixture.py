@@ -62,11 +62,19 @@ def pipeline_on_rank(kind: str, microbatches: int, pp: int, **sizes) -> dict:
         by_tag[r.tag] = by_tag.get(r.tag, 0.0) + r.ring_bytes
     by_tag = {tag: sent / len(batches) for tag, sent in by_tag.items()}
     return dict(
-        losses=losses, params=pipe.full_parameters(), stage=layout.pp_rank,
-        peak=pipe.peak_alive, peak_bytes=pipe.peak_saved_bytes, per_mb=pipe.saved_per_microbatch,
-        sent_per_step=sum(by_tag.values()), sent_by_tag=by_tag, timings=pipe.timings,
+        losses=losses,
+        params=pipe.full_parameters(),
+        stage=layout.pp_rank,
+        peak=pipe.peak_alive,
+        peak_bytes=pipe.peak_saved_bytes,
+        per_mb=pipe.saved_per_microbatch,
+        sent_per_step=sum(by_tag.values()),
+        sent_by_tag=by_tag,
+        timings=pipe.timings,
         dp_per_step=sum(1 for r in training if r.tag == "dp-grads") / len(batches),
         trainable=sum(1 for p in pipe.module.parameters() if p.requires_grad),
         tied=None if tied is None else tied.detach().clone(),
-        blocks=list(stage.blocks), first=stage.first, last=stage.last,
-    )  # fmt: skip
+        blocks=list(stage.blocks),
+        first=stage.first,
+        last=stage.last,
+    )

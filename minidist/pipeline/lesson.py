@@ -79,13 +79,14 @@ def _pipeline_row(kind: str, label: str, world_size: int, out_dir: Path) -> Tour
         out_dir / f"pipeline_{kind}_timeline.png",
     )
     return TourRow(
-        f"pipeline {label} (p={p}, m={TOUR_M})", losses_ok and max(diffs) < PARAM_TOL,
+        f"pipeline {label} (p={p}, m={TOUR_M})",
+        losses_ok and max(diffs) < PARAM_TOL,
         max(diffs),
         memory_per_rank=r0["peak_bytes"],
         memory_theory=theory.peak_microbatches(0, p, TOUR_M, kind) * r0["per_mb"],
         bytes_per_rank=r0["sent_per_step"],
         bytes_theory=theory.p2p_bytes_sent_per_step(0, p, b, s, cfg.hidden, cfg.vocab_size),
-    )  # fmt: skip
+    )
 
 
 # -- bench: minidist's 1F1B vs torch.distributed.pipelining's Schedule1F1B -------------------

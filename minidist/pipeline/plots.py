@@ -60,18 +60,36 @@ def plot_gantt(
             chunk = step[2] if len(step) > 2 else 0
             ops.add(op)
             x0, w = start * scale, (end - start) * scale
-            ax.broken_barh([(x0, w)], (y - 0.4, 0.8), facecolors=_shade(OP_COLORS[op], chunk),
-                           edgecolor="white", linewidth=0.8)  # fmt: skip
+            ax.broken_barh(
+                [(x0, w)],
+                (y - 0.4, 0.8),
+                facecolors=_shade(OP_COLORS[op], chunk),
+                edgecolor="white",
+                linewidth=0.8,
+            )
             if w >= label_min:
-                ax.text(x0 + w / 2, y, str(i), ha="center", va="center", fontsize=7,
-                        color="white" if chunk == 0 else "black")  # fmt: skip
+                ax.text(
+                    x0 + w / 2,
+                    y,
+                    str(i),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if chunk == 0 else "black",
+                )
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"{row} {p - 1 - y}" for y in range(p)])
     ax.set_xlim(0, span * 1.01)
     ax.set_xlabel(unit)
     handles = [Patch(color=OP_COLORS[o], label=OP_NAMES[o]) for o in "FBW" if o in ops]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3,
-              fontsize=8, frameon=False)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.28),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     ax.set_title(f"{title}{' · ' if title else ''}bubble {timeline.bubble:.1%}", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
@@ -83,8 +101,9 @@ def plot_measured_gantt(timings: Sequence[Sequence[tuple]], title: str = "") -> 
     return plot_gantt(from_timestamps(timings), title=title, unit="milliseconds", scale=1e3)
 
 
-def plot_bubble_vs_m(stages: int = 4, ms: Sequence[int] = (4, 8, 12, 16, 24, 32), virtual: int = 2
-                     ) -> Figure:  # fmt: skip
+def plot_bubble_vs_m(
+    stages: int = 4, ms: Sequence[int] = (4, 8, 12, 16, 24, 32), virtual: int = 2
+) -> Figure:
     """Bubble against m: simulated points (F = B = 1; ZB-H1: F = B = W = 1) on the formulas."""
     fig, ax = plt.subplots(figsize=(7, 4))
     cases = [
@@ -101,8 +120,14 @@ def plot_bubble_vs_m(stages: int = 4, ms: Sequence[int] = (4, 8, 12, 16, 24, 32)
         ax.scatter(points, sim, marker=marker, color=color, label=f"{label}: simulated", zorder=3)
         if kind != "1f1b":  # 1F1B's formula is GPipe's
             name = "GPipe and 1F1B" if kind == "gpipe" else label
-            ax.plot(dense, [theory.bubble_fraction(stages, m, kind, v) for m in dense],
-                    color=color, linewidth=1, alpha=0.7, label=f"{name}: formula")  # fmt: skip
+            ax.plot(
+                dense,
+                [theory.bubble_fraction(stages, m, kind, v) for m in dense],
+                color=color,
+                linewidth=1,
+                alpha=0.7,
+                label=f"{name}: formula",
+            )
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (idle share)")
     ax.set_title(f"p = {stages} stages: the bubble shrinks with m", fontsize=10)
@@ -124,10 +149,15 @@ def plot_activation_memory(
     width = 0.8 / len(kinds)
     for k, kind in enumerate(kinds):
         xs = [s + (k - (len(kinds) - 1) / 2) * width for s in range(p)]
-        ax.bar(xs, [b / 1024 for b in formula[kind]], width, alpha=0.6,
-               label=f"{kind}: formula")  # fmt: skip
-        ax.scatter(xs, [b / 1024 for b in measured[kind]], color="black", marker="x", zorder=3,
-                   label="measured" if k == 0 else None)  # fmt: skip
+        ax.bar(xs, [b / 1024 for b in formula[kind]], width, alpha=0.6, label=f"{kind}: formula")
+        ax.scatter(
+            xs,
+            [b / 1024 for b in measured[kind]],
+            color="black",
+            marker="x",
+            zorder=3,
+            label="measured" if k == 0 else None,
+        )
     ax.set_xticks(range(p))
     ax.set_xticklabels([f"stage {s}" for s in range(p)])
     ax.set_ylabel("peak saved activations (KiB)")

@@ -76,8 +76,13 @@ def schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) -> lis
             f"schedule: dualpipev needs microbatches={microbatches} >= 2 × stages = "
             f"{2 * stages} (both chunks' pipelines full before the overlapped pairs)"
         )
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v,
-             "dualpipev": dualpipe_v}[kind]  # fmt: skip
+    build = {
+        "gpipe": _gpipe,
+        "1f1b": _one_f_one_b,
+        "zb-h1": _zb_h1,
+        "zb-v": _zb_v,
+        "dualpipev": dualpipe_v,
+    }[kind]
     return [build(r, stages, microbatches) for r in range(stages)]
 
 

@@ -125,8 +125,10 @@ def activations(model: ModelSpec, layout: Layout) -> float:
     if layout.recompute:
         kept = s // layout.tp if layout.sp else s  # the block's input: this rank's block
         boundary = recompute_theory.boundary_bytes(kept, b, h, e)
-        held = [recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
-                for n in chunk_layers(model, layout)]  # fmt: skip
+        held = [
+            recompute_theory.saved_bytes(n, per_layer, boundary, 1)["forward"]
+            for n in chunk_layers(model, layout)
+        ]
     else:
         held = [n * per_layer for n in chunk_layers(model, layout)]
     held[0] += indices

@@ -100,8 +100,11 @@ def _hint(plans: list[Plan], args, budget: float) -> str:
     if args.precision == "fp32":
         tips.append("--precision mixed")
     batch = "a smaller --global-batch" if moe else "a smaller --micro-batch or --global-batch"
-    tips += ["more ranks (--world)", batch,
-             f"a budget above {small.memory_per_rank / GIB:.1f} GiB (--memory-gib)"]  # fmt: skip
+    tips += [
+        "more ranks (--world)",
+        batch,
+        f"a budget above {small.memory_per_rank / GIB:.1f} GiB (--memory-gib)",
+    ]
     return (
         f"# none fits: the smallest, {layout_name(lay)}, needs "
         f"{small.memory_per_rank / GIB:.1f} GiB per rank; try {', '.join(tips)}"
@@ -123,15 +126,28 @@ def run_plan(args) -> int:
     global_batch, microbatches, micro_batch = _batching(args, dp)
     args.global_batch_used = global_batch
     fixed = dict(
-        schedule=args.schedule, virtual=args.virtual, precision=args.precision,
-        optimizer=args.optimizer, recompute=args.recompute, global_batch=global_batch,
-        reduce_in_fp32=args.reduce_dtype != "bf16", sp=args.sp, cp=args.cp, ep=args.ep,
-    )  # fmt: skip
+        schedule=args.schedule,
+        virtual=args.virtual,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        global_batch=global_batch,
+        reduce_in_fp32=args.reduce_dtype != "bf16",
+        sp=args.sp,
+        cp=args.cp,
+        ep=args.ep,
+    )
     try:
         layout = Layout(
-            dp=dp, tp=args.tp, pp=args.pp, zero=args.zero, shard_size=args.shard_size,
-            offload=args.offload, microbatches=microbatches, **fixed,
-        )  # fmt: skip
+            dp=dp,
+            tp=args.tp,
+            pp=args.pp,
+            zero=args.zero,
+            shard_size=args.shard_size,
+            offload=args.offload,
+            microbatches=microbatches,
+            **fixed,
+        )
         chosen = plan(model, layout, cluster if model.has_config else None, world=args.world)
     except ValueError as err:
         layout_error(args, err)

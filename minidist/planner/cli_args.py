@@ -71,20 +71,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(plan_parser=parser)
     model = parser.add_argument_group("model: a GPT configuration, or --params alone")
     model.add_argument(
-        "--params", type=params, help="parameter count (e.g. 7.5e9): then only model states "
+        "--params",
+        type=params,
+        help="parameter count (e.g. 7.5e9): then only model states "
         "and data-parallel bytes are planned; activations, tp and pp need the configuration",
-    )  # fmt: skip
+    )
     for name, what in MODEL_FIELDS.items():
         model.add_argument(f"--{name}", type=count, help=what)
     model.add_argument(
-        "--experts", type=lambda text: count(text, 0), default=0,
+        "--experts",
+        type=lambda text: count(text, 0),
+        default=0,
         help="experts E: every MLP a mixture of E experts (lesson 16; default 0, dense)",
-    )  # fmt: skip
+    )
     model.add_argument("--top-k", type=count, default=1, help="experts per token (default 1)")
     model.add_argument(
-        "--capacity-factor", type=positive, default=1.0,
+        "--capacity-factor",
+        type=positive,
+        default=1.0,
         help="capacity C = ⌈factor · tokens · k / E⌉ per expert and rank (default 1.0)",
-    )  # fmt: skip
+    )
     lay = parser.add_argument_group("layout")
     lay.add_argument("--world", type=count, required=True, help="ranks (devices) in all")
     lay.add_argument(
@@ -92,67 +98,87 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     lay.add_argument("--pp", type=count, default=1, help="pipeline stages p (lesson 09; default 1)")
     lay.add_argument(
-        "--sp", action="store_true",
+        "--sp",
+        action="store_true",
         help="sequence parallelism in the tp group (lesson 14; needs --tp > 1, --pp 1)",
-    )  # fmt: skip
+    )
     lay.add_argument(
-        "--cp", type=count, default=1,
+        "--cp",
+        type=count,
+        default=1,
         help="context-parallel size c (lesson 15, ring attention; with DDP only; default 1)",
-    )  # fmt: skip
+    )
     lay.add_argument("--dp", type=count, help="data-parallel size d (default: world / (t·p·c))")
     lay.add_argument(
-        "--ep", type=count, default=1,
+        "--ep",
+        type=count,
+        default=1,
         help="expert-parallel size e, a divisor of d (lesson 16; needs --experts; default 1)",
-    )  # fmt: skip
+    )
     lay.add_argument(
-        "--zero", type=int, default=0, choices=(0, 1, 2, 3),
+        "--zero",
+        type=int,
+        default=0,
+        choices=(0, 1, 2, 3),
         help="ZeRO stage over dp: 0 = DDP, 1-2 (lesson 02), 3 = FSDP (lesson 03); default 0",
-    )  # fmt: skip
+    )
     lay.add_argument("--shard-size", type=count, help="FSDP hybrid shard group (--zero 3)")
     lay.add_argument(
-        "--micro-batch", type=count,
+        "--micro-batch",
+        type=count,
         help="sequences per micro-batch; every layout runs global batch / (d · this) of them "
         "(Megatron-LM's convention; default 1 unless --microbatches is given)",
-    )  # fmt: skip
+    )
     lay.add_argument("--microbatches", type=count, help="micro-batches per step, fixed")
     lay.add_argument(
         "--schedule", default="1f1b", choices=KINDS, help="pipeline schedule (default 1f1b)"
     )
     lay.add_argument(
-        "--virtual", type=count, default=1,
+        "--virtual",
+        type=count,
+        default=1,
         help="model chunks per rank, only with --schedule interleaved (default 1)",
-    )  # fmt: skip
+    )
     lay.add_argument(
-        "--precision", default="mixed", choices=PRECISIONS,
+        "--precision",
+        default="mixed",
+        choices=PRECISIONS,
         help="mixed (default): 16-bit parameters, gradients and activations, fp32 masters "
         "(ZeRO's 2+2+12 bytes per parameter); fp32: everything in float32",
-    )  # fmt: skip
+    )
     lay.add_argument(
-        "--reduce-dtype", choices=REDUCE_DTYPES,
+        "--reduce-dtype",
+        choices=REDUCE_DTYPES,
         help="dtype the data-parallel collectives reduce gradients in: fp32 (default, as the "
         "course's MixedPrecision(reduce_dtype=torch.float32)) or bf16, the 16-bit compute "
         "type, half the bytes (needs --precision mixed)",
-    )  # fmt: skip
+    )
     lay.add_argument(
-        "--optimizer", default="adam", choices=OPTIMIZERS,
+        "--optimizer",
+        default="adam",
+        choices=OPTIMIZERS,
         help="adam (default): two fp32 moments per parameter (ZeRO's K = 12 with fp32 masters; "
         "needed for --zero 1-3); sgd: with momentum, one fp32 buffer",
-    )  # fmt: skip
+    )
     lay.add_argument("--recompute", action="store_true", help="full recomputation (lesson 06)")
     lay.add_argument(
-        "--offload", default="device", choices=OFFLOAD,
+        "--offload",
+        default="device",
+        choices=OFFLOAD,
         help="where FSDP's optimizer runs and keeps its state (lesson 05; default device)",
-    )  # fmt: skip
+    )
     lay.add_argument(
         "--global-batch", type=count, help="sequences per step (default: world × micro-batch)"
     )
     where = parser.add_argument_group("where it runs")
     clusters = "; ".join(f"{name}: {c.device.name}" for name, c in sorted(CLUSTERS.items()))
     where.add_argument(
-        "--cluster", default="dgx-h100", choices=sorted(CLUSTERS),
+        "--cluster",
+        default="dgx-h100",
+        choices=sorted(CLUSTERS),
         help=f"the devices, their memory and links (datasheet figures, minidist/planner/"
         f"hardware.py): {clusters} (default dgx-h100)",
-    )  # fmt: skip
+    )
     where.add_argument(
         "--memory-gib", type=positive, help="memory budget per rank (default: the device's)"
     )
@@ -171,8 +197,10 @@ def model_spec(args) -> ModelSpec:
                 f"{', '.join('--' + n for n in given)})"
             )
         if args.experts:
-            parser.error(f"--experts {args.experts} needs the configuration (--layers --hidden "
-                         "--heads --vocab --seq), not --params")  # fmt: skip
+            parser.error(
+                f"--experts {args.experts} needs the configuration (--layers --hidden "
+                "--heads --vocab --seq), not --params"
+            )
         return ModelSpec(params=args.params)
     missing = [n for n in MODEL_FIELDS if n not in given]
     if missing:
@@ -185,8 +213,11 @@ def model_spec(args) -> ModelSpec:
         return ModelSpec(args.layers, args.hidden, args.heads, args.vocab, args.seq, **moe)
     except ValueError as err:
         fields = "|".join([*MODEL_FIELDS, "experts", "top_k", "capacity_factor"])
-        named = re.sub(rf"\b({fields})=", lambda m: "--" + m[1].replace("_", "-") + " ",
-                       str(err).replace("ModelSpec: ", ""))  # fmt: skip
+        named = re.sub(
+            rf"\b({fields})=",
+            lambda m: "--" + m[1].replace("_", "-") + " ",
+            str(err).replace("ModelSpec: ", ""),
+        )
         parser.error(named)  # the options named: layers=4 -> --layers 4
 
 
@@ -203,8 +234,10 @@ def validate(args) -> None:
     if args.reduce_dtype == "bf16" and args.precision != "mixed":
         error("--reduce-dtype bf16 needs --precision mixed (fp32 training reduces in fp32)")
     if args.sp and args.tp == 1:
-        error("--sp needs --tp > 1: sequence parallelism splits the tensor-parallel group's "
-              "replicated parts along the sequence")  # fmt: skip
+        error(
+            "--sp needs --tp > 1: sequence parallelism splits the tensor-parallel group's "
+            "replicated parts along the sequence"
+        )
     if args.sp and args.pp > 1:
         error(f"--sp with --pp {args.pp}: lesson 14 runs sequence parallelism without a pipeline")
     if args.cp > 1 and (args.tp > 1 or args.pp > 1 or args.zero != 0):

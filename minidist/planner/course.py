@@ -129,9 +129,14 @@ def _three_d(n: int) -> CoursePlan:
     tp, pp, dp = tour_shape(n)
     sizes = {k: v for k, v in GPT_3D.items() if k not in ("steps", "global_batch")}
     layout = Layout(
-        dp=dp, tp=tp, pp=pp, zero=1, optimizer="sgd", microbatches=MICROBATCHES,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        zero=1,
+        optimizer="sgd",
+        microbatches=MICROBATCHES,
         global_batch=GPT_3D["global_batch"],
-    )  # fmt: skip
+    )
     return _states(_gpt(**sizes), layout)
 
 

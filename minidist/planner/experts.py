@@ -48,8 +48,9 @@ def traffic(model: ModelSpec, layout: Layout) -> dict[tuple[str, str], float]:
     `expert_parallel.theory.padded_bytes_sent_per_step`."""
     _, cap = tokens_and_capacity(model, layout)
     e, r = layout.ep, layout.reduce_bytes
-    a2a = ep_theory.padded_all_to_all_bytes(model.experts, e, cap, model.hidden,
-                                            layout.element_bytes)  # fmt: skip
+    a2a = ep_theory.padded_all_to_all_bytes(
+        model.experts, e, cap, model.hidden, layout.element_bytes
+    )
     experts = model.expert_numel()
     replicated = model.trainable - experts
     out = {
@@ -100,6 +101,7 @@ def layer_bytes(model: ModelSpec, layout: Layout, kept: int | None = None) -> fl
     b, s, h, e = layout.micro_batch, model.seq, model.hidden, layout.element_bytes
     dense = tp_theory.activation_bytes_per_layer(b, s, h, model.heads, 1, e)
     kept = max_kept(model, layout) if kept is None else kept
-    moe = ep_theory.padded_saved_bytes(tokens, h, model.experts, model.top_k, layout.ep, cap,
-                                       kept, e)  # fmt: skip
+    moe = ep_theory.padded_saved_bytes(
+        tokens, h, model.experts, model.top_k, layout.ep, cap, kept, e
+    )
     return dense - e * 8 * tokens * h + moe - e * tokens * h

@@ -41,9 +41,11 @@ def plan_and_run(world_size: int) -> dict:
     steps = len(ref.losses)
     sent = sum(r.ring_bytes for r in ledger.records if r.tag != CONTRACT_TAG) / steps
     return dict(
-        plan=planned, memory=memory, sent=sent,
+        plan=planned,
+        memory=memory,
+        sent=sent,
         diff=max(max_abs_diff(trace.params, ref.params) for trace, *_ in runs),
-    )  # fmt: skip
+    )
 
 
 @tour_row("planner", lesson=13)
@@ -62,9 +64,11 @@ def planner_row(world_size: int, out_dir: Path) -> TourRow:
     fig.savefig(out_dir / "planner_zero2.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return TourRow(
-        f"planner ({ROW_LAYOUT}, planned then run)", r["diff"] < TOUR_TOL, r["diff"],
+        f"planner ({ROW_LAYOUT}, planned then run)",
+        r["diff"] < TOUR_TOL,
+        r["diff"],
         memory_per_rank=memory.total,
         memory_theory=int(p.model_state_bytes),
         bytes_per_rank=r["sent"],
         bytes_theory=p.bytes_sent,
-    )  # fmt: skip
+    )

@@ -81,11 +81,14 @@ class ModelSpec:
         if not self.experts:
             return
         if self.params is not None:
-            raise ValueError(f"ModelSpec: experts={self.experts} needs a GPT configuration "
-                             f"(layers, hidden, ...), not only params={self.params}")  # fmt: skip
+            raise ValueError(
+                f"ModelSpec: experts={self.experts} needs a GPT configuration "
+                f"(layers, hidden, ...), not only params={self.params}"
+            )
         if not _whole(self.top_k) or not 1 <= self.top_k <= self.experts:
-            raise ValueError(f"ModelSpec: top_k={self.top_k!r} must be an int in 1..experts="
-                             f"{self.experts}")  # fmt: skip
+            raise ValueError(
+                f"ModelSpec: top_k={self.top_k!r} must be an int in 1..experts={self.experts}"
+            )
         cf = self.capacity_factor
         if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < float("inf"):
             raise ValueError(f"ModelSpec: capacity_factor={cf!r} must be a finite number > 0")
@@ -95,30 +98,48 @@ class ModelSpec:
             raise ValueError(f"ModelSpec: arch={self.arch!r} must be one of {ARCHS}")
         if self.arch == "gpt":
             if self.kv_heads or self.ffn:
-                raise ValueError(f"ModelSpec: kv_heads={self.kv_heads}, ffn={self.ffn} describe "
-                                 "arch='llama'; the GPT has heads K/V heads, 4·hidden")  # fmt: skip
+                raise ValueError(
+                    f"ModelSpec: kv_heads={self.kv_heads}, ffn={self.ffn} describe "
+                    "arch='llama'; the GPT has heads K/V heads, 4·hidden"
+                )
             return
         if self.params is not None or self.experts:
-            raise ValueError("ModelSpec: arch='llama' needs its configuration (layers, hidden, "
-                             "heads, vocab, seq, ffn) and no experts")  # fmt: skip
+            raise ValueError(
+                "ModelSpec: arch='llama' needs its configuration (layers, hidden, "
+                "heads, vocab, seq, ffn) and no experts"
+            )
         for name in ("kv_heads", "ffn"):
             if not _whole(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"ModelSpec: arch='llama' needs {name}="
-                                 f"{getattr(self, name)!r} to be an int >= 1")  # fmt: skip
+                raise ValueError(
+                    f"ModelSpec: arch='llama' needs {name}="
+                    f"{getattr(self, name)!r} to be an int >= 1"
+                )
         if _whole(self.heads) and self.heads % self.kv_heads:
-            raise ValueError(f"ModelSpec: heads={self.heads} must be a multiple of kv_heads="
-                             f"{self.kv_heads} (each K/V head serves heads/kv_heads)")  # fmt: skip
+            raise ValueError(
+                f"ModelSpec: heads={self.heads} must be a multiple of kv_heads="
+                f"{self.kv_heads} (each K/V head serves heads/kv_heads)"
+            )
 
     @classmethod
     def llama(cls, cfg, frozen: tuple[str, ...] = ()) -> ModelSpec:
         """The spec of a `minidist.models_llama.LlamaConfig`."""
-        return cls(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen),
-                   arch="llama", kv_heads=cfg.kv_heads, ffn=cfg.ffn)  # fmt: skip
+        return cls(
+            cfg.layers,
+            cfg.hidden,
+            cfg.heads,
+            cfg.vocab_size,
+            cfg.seq_len,
+            tuple(frozen),
+            arch="llama",
+            kv_heads=cfg.kv_heads,
+            ffn=cfg.ffn,
+        )
 
     @classmethod
     def gpt(cls, cfg: GPTConfig, frozen: tuple[str, ...] = (), **moe) -> ModelSpec:
-        return cls(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen),
-                   **moe)  # fmt: skip
+        return cls(
+            cfg.layers, cfg.hidden, cfg.heads, cfg.vocab_size, cfg.seq_len, tuple(frozen), **moe
+        )
 
     @classmethod
     def of(cls, model: GPT) -> ModelSpec:
@@ -129,8 +150,13 @@ class ModelSpec:
         moe = getattr(model.blocks[0].mlp, "moe", None) if len(model.blocks) else None
         if moe is None:
             return cls.gpt(model.cfg, frozen)
-        return cls.gpt(model.cfg, frozen, experts=moe.num_experts, top_k=moe.k,
-                       capacity_factor=moe.capacity_factor)  # fmt: skip
+        return cls.gpt(
+            model.cfg,
+            frozen,
+            experts=moe.num_experts,
+            top_k=moe.k,
+            capacity_factor=moe.capacity_factor,
+        )
 
     @property
     def has_config(self) -> bool:
@@ -144,8 +170,9 @@ class ModelSpec:
     def config(self) -> GPTConfig | LlamaConfig:
         self._need_config("config")
         if self.arch == "llama":
-            return LlamaConfig(self.vocab, self.seq, self.layers, self.heads, self.kv_heads,
-                               self.hidden, self.ffn)  # fmt: skip
+            return LlamaConfig(
+                self.vocab, self.seq, self.layers, self.heads, self.kv_heads, self.hidden, self.ffn
+            )
         return GPTConfig(self.vocab, self.seq, self.layers, self.heads, self.hidden)
 
     def meta_model(self) -> GPT | LlamaForCausalLM:
@@ -153,8 +180,9 @@ class ModelSpec:
         self._need_config("meta_model")
         moe = (self.experts, self.top_k, self.capacity_factor)
         llama = (self.kv_heads, self.ffn) if self.arch == "llama" else None
-        return _meta_gpt(self.layers, self.hidden, self.heads, self.vocab, self.seq, self.frozen,
-                         moe, llama)  # fmt: skip
+        return _meta_gpt(
+            self.layers, self.hidden, self.heads, self.vocab, self.seq, self.frozen, moe, llama
+        )
 
     def tensors(self) -> list[torch.Tensor]:
         """Every parameter (a tied one once) in `named_parameters` order, on `meta`."""
@@ -213,8 +241,9 @@ def _meta_gpt(layers, hidden, heads, vocab, seq, frozen, moe=(0, 1, 1.0), llama=
     cfg = GPTConfig(vocab, seq, layers, heads, hidden)
     with torch.device("meta"):
         if llama is not None:
-            model = LlamaForCausalLM(LlamaConfig(vocab, seq, layers, heads, *llama[:1], hidden,
-                                                 llama[1]))  # fmt: skip
+            model = LlamaForCausalLM(
+                LlamaConfig(vocab, seq, layers, heads, *llama[:1], hidden, llama[1])
+            )
         elif moe[0]:  # the planner plans lesson 16's MoE GPT too
             from ..expert_parallel.gpt import moe_gpt
 

@@ -129,9 +129,14 @@ def plan(
     memory = predict.model_states(model, layout)
     memory["activations"] = activations.activations(model, layout)
     result = Plan(
-        model, layout, memory, predict.traffic(model, layout), predict.bubble(layout),
-        predict.flops_per_step(model, layout), bus=predict.bus_traffic(model, layout),
-    )  # fmt: skip
+        model,
+        layout,
+        memory,
+        predict.traffic(model, layout),
+        predict.bubble(layout),
+        predict.flops_per_step(model, layout),
+        bus=predict.bus_traffic(model, layout),
+    )
     if cluster is not None:
         result.time = step_time(result, cluster)
         result.by_link = bytes_by_link_class(result, cluster)
@@ -172,10 +177,16 @@ def _group_link(cluster: Cluster, layout: Layout, group: str) -> CostModel:
     t, c, d = layout.tp, layout.cp, layout.dp
     f = predict.shard_group(layout)
     span = {
-        "tp": (1, t), "cp": (t, c), "dp": (t * c, d), "dp-cp": (t, c * d),
-        "shard": (t * c, f), "replicate": (t * c * f, d // f), "pp": (t * c * d, layout.pp),
-        "ep": (t * c, layout.ep), "edp": (t * c * layout.ep, d // layout.ep),
-    }[group]  # fmt: skip
+        "tp": (1, t),
+        "cp": (t, c),
+        "dp": (t * c, d),
+        "dp-cp": (t, c * d),
+        "shard": (t * c, f),
+        "replicate": (t * c * f, d // f),
+        "pp": (t * c * d, layout.pp),
+        "ep": (t * c, layout.ep),
+        "edp": (t * c * layout.ep, d // layout.ep),
+    }[group]
     return cluster.link(*span)
 
 
@@ -224,9 +235,17 @@ def step_time(p: Plan, cluster: Cluster) -> StepTime:
     else:
         bound = "compute" if compute >= memory_s else "memory"
     return StepTime(
-        compute, memory_s, by_kind["tp"], by_kind["pp"], by_kind["dp"], p.bubble, total, bound,
-        by_kind["cp"], by_kind["ep"],
-    )  # fmt: skip
+        compute,
+        memory_s,
+        by_kind["tp"],
+        by_kind["pp"],
+        by_kind["dp"],
+        p.bubble,
+        total,
+        bound,
+        by_kind["cp"],
+        by_kind["ep"],
+    )
 
 
 def layouts(model: ModelSpec, world: int, **fixed) -> list[Layout]:

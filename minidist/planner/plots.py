@@ -28,22 +28,42 @@ def plot_sweep(
     names = []
     for i, p in enumerate(front, 1):  # number the frontier's points, named beside the axes
         lay = p.layout  # (a sweep has dozens of points; the frontier's sit close together)
-        ax.annotate(str(i), (p.time.total_s, p.memory_per_rank / GIB), fontsize=7, color="C3",
-                    xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            str(i),
+            (p.time.total_s, p.memory_per_rank / GIB),
+            fontsize=7,
+            color="C3",
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
         names.append(f"{i}: d{lay.dp} t{lay.tp} p{lay.pp} z{lay.zero}")
     if names:
-        ax.text(1.02, 1.0, "feasible frontier\n" + "\n".join(names), transform=ax.transAxes,
-                va="top", fontsize=7, family="monospace")  # fmt: skip
+        ax.text(
+            1.02,
+            1.0,
+            "feasible frontier\n" + "\n".join(names),
+            transform=ax.transAxes,
+            va="top",
+            fontsize=7,
+            family="monospace",
+        )
     if front:
         ax.plot(
-            [p.time.total_s for p in front], [p.memory_per_rank / GIB for p in front],
-            color="C3", label="feasible frontier",
-        )  # fmt: skip
+            [p.time.total_s for p in front],
+            [p.memory_per_rank / GIB for p in front],
+            color="C3",
+            label="feasible frontier",
+        )
     if highlight is not None and highlight.time is not None:
         ax.scatter(
-            [highlight.time.total_s], [highlight.memory_per_rank / GIB], s=160,
-            facecolors="none", edgecolors="C3", linewidths=2, label="chosen",
-        )  # fmt: skip
+            [highlight.time.total_s],
+            [highlight.memory_per_rank / GIB],
+            s=160,
+            facecolors="none",
+            edgecolors="C3",
+            linewidths=2,
+            label="chosen",
+        )
     if memory_bytes is not None:
         ax.axhline(memory_bytes / GIB, color="k", ls="--", lw=1, label="memory per device")
     ax.set_xscale("log")

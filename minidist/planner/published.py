@@ -105,9 +105,15 @@ def megatron_plan(row: MegatronRow, cluster: Cluster | None = None, micro_batch:
     cluster = cluster or CLUSTERS["dgx-a100"]
     model = ModelSpec(row.layers, row.hidden, row.heads, VOCAB, SEQ)
     layout = Layout(
-        dp=row.dp, tp=row.tp, pp=row.pp, microbatches=row.batch // (row.dp * micro_batch),
-        precision="mixed", reduce_in_fp32=False, recompute=True, global_batch=row.batch,
-    )  # fmt: skip
+        dp=row.dp,
+        tp=row.tp,
+        pp=row.pp,
+        microbatches=row.batch // (row.dp * micro_batch),
+        precision="mixed",
+        reduce_in_fp32=False,
+        recompute=True,
+        global_batch=row.batch,
+    )
     return plan(model, layout, cluster)
 
 

@@ -124,8 +124,10 @@ class Layout:
         if self.ep == 1:
             return
         if self.dp % self.ep:
-            raise ValueError(f"Layout: ep={self.ep} must divide dp={self.dp} (the experts' "
-                             "ranks are carved out of the data-parallel ones)")  # fmt: skip
+            raise ValueError(
+                f"Layout: ep={self.ep} must divide dp={self.dp} (the experts' "
+                "ranks are carved out of the data-parallel ones)"
+            )
         _moe_layout_only(self, f"ep={self.ep}")
 
     def _check_sequence_splits(self) -> None:
@@ -169,8 +171,10 @@ class Layout:
     def check(self, model: ModelSpec, world: int | None = None) -> None:
         self._check_model(model, world)
         if model.arch == "llama" and (self.sp or self.cp > 1):
-            raise ValueError(f"Layout: sp={self.sp}, cp={self.cp} with arch='llama': the planner "
-                             "plans the Llama with dp, tp, pp and ZeRO")  # fmt: skip
+            raise ValueError(
+                f"Layout: sp={self.sp}, cp={self.cp} with arch='llama': the planner "
+                "plans the Llama with dp, tp, pp and ZeRO"
+            )
         if self.zero and self.optimizer != "adam" and self.tp == self.pp == 1 and not model.experts:
             raise ValueError(
                 f"Layout: zero={self.zero} with optimizer={self.optimizer!r}: the course's "
@@ -179,11 +183,15 @@ class Layout:
         if model.experts:
             _moe_layout_only(self, f"a model with experts={model.experts}")
             if model.experts % self.ep:
-                raise ValueError(f"Layout: ep={self.ep} must divide experts={model.experts} "
-                                 "(E/ep experts per rank)")  # fmt: skip
+                raise ValueError(
+                    f"Layout: ep={self.ep} must divide experts={model.experts} "
+                    "(E/ep experts per rank)"
+                )
         elif self.ep > 1:
-            raise ValueError(f"Layout: ep={self.ep} needs a model with experts (ModelSpec("
-                             "..., experts=E)): a dense GPT has none to place")  # fmt: skip
+            raise ValueError(
+                f"Layout: ep={self.ep} needs a model with experts (ModelSpec("
+                "..., experts=E)): a dense GPT has none to place"
+            )
 
     def _check_model(self, model: ModelSpec, world: int | None) -> None:
         """Raise (naming the values) if this layout cannot run `model` on `world` ranks."""
@@ -247,8 +255,9 @@ class Layout:
 def _moe_layout_only(layout: Layout, what: str) -> None:
     """Refuse, naming `what`, what lesson 16 does not run with experts: it trains the MoE GPT
     with data and expert parallelism only, one micro-batch (a capacity per step)."""
-    others = dict(tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=layout.zero,
-                  microbatches=layout.microbatches)  # fmt: skip
+    others = dict(
+        tp=layout.tp, pp=layout.pp, cp=layout.cp, zero=layout.zero, microbatches=layout.microbatches
+    )
     bad = {k: v for k, v in others.items() if v != (0 if k == "zero" else 1)}
     if layout.recompute:
         bad["recompute"] = True

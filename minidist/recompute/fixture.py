@@ -44,9 +44,12 @@ def gpt_dims(global_batch: int = GLOBAL_BATCH, **sizes) -> dict[str, int]:
     """seq, batch, hidden, heads (Korthikanti's s, b, h, a) and layers of a GPT fixture."""
     cfg = {**GPT_SIZES, **sizes}
     return dict(
-        seq=cfg["seq_len"], batch=global_batch, hidden=cfg["hidden"], heads=cfg["heads"],
+        seq=cfg["seq_len"],
+        batch=global_batch,
+        hidden=cfg["hidden"],
+        heads=cfg["heads"],
         layers=cfg["layers"],
-    )  # fmt: skip
+    )
 
 
 def gpt_forward(model, x: torch.Tensor, segment: int | None = None) -> torch.Tensor:
@@ -264,9 +267,12 @@ def _timings(settings: dict, rounds: int, warmup: int, sizes: dict) -> dict:
         extra = [(t["step"] - f["step"]) / f["forward"] for t, f in zip(ts, first)]
         f, b = (statistics.median(t[p] for t in ts) for p in ("forward", "backward"))
         out[label] = {
-            "forward": f, "backward": b, "step": f + b, "extra": statistics.median(extra),
+            "forward": f,
+            "backward": b,
+            "step": f + b,
+            "extra": statistics.median(extra),
             "peak": live.peak,
-        }  # fmt: skip
+        }
     return out
 
 

@@ -36,8 +36,16 @@ from .fixture import (
 )
 
 
-def activation_theory(plain_bytes: int, seq: int, batch: int, hidden: int, heads: int,
-                      layers: int, dropout: bool, segment: int | None = 1) -> int:  # fmt: skip
+def activation_theory(
+    plain_bytes: int,
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    layers: int,
+    dropout: bool,
+    segment: int | None = 1,
+) -> int:
     """Bytes forward saves with blocks recomputed in segments of `segment`: what the plain
     model keeps outside its blocks (measured `plain_bytes` less L·M_act from the formula) plus
     Chen et al.'s kept segment inputs."""
@@ -63,18 +71,21 @@ def recompute_row(world_size: int, out_dir: Path) -> TourRow:
     dims = gpt_dims(**DROPOUT_GPT)
     expected = activation_theory(plain_bytes, **dims, dropout=True)
     fig = plot_saved_by_part(
-        saved_by_part("plain"), saved_by_part("recompute"),
+        saved_by_part("plain"),
+        saved_by_part("recompute"),
         "GPT of 4 blocks, dropout on: bytes saved for backward, by part",
-    )  # fmt: skip
+    )
     fig.savefig(out_dir / "recompute_saved_bytes.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return TourRow(
-        "recompute", diff == 0.0, diff,
+        "recompute",
+        diff == 0.0,
+        diff,
         memory_per_rank=recomputed_bytes,
         memory_theory=expected,
         bytes_per_rank=None,
         bytes_theory=None,
-    )  # fmt: skip
+    )
 
 
 # FSDP's tolerances (minidist/fsdp/lesson.py): gradients to float32 summation order, Adam's
@@ -96,9 +107,11 @@ def fsdp_recompute_row(world_size: int, out_dir: Path) -> TourRow:
     dims = {**gpt_dims(), "batch": local_batch}
     sent_theory = fsdp_theory.bytes_sent_per_step(first["numels"], world_size, True)
     return TourRow(
-        "FSDP + recompute", diff < PARAM_TOL and grad_diff < GRAD_TOL, diff,
+        "FSDP + recompute",
+        diff < PARAM_TOL and grad_diff < GRAD_TOL,
+        diff,
         memory_per_rank=first["forward"],
         memory_theory=activation_theory(plain_bytes, **dims, dropout=False),
         bytes_per_rank=first["sent"],
         bytes_theory=sum(sent_theory.values()),
-    )  # fmt: skip
+    )

@@ -43,8 +43,14 @@ def plot_saved_by_part(
         ):
             v = values.get(part, 0) / scale
             ax.bar(i + dx, v, width, color=color, edgecolor="black", linewidth=0.5)
-            ax.text(i + dx, v, f"{v:.0f}" if v >= 10 else f"{v:.2g}", ha="center", va="bottom",
-                    fontsize=6)  # fmt: skip
+            ax.text(
+                i + dx,
+                v,
+                f"{v:.0f}" if v >= 10 else f"{v:.2g}",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+            )
     total_p, total_r = sum(plain.values()) / scale, sum(recomputed.values()) / scale
     handles = [
         Patch(color=_PLAIN, label=f"without recomputation: {total_p:.0f} {name} in all"),
@@ -81,21 +87,39 @@ def plot_segment_peaks(
             best = theory.best_segment(layers, a, b)
             # stars of nearby lines can sit almost on one another (k = 1 for L = 4 and 8):
             # each a size smaller than the last, and labelled beside it at its own height
-            ax.plot([best], [chen[best - 1]], "*", color=color, markersize=14 - 3 * i,
-                    markeredgecolor="black", zorder=3 + i)  # fmt: skip
-            ax.annotate(f"L={layers}", (best, chen[best - 1]), xytext=(9, 6 - 9 * i),
-                        textcoords="offset points", fontsize=7, color=color)  # fmt: skip
+            ax.plot(
+                [best],
+                [chen[best - 1]],
+                "*",
+                color=color,
+                markersize=14 - 3 * i,
+                markeredgecolor="black",
+                zorder=3 + i,
+            )
+            ax.annotate(
+                f"L={layers}",
+                (best, chen[best - 1]),
+                xytext=(9, 6 - 9 * i),
+                textcoords="offset points",
+                fontsize=7,
+                color=color,
+            )
             points = measured.get(layers, {})
             if points:
                 exact = [theory.chain_peak_bytes(layers, a, b, k) / scale for k in ks]
                 ax.plot(ks, exact, ":", color=color, linewidth=1)
-                ax.plot(list(points), [v / scale for v in points.values()], "o", color=color,
-                        markeredgecolor="black", markersize=5)  # fmt: skip
+                ax.plot(
+                    list(points),
+                    [v / scale for v in points.values()],
+                    "o",
+                    color=color,
+                    markeredgecolor="black",
+                    markersize=5,
+                )
             plain = layers * a / scale
             ax.axhline(plain, color=color, linestyle="--", linewidth=0.7)
         ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (one step)")
-        ax.plot([], [], "*", color="gray", markeredgecolor="black", markersize=11,
-                label="best ℓ")  # fmt: skip
+        ax.plot([], [], "*", color="gray", markeredgecolor="black", markersize=11, label="best ℓ")
         ax.plot([], [], "--", color="gray", linewidth=0.7, label="no recomputation, L·M_act")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -119,23 +143,38 @@ def plot_time_memory(
         s = settings[label]
         f, b = 1e3 * s["forward"], 1e3 * s["backward"]
         left.bar(i, f, color="#8c8c8c", edgecolor="black", linewidth=0.5)
-        left.bar(i, b, bottom=f, color=_COLORS[i % len(_COLORS)], edgecolor="black",
-                 linewidth=0.5)  # fmt: skip
+        left.bar(i, b, bottom=f, color=_COLORS[i % len(_COLORS)], edgecolor="black", linewidth=0.5)
         left.text(i, f + b, f"{f + b:.1f} ms", ha="center", va="bottom", fontsize=8)
-        right.plot(f + b, s["peak"] / scale, "o", color=_COLORS[i % len(_COLORS)],
-                   markeredgecolor="black", markersize=8)  # fmt: skip
-        right.annotate(label, (f + b, s["peak"] / scale), textcoords="offset points",
-                       xytext=(6, 4), fontsize=8)  # fmt: skip
+        right.plot(
+            f + b,
+            s["peak"] / scale,
+            "o",
+            color=_COLORS[i % len(_COLORS)],
+            markeredgecolor="black",
+            markersize=8,
+        )
+        right.annotate(
+            label, (f + b, s["peak"] / scale), textcoords="offset points", xytext=(6, 4), fontsize=8
+        )
     first = settings[labels[0]]
     one_more = 1e3 * (2 * first["forward"] + first["backward"])
     left.axhline(one_more, color="black", linestyle="--", linewidth=0.8)
     handles = [
         Patch(color="#8c8c8c", label="forward"),
-        Patch(facecolor="white", edgecolor="black", label="backward (with any recomputation),\n"
-              "one colour per setting"),
-        plt.Line2D([], [], color="black", linestyle="--", linewidth=0.8,
-                   label=f"{labels[0]} + one more forward"),
-    ]  # fmt: skip
+        Patch(
+            facecolor="white",
+            edgecolor="black",
+            label="backward (with any recomputation),\none colour per setting",
+        ),
+        plt.Line2D(
+            [],
+            [],
+            color="black",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"{labels[0]} + one more forward",
+        ),
+    ]
     left.set_xticks(range(len(labels)), labels, fontsize=8)
     left.set_ylabel("median time (ms)")
     left.legend(handles=handles, fontsize=8, loc="upper left")

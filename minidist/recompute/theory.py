@@ -147,10 +147,15 @@ def course_block_bytes(seq: int, batch: int, hidden: int, heads: int, dropout: b
     math kernel with a float32 mask when dropout is on, the flash kernel when it is off."""
     return sum(
         layer_activation_terms(
-            seq, batch, hidden, heads, attention="math" if dropout else "flash",
-            attention_dropout=dropout, **COURSE_LAYOUT,
+            seq,
+            batch,
+            hidden,
+            heads,
+            attention="math" if dropout else "flash",
+            attention_dropout=dropout,
+            **COURSE_LAYOUT,
         ).values()
-    )  # fmt: skip
+    )
 
 
 def boundary_bytes(seq: int, batch: int, hidden: int, element_bytes: int = 4) -> int:

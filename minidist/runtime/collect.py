@@ -58,8 +58,9 @@ class WorldTimeoutError(TimeoutError):
         self.ranks, self.where = ranks, where
 
 
-def _collect(procs, conns, errs, timeout_s, board_path: str | None = None,
-             peaks: list | None = None) -> list:  # fmt: skip
+def _collect(
+    procs, conns, errs, timeout_s, board_path: str | None = None, peaks: list | None = None
+) -> list:
     """Wait for every rank; on the first failure, stop the world and report its root cause.
     `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured)."""
     results: dict[int, Any] = {}

@@ -129,14 +129,25 @@ def launch(
     procs, conns, errs = [], [], []
     folder = tempfile.mkdtemp(prefix=f"minidist-{os.getpid()}-")
     try:
-        return _run_world(payload, world_size, backend, method, timeout_s, threads_per_rank,
-                          folder, procs, conns, errs)  # fmt: skip
+        return _run_world(
+            payload,
+            world_size,
+            backend,
+            method,
+            timeout_s,
+            threads_per_rank,
+            folder,
+            procs,
+            conns,
+            errs,
+        )
     finally:
         _clean_up(procs, conns, errs, folder)
 
 
-def _run_world(payload, world_size, backend, method, timeout_s, threads_per_rank, folder,
-               procs, conns, errs) -> list[Any]:  # fmt: skip
+def _run_world(
+    payload, world_size, backend, method, timeout_s, threads_per_rank, folder, procs, conns, errs
+) -> list[Any]:
     """Start the ranks (appending to `procs`, `conns`, `errs`) and collect their results."""
     create_board(os.path.join(folder, "board"), world_size)
     cfg = {

@@ -34,9 +34,12 @@ def _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, devic
         if backend == "nccl":  # LOCAL_RANK picks this process's GPU
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(
-            backend, timeout=timedelta(seconds=timeout_s), store=_attempt_store(timeout_s),
-            rank=int(os.environ["RANK"]), world_size=env_world,
-        )  # fmt: skip
+            backend,
+            timeout=timedelta(seconds=timeout_s),
+            store=_attempt_store(timeout_s),
+            rank=int(os.environ["RANK"]),
+            world_size=env_world,
+        )
     result = on_host(fn(*args, **kwargs))  # CPU tensors, as `launch` returns them
     results = [None] * env_world
     dist.all_gather_object(results, result)
@@ -52,9 +55,11 @@ def _attempt_store(timeout_s: float):
     """
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
         is_master=not agent and int(os.environ["RANK"]) == 0,
         timeout=timedelta(seconds=timeout_s),
-    )  # fmt: skip
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"minidist/attempt_{attempt}", store)

@@ -59,9 +59,13 @@ from . import options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=model_name, default="gpt",
-                   help=f"a built-in model {MODELS}, or package.module:function returning a "
-                   "transformers causal LM")  # fmt: skip
+    p.add_argument(
+        "--model",
+        type=model_name,
+        default="gpt",
+        help=f"a built-in model {MODELS}, or package.module:function returning a "
+        "transformers causal LM",
+    )
     for name in ("dp-replicate", "dp-shard", "tp", "pp", "cp", "ep"):
         p.add_argument(f"--{name}", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism inside tp")
@@ -78,9 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", help="checkpoint directory to write")
     p.add_argument("--save-every", type=int, default=0, help="steps between saves")
     p.add_argument("--async-save", action="store_true", help="write saves in the background")
-    p.add_argument("--keep-last", type=int, default=0,
-                   help="keep the newest N saves, each in DIR/step_<8 digits> (0: one "
-                   "checkpoint, DIR itself, replaced at each save)")  # fmt: skip
+    p.add_argument(
+        "--keep-last",
+        type=int,
+        default=0,
+        help="keep the newest N saves, each in DIR/step_<8 digits> (0: one "
+        "checkpoint, DIR itself, replaced at each save)",
+    )
     p.add_argument("--resume", help="checkpoint directory to resume from, if complete")
     p.add_argument("--log", "--log-jsonl", dest="log", help="JSONL file (rank 0 appends)")
     p.add_argument("--peak-flops", type=float, help="FLOP/s per rank the MFU is against")
@@ -106,8 +114,9 @@ def model_name(value: str) -> str:
     """--model: a built-in's name or `package.module:function` (argparse's type)."""
     if value in MODELS or re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
         return value
-    raise argparse.ArgumentTypeError(f"{value!r} is neither a built-in model {MODELS} nor "
-                                     "package.module:function")  # fmt: skip
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is neither a built-in model {MODELS} nor package.module:function"
+    )
 
 
 def check(args: argparse.Namespace) -> argparse.Namespace:
@@ -127,18 +136,28 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
     m = args.global_batch // (args.dp_replicate * args.dp_shard * args.micro_batch)
     if args.schedule == "dualpipev" and m < 2 * args.pp:
-        raise ValueError(f"--schedule dualpipev needs micro-batches global_batch/(dp·"
-                         f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
-                         "pipelines filled)")  # fmt: skip
+        raise ValueError(
+            f"--schedule dualpipev needs micro-batches global_batch/(dp·"
+            f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
+            "pipelines filled)"
+        )
     if args.die_at is not None and not 0 <= args.die_rank < world:
         raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
     return args
 
 
 def dims_of(args: argparse.Namespace) -> dict:
-    return dict(dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, cp=args.cp,
-                tp=args.tp, sp=args.sp, pp=args.pp, schedule=args.schedule,
-                virtual=args.virtual, ep=args.ep)  # fmt: skip
+    return dict(
+        dp_replicate=args.dp_replicate,
+        dp_shard=args.dp_shard,
+        cp=args.cp,
+        tp=args.tp,
+        sp=args.sp,
+        pp=args.pp,
+        schedule=args.schedule,
+        virtual=args.virtual,
+        ep=args.ep,
+    )
 
 
 def check_run(args: argparse.Namespace) -> dict:
@@ -153,8 +172,9 @@ def check_run(args: argparse.Namespace) -> dict:
     check(args)
     data, config, _ = prepare(args)
     experts = config.get("experts", 4 if config["model"] == "moe" else 0)
-    ParallelDims(**dims_of(args)).check_model(config["heads"], config["layers"], data.seq_len,
-                                              experts)  # fmt: skip
+    ParallelDims(**dims_of(args)).check_model(
+        config["heads"], config["layers"], data.seq_len, experts
+    )
     if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
         check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
     if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta
@@ -162,8 +182,7 @@ def check_run(args: argparse.Namespace) -> dict:
             model = build_model(config, args.seed)
         check_course_layout(model, ParallelDims(**dims_of(args)))
     if config["model"] == "factory":
-        check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)),
-                     data.seq_len)  # fmt: skip
+        check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)), data.seq_len)
     if args.moe_bias_update_speed:
         check_routers(config, args.seed)
     if args.export_hf:
@@ -172,8 +191,7 @@ def check_run(args: argparse.Namespace) -> dict:
         check_kept(args)
     resume = newest(args.resume) if args.resume else None
     if resume is not None:
-        refuse_another_run(resume, layout_of(args, dims_of(args), config,
-                                             data.identity()))  # fmt: skip
+        refuse_another_run(resume, layout_of(args, dims_of(args), config, data.identity()))
     return config
 
 
@@ -191,8 +209,10 @@ def check_routers(config: dict, seed: int) -> None:
         else None
     )
     if model is None or not routers(model):
-        raise ValueError(f"--moe-bias-update-speed: the {kind} model has no router with a "
-                         "selection bias (DeepSeek-V3's e_score_correction_bias)")  # fmt: skip
+        raise ValueError(
+            f"--moe-bias-update-speed: the {kind} model has no router with a "
+            "selection bias (DeepSeek-V3's e_score_correction_bias)"
+        )
 
 
 def check_kept(args: argparse.Namespace) -> None:
@@ -205,16 +225,25 @@ def check_kept(args: argparse.Namespace) -> None:
     save = Path(args.save)
     kept = step_checkpoints(save)
     if args.keep_last and is_complete(save):
-        raise ValueError(f"--keep-last={args.keep_last}: --save {save} is a checkpoint saved "
-                         "without --keep-last; save into another folder")  # fmt: skip
-    if args.keep_last and kept and not (args.resume and Path(args.resume).resolve()
-                                        == save.resolve()):  # fmt: skip
-        raise ValueError(f"--keep-last={args.keep_last}: --save {save} holds checkpoints to "
-                         f"{kept[-1][1].name} of another run: go on from them with --resume "
-                         f"{save}, or save into another folder")  # fmt: skip
+        raise ValueError(
+            f"--keep-last={args.keep_last}: --save {save} is a checkpoint saved "
+            "without --keep-last; save into another folder"
+        )
+    if (
+        args.keep_last
+        and kept
+        and not (args.resume and Path(args.resume).resolve() == save.resolve())
+    ):
+        raise ValueError(
+            f"--keep-last={args.keep_last}: --save {save} holds checkpoints to "
+            f"{kept[-1][1].name} of another run: go on from them with --resume "
+            f"{save}, or save into another folder"
+        )
     if not args.keep_last and kept:
-        raise ValueError(f"--save {save} holds --keep-last checkpoints (to {kept[-1][1].name})"
-                         ": pass --keep-last N, or save into another folder")  # fmt: skip
+        raise ValueError(
+            f"--save {save} holds --keep-last checkpoints (to {kept[-1][1].name})"
+            ": pass --keep-last N, or save into another folder"
+        )
 
 
 def show_progress(steps: int, tokens: int):
@@ -222,8 +251,9 @@ def show_progress(steps: int, tokens: int):
     `--peak-flops`, or the matmul fitted here under `--log`), the time left."""
     done = []
 
-    def show(loss: float, seconds: float, eval_loss: float | None = None,
-             mfu: float | None = None) -> None:  # fmt: skip
+    def show(
+        loss: float, seconds: float, eval_loss: float | None = None, mfu: float | None = None
+    ) -> None:
         done.append(seconds)
         if dist.get_rank() == 0:
             bar = "#" * (20 * len(done) // steps)
@@ -260,8 +290,9 @@ def command_rank(args: argparse.Namespace, dims: dict, progress: bool = True) ->
     def show(start: int, tokens: int):
         return show_progress(args.steps - start, tokens)
 
-    die = None if args.die_at is None else kill_rank_after(args.die_at, args.die_rank,
-                                                            args.die_once)  # fmt: skip
+    die = (
+        None if args.die_at is None else kill_rank_after(args.die_at, args.die_rank, args.die_once)
+    )
     return train_rank(args, dims, show if progress else None, die)
 
 
@@ -274,15 +305,26 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
 
     if config["model"] in ("hf", "factory"):  # the theory plans the course's models
         return {"bytes": {}, "memory": {}}
-    return planned(build_model(config, args.seed), ParallelDims(**dims_of(args)),
-                   args.global_batch, args.micro_batch, args.precision, args.recompute)  # fmt: skip
+    return planned(
+        build_model(config, args.seed),
+        ParallelDims(**dims_of(args)),
+        args.global_batch,
+        args.micro_batch,
+        args.precision,
+        args.recompute,
+    )
 
 
 def print_lines(lines: dict) -> None:
     """`name=value` lines: a loss in full (repr), other floats to 6 digits."""
     for name, value in lines.items():
-        print(f"{name}={value!r}" if name in ("loss", "eval_loss") else
-              f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}")  # fmt: skip
+        print(
+            f"{name}={value!r}"
+            if name in ("loss", "eval_loss")
+            else f"{name}={value:.6g}"
+            if isinstance(value, float)
+            else f"{name}={value}"
+        )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -302,11 +344,15 @@ def run_train(args: argparse.Namespace) -> int:
     if results is None or results[0] is None:  # a torchrun rank other than 0
         return 0
     first = results[0]
-    lines = {"world_size": world, "step": first["step"], "resumed_from": first["resumed_from"],
-             "loss": first["losses"][-1] if first["losses"] else float("nan"),
-             "step_s": first["step_s"],
-             "tokens_per_s": first["tokens_per_step"] / first["step_s"],
-             "params_sha256": first["params_sha256"]}  # fmt: skip
+    lines = {
+        "world_size": world,
+        "step": first["step"],
+        "resumed_from": first["resumed_from"],
+        "loss": first["losses"][-1] if first["losses"] else float("nan"),
+        "step_s": first["step_s"],
+        "tokens_per_s": first["tokens_per_step"] / first["step_s"],
+        "params_sha256": first["params_sha256"],
+    }
     if first["evals"]:
         lines["eval_loss"] = first["evals"][-1][1]
     plan = _planned(args, config)

@@ -37,8 +37,9 @@ IGNORE = -100
 class TokenData:
     """Global batches of rows of `seq_len` (input, target) ids: see the module."""
 
-    def __init__(self, rows_fn, n_rows: int, seq_len: int, vocab: int, max_id: int,
-                 what: dict, cycle: bool):  # fmt: skip
+    def __init__(
+        self, rows_fn, n_rows: int, seq_len: int, vocab: int, max_id: int, what: dict, cycle: bool
+    ):
         self._rows, self.n_rows, self.seq_len = rows_fn, n_rows, seq_len
         self.vocab, self.max_id, self.what, self.cycle = vocab, max_id, what, cycle
         self.n_eval, self.order = 0, None
@@ -128,8 +129,9 @@ def _tokenize(path: Path, tokenizer: str | None) -> tuple[np.ndarray, int, str]:
 def _npz(path: Path, seq_len: int | None) -> TokenData:
     with np.load(path) as f:
         if "input_ids" not in f or "labels" not in f:
-            raise ValueError(f"--data {path}: an .npz needs arrays input_ids and labels, "
-                             f"has {sorted(f.keys())}")  # fmt: skip
+            raise ValueError(
+                f"--data {path}: an .npz needs arrays input_ids and labels, has {sorted(f.keys())}"
+            )
         ids, labels = f["input_ids"], f["labels"]
     if ids.ndim != 2 or ids.shape != labels.shape or ids.dtype.kind not in "iu":
         raise ValueError(
@@ -147,8 +149,12 @@ def _npz(path: Path, seq_len: int | None) -> TokenData:
         return torch.from_numpy(ids[indices]), torch.from_numpy(targets[indices])
 
     max_id = int(max(ids.max(initial=0), labels.max(initial=0)))
-    what = {"path": str(path), "kind": "npz", "rows": int(ids.shape[0]),
-            "sha256": _digest(ids, labels)}  # fmt: skip
+    what = {
+        "path": str(path),
+        "kind": "npz",
+        "rows": int(ids.shape[0]),
+        "sha256": _digest(ids, labels),
+    }
     return TokenData(rows, ids.shape[0], ids.shape[1], max_id + 1, max_id, what, cycle=False)
 
 
@@ -172,16 +178,19 @@ def load_data(path: str, seq_len: int | None, tokenizer: str | None = None) -> T
     if len(tokens) == 0:
         raise ValueError(f"--data {path}: empty (no tokens)")
     if len(tokens) < seq_len + 1:
-        raise ValueError(f"--seq-len={seq_len} is longer than the data ({len(tokens)} tokens "
-                         f"in {path}: a row needs seq_len + 1)")  # fmt: skip
+        raise ValueError(
+            f"--seq-len={seq_len} is longer than the data ({len(tokens)} tokens "
+            f"in {path}: a row needs seq_len + 1)"
+        )
     data = _stream(tokens, seq_len, what)
     if vocab is not None:
         data.vocab = max(vocab, data.vocab)
     return data
 
 
-def course_data(steps: int, global_batch: int, seq_len: int, seed: int,
-                eval_batches: int = 0) -> TokenData:  # fmt: skip
+def course_data(
+    steps: int, global_batch: int, seq_len: int, seed: int, eval_batches: int = 0
+) -> TokenData:
     """Lesson 17's data (no `--data`): the course's generated corpus, character ids, windows
     at random offsets (`data.lm_batches`, the same batches as `compose.fixture.build`)."""
     from ..data import CharTokenizer, lm_batches, make_corpus
@@ -192,6 +201,13 @@ def course_data(steps: int, global_batch: int, seq_len: int, seed: int,
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     what = {"path": "(the course corpus)", "kind": "course", "seed": seed}
-    data = TokenData(lambda rows: (x[rows], y[rows]), x.shape[0], seq_len, tok.vocab_size,
-                     tok.vocab_size - 1, what, cycle=False)  # fmt: skip
+    data = TokenData(
+        lambda rows: (x[rows], y[rows]),
+        x.shape[0],
+        seq_len,
+        tok.vocab_size,
+        tok.vocab_size - 1,
+        what,
+        cycle=False,
+    )
     return data

@@ -81,8 +81,9 @@ def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
         data = load_data(args.data, args.seq_len, args.tokenizer)
     else:
         evals = args.eval_batches if args.eval_every else 0
-        data = course_data(args.steps, args.global_batch, args.seq_len or SIZES["seq_len"],
-                           args.seed, evals)  # fmt: skip
+        data = course_data(
+            args.steps, args.global_batch, args.seq_len or SIZES["seq_len"], args.seed, evals
+        )
     if args.eval_every:
         data.split(args.global_batch, args.eval_batches)
     if data.cycle and args.data:  # a token stream
@@ -94,8 +95,14 @@ def prepare(args) -> tuple[TokenData, dict, OptimizerConfig]:
 def layout_of(args, dims: dict, model: dict, data: dict) -> dict:
     """The checkpoint record's `layout`: the dims, the precision, the model (its whole
     configuration, `models.model_config`) and the data's identity."""
-    return {**dims, "model": model["model"], "precision": args.precision,
-            "layers": model["layers"], "model_config": model, "data": data}  # fmt: skip
+    return {
+        **dims,
+        "model": model["model"],
+        "precision": args.precision,
+        "layers": model["layers"],
+        "model_config": model,
+        "data": data,
+    }
 
 
 def refuse_another_run(path: Path, layout: dict) -> None:
@@ -105,8 +112,10 @@ def refuse_another_run(path: Path, layout: dict) -> None:
         saved = read_record(pinned)[2]["layout"]
     for key, what in (("model_config", "model"), ("data", "data")):
         if key in saved and key in layout and saved[key] != json.loads(json.dumps(layout[key])):
-            raise CheckpointLayoutError(f"--resume {path}: saved with {what} {saved[key]}, "
-                                        f"this run has {what} {layout[key]}")  # fmt: skip
+            raise CheckpointLayoutError(
+                f"--resume {path}: saved with {what} {saved[key]}, "
+                f"this run has {what} {layout[key]}"
+            )
 
 
 def active_parameters(model: torch.nn.Module) -> int:
@@ -168,8 +177,10 @@ def _resume(args, engine, layout: dict):
     report = load(path, engine.state_pieces(), layout)
     engine.finish_state_load()
     if report.state.samples % args.global_batch:
-        raise ValueError(f"--resume {path}: its sample index {report.state.samples} is not a "
-                         f"whole number of --global-batch={args.global_batch} batches")  # fmt: skip
+        raise ValueError(
+            f"--resume {path}: its sample index {report.state.samples} is not a "
+            f"whole number of --global-batch={args.global_batch} batches"
+        )
     if report.rng_restored:
         restore_rng(report.state.rng, engine.module)
     return report.state, report
@@ -182,16 +193,22 @@ def _keep_last(args, grid) -> None:
         try:
             keep_last(args.save, args.keep_last)
         except OSError as e:
-            warnings.warn(f"--keep-last={args.keep_last}: an older save in {args.save} "
-                          f"could not be removed ({e})", RuntimeWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"--keep-last={args.keep_last}: an older save in {args.save} "
+                f"could not be removed ({e})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def evaluate(engine, grid, data: TokenData, args) -> float:
     """The held-out split's mean loss (nats per token) over `--eval-batches` batches: the
     engine's forwards only (`eval_step`), nothing of the training state touched."""
     rows = data_rows(grid, args.global_batch)
-    losses = [eval_step(engine, grid, *data.eval_batch(j, rows, args.global_batch))
-              for j in range(args.eval_batches)]  # fmt: skip
+    losses = [
+        eval_step(engine, grid, *data.eval_batch(j, rows, args.global_batch))
+        for j in range(args.eval_batches)
+    ]
     return sum(losses) / len(losses)
 
 
@@ -203,13 +220,19 @@ def _log(args, engine, grid, state, record: dict, ledger, psi, peak, tokens) -> 
         return
     seconds = record["seconds"]
     flops = 6 * psi * tokens / seconds
-    line = {"step": state.step, "samples": state.samples, **record,
-            "tokens_per_s": tokens / seconds, "model_flops_per_s": flops,
-            "mfu": flops / peak, "peak_flops": peak,
-            "peak_flops_per_rank": peak / grid.dims.world_size,
-            "peak_from": "--peak-flops" if args.peak_flops else "matmul measured here",
-            "memory_per_rank": [m for m, _ in everyone],
-            "bytes_per_rank": [b for _, b in everyone]}  # fmt: skip
+    line = {
+        "step": state.step,
+        "samples": state.samples,
+        **record,
+        "tokens_per_s": tokens / seconds,
+        "model_flops_per_s": flops,
+        "mfu": flops / peak,
+        "peak_flops": peak,
+        "peak_flops_per_rank": peak / grid.dims.world_size,
+        "peak_from": "--peak-flops" if args.peak_flops else "matmul measured here",
+        "memory_per_rank": [m for m, _ in everyone],
+        "bytes_per_rank": [b for _, b in everyone],
+    }
     with open(args.log, "a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -233,12 +256,20 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
     grid = Grid(pdims)
     d = pdims.dp_replicate * pdims.dp_shard
     if args.global_batch % (d * args.micro_batch):
-        raise ValueError(f"global_batch={args.global_batch} must divide by dp_replicate·"
-                         f"dp_shard·micro_batch = {d}·{args.micro_batch}")  # fmt: skip
-    engine = parallelize(model, pdims, grid=grid, precision=args.precision,
-                         microbatches=args.global_batch // (d * args.micro_batch),
-                         recompute=args.recompute, seq_len=data.seq_len,
-                         **engine_options(optim))  # fmt: skip
+        raise ValueError(
+            f"global_batch={args.global_batch} must divide by dp_replicate·"
+            f"dp_shard·micro_batch = {d}·{args.micro_batch}"
+        )
+    engine = parallelize(
+        model,
+        pdims,
+        grid=grid,
+        precision=args.precision,
+        microbatches=args.global_batch // (d * args.micro_batch),
+        recompute=args.recompute,
+        seq_len=data.seq_len,
+        **engine_options(optim),
+    )
     engine.measure_activations = True
     speed = args.moe_bias_update_speed
     if speed:  # lesson 19: DeepSeek-V3's routing bias, on the load this step routed

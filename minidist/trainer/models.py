@@ -64,12 +64,15 @@ def model_config(args, data) -> dict:
                 "attention (every head its own K/V; use --model llama)"
             )
         if get("ffn") not in (None, 4 * h):
-            raise ValueError(f"--ffn={get('ffn')}: the {args.model} model's MLP is 4·--hidden = "
-                             f"{4 * h} (use --model llama for another width)")  # fmt: skip
+            raise ValueError(
+                f"--ffn={get('ffn')}: the {args.model} model's MLP is 4·--hidden = "
+                f"{4 * h} (use --model llama for another width)"
+            )
     cfg["vocab"] = get("vocab") or -(-data.vocab // 8) * 8
     if cfg["vocab"] <= data.max_id:
-        raise ValueError(f"--vocab={cfg['vocab']} must exceed the data's largest token id "
-                         f"{data.max_id}")  # fmt: skip
+        raise ValueError(
+            f"--vocab={cfg['vocab']} must exceed the data's largest token id {data.max_id}"
+        )
     return cfg
 
 
@@ -80,21 +83,31 @@ def _hf_config(args, data) -> dict:
 
     for name in SIZE_OPTIONS:
         if getattr(args, name, None) is not None:
-            raise ValueError(f"{_opt(name)}: the model's sizes come from --init-from-hf "
-                             f"{args.init_from_hf}'s config.json")  # fmt: skip
+            raise ValueError(
+                f"{_opt(name)}: the model's sizes come from --init-from-hf "
+                f"{args.init_from_hf}'s config.json"
+            )
     path = Path(args.init_from_hf)
     if not (path / "config.json").is_file():
         raise ValueError(f"--init-from-hf {path}: no config.json (a save_pretrained folder)")
     config = AutoConfig.from_pretrained(path)
     vocab = config.vocab_size
     if vocab <= data.max_id:
-        raise ValueError(f"--init-from-hf {path}: its vocab_size={vocab} must exceed the "
-                         f"data's largest token id {data.max_id}")  # fmt: skip
-    return {"model": "hf", "path": str(path.resolve()), "model_type": config.model_type,
-            "vocab": vocab, "seq_len": data.seq_len, "hidden": config.hidden_size,
-            "heads": config.num_attention_heads,
-            "layers": config.num_hidden_layers,
-            "experts": hf_sizes(config)["experts"]}  # fmt: skip
+        raise ValueError(
+            f"--init-from-hf {path}: its vocab_size={vocab} must exceed the "
+            f"data's largest token id {data.max_id}"
+        )
+    return {
+        "model": "hf",
+        "path": str(path.resolve()),
+        "model_type": config.model_type,
+        "vocab": vocab,
+        "seq_len": data.seq_len,
+        "hidden": config.hidden_size,
+        "heads": config.num_attention_heads,
+        "layers": config.num_hidden_layers,
+        "experts": hf_sizes(config)["experts"],
+    }
 
 
 def factory(name: str):
@@ -123,16 +136,27 @@ def _factory_config(args, data) -> dict:
     model = factory(args.model)()
     if not is_hf(model):
         kind = type(model).__name__
-        raise ValueError(f"--model {args.model} returned a {kind}: a factory must return a "
-                         "transformers causal LM (its forward runs untouched)")  # fmt: skip
+        raise ValueError(
+            f"--model {args.model} returned a {kind}: a factory must return a "
+            "transformers causal LM (its forward runs untouched)"
+        )
     sizes = hf_sizes(model.config)
     if sizes["vocab"] <= data.max_id:
-        raise ValueError(f"--model {args.model}: its vocab_size={sizes['vocab']} must exceed "
-                         f"the data's largest token id {data.max_id}")  # fmt: skip
-    return {"model": "factory", "factory": args.model, "model_type": model.config.model_type,
-            "vocab": sizes["vocab"], "seq_len": data.seq_len, "hidden": sizes["hidden"],
-            "heads": sizes["heads"], "layers": sizes["layers"],
-            "experts": sizes["experts"]}  # fmt: skip
+        raise ValueError(
+            f"--model {args.model}: its vocab_size={sizes['vocab']} must exceed "
+            f"the data's largest token id {data.max_id}"
+        )
+    return {
+        "model": "factory",
+        "factory": args.model,
+        "model_type": model.config.model_type,
+        "vocab": sizes["vocab"],
+        "seq_len": data.seq_len,
+        "hidden": sizes["hidden"],
+        "heads": sizes["heads"],
+        "layers": sizes["layers"],
+        "experts": sizes["experts"],
+    }
 
 
 def build_model(cfg: dict, seed: int = 0) -> nn.Module:
@@ -150,8 +174,13 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
 
         logging.disable_progress_bar()  # the progress line is the trainer's
         return AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32)
-    sizes = dict(vocab_size=cfg["vocab"], seq_len=cfg["seq_len"], layers=cfg["layers"],
-                 heads=cfg["heads"], hidden=cfg["hidden"])  # fmt: skip
+    sizes = dict(
+        vocab_size=cfg["vocab"],
+        seq_len=cfg["seq_len"],
+        layers=cfg["layers"],
+        heads=cfg["heads"],
+        hidden=cfg["hidden"],
+    )
     if cfg["model"] == "llama":
         return LlamaForCausalLM(LlamaConfig(kv_heads=cfg["kv_heads"], ffn=cfg["ffn"], **sizes))
     if cfg["model"] == "moe":
@@ -171,12 +200,15 @@ def skeleton(cfg: dict) -> nn.Module:
 def check_export(cfg: dict, out: str) -> None:
     """ValueError when `--export-hf out` cannot be written for this model (before training)."""
     if cfg["model"] in ("gpt", "moe"):
-        raise ValueError(f"--export-hf: the built-in {cfg['model']} has no Hugging Face class "
-                         "here (export --model llama, or a model from --init-from-hf)")  # fmt: skip
+        raise ValueError(
+            f"--export-hf: the built-in {cfg['model']} has no Hugging Face class "
+            "here (export --model llama, or a model from --init-from-hf)"
+        )
     path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"--export-hf {out}: exists and is not an empty folder (never "
-                         "overwritten)")  # fmt: skip
+        raise ValueError(
+            f"--export-hf {out}: exists and is not an empty folder (never overwritten)"
+        )
 
 
 def hf_model(cfg: dict) -> nn.Module:
@@ -186,8 +218,9 @@ def hf_model(cfg: dict) -> nn.Module:
     if cfg["model"] == "hf":
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg["path"]),
-                                                dtype=torch.float32)  # fmt: skip
+        return AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(cfg["path"]), dtype=torch.float32
+        )
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -203,7 +236,7 @@ def hf_model(cfg: dict) -> nn.Module:
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
-    )  # fmt: skip  (rope_theta: both default to 10000)
+    )  # rope_theta: both default to 10000
     return LlamaForCausalLM(config)
 
 
@@ -219,9 +252,11 @@ def export_hf(state: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {n for n in missing if n == "lm_head.weight" and model.config.tie_word_embeddings}
     if set(missing) - tied or unexpected:
-        raise ValueError(f"--export-hf: the trained weights do not fit {type(model).__name__}: "
-                         f"missing {sorted(set(missing) - tied)[:4]}, unexpected "
-                         f"{sorted(unexpected)[:4]}")  # fmt: skip
+        raise ValueError(
+            f"--export-hf: the trained weights do not fit {type(model).__name__}: "
+            f"missing {sorted(set(missing) - tied)[:4]}, unexpected "
+            f"{sorted(unexpected)[:4]}"
+        )
     path = Path(out)
     unfinished = path.with_name(f".{path.name}.unfinished")
     shutil.rmtree(unfinished, ignore_errors=True)

@@ -54,9 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hf.add_argument("--init-from-hf", help="a save_pretrained folder to start from")
     hf.add_argument("--export-hf", help="write the trained weights here (a new folder)")
     moe = p.add_argument_group("DeepSeek-V3 (lesson 19)")
-    moe.add_argument("--moe-bias-update-speed", type=float, default=0.0, metavar="GAMMA",
-                     help="after each step, each routing bias -= GAMMA·sign(load − mean load) "
-                     "(DeepSeek-V3 §2.1.2; 0: off)")  # fmt: skip
+    moe.add_argument(
+        "--moe-bias-update-speed",
+        type=float,
+        default=0.0,
+        metavar="GAMMA",
+        help="after each step, each routing bias -= GAMMA·sign(load − mean load) "
+        "(DeepSeek-V3 §2.1.2; 0: off)",
+    )
 
 
 def betas(text: str) -> tuple[float, float]:
@@ -89,8 +94,9 @@ def _read_toml(path: str) -> dict:
         try:
             import tomli as tomllib
         except ModuleNotFoundError:
-            raise ValueError(f"--config {path}: reading TOML needs Python >= 3.11 or the "
-                             "tomli package") from None  # fmt: skip
+            raise ValueError(
+                f"--config {path}: reading TOML needs Python >= 3.11 or the tomli package"
+            ) from None
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -112,13 +118,16 @@ def config_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     for key, value in _read_toml(known.config).items():
         dest = key.replace("-", "_")
         if dest not in actions or dest in ("config", "help"):
-            raise ValueError(f"--config {known.config}: unknown key {key!r} (keys are the "
-                             "options' names, e.g. lr, global-batch)")  # fmt: skip
+            raise ValueError(
+                f"--config {known.config}: unknown key {key!r} (keys are the "
+                "options' names, e.g. lr, global-batch)"
+            )
         action, option = actions[dest], actions[dest].option_strings[0]
         if isinstance(action, argparse._StoreTrueAction):
             if not isinstance(value, bool):
-                raise ValueError(f"--config {known.config}: {key} = {value!r} must be true "
-                                 "or false")  # fmt: skip
+                raise ValueError(
+                    f"--config {known.config}: {key} = {value!r} must be true or false"
+                )
             out += [option] if value else []
         elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
             out += [option, str(value)]

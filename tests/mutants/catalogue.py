@@ -1156,8 +1156,8 @@ MUTANTS = [
     (
         "runtime",
         "runtime/torchrun.py",
-        "backend, timeout=timedelta(seconds=timeout_s), store=_attempt_store(timeout_s),",
-        "backend, store=_attempt_store(timeout_s),",
+        "            timeout=timedelta(seconds=timeout_s),\n            store=_attempt_store(timeout_s),",
+        "            store=_attempt_store(timeout_s),",
         "timeout_s not passed to init_process_group under torchrun",
     ),
     (
@@ -1451,16 +1451,20 @@ MUTANTS = [
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them).
 TESTS = {
     "checkpoint_files": [
-        "tests/test_checkpoint.py", "tests/test_checkpoint_data.py",
-        "tests/test_checkpoint_races.py", "tests/test_embedding_checkpoint.py",
+        "tests/test_checkpoint.py",
+        "tests/test_checkpoint_data.py",
+        "tests/test_checkpoint_races.py",
+        "tests/test_embedding_checkpoint.py",
         "tests/test_resilience_async.py",
     ],
     "fsdp_checkpoint": [
-        "tests/test_checkpoint.py", "tests/test_checkpoint_data.py",
+        "tests/test_checkpoint.py",
+        "tests/test_checkpoint_data.py",
         "tests/test_checkpoint_races.py",
     ],
     "embedding_checkpoint": [
-        "tests/test_checkpoint_data.py", "tests/test_checkpoint_races.py",
+        "tests/test_checkpoint_data.py",
+        "tests/test_checkpoint_races.py",
         "tests/test_embedding_grow.py",
     ],
-}  # fmt: skip
+}

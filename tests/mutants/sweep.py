@@ -59,8 +59,18 @@ def tests_of(package: str) -> list[str]:
 
 def run(package: str) -> bool:
     """True if the package's tests fail (the bug is caught)."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:nbval", "-p", "no:cacheprovider",
-           *tests_of(package)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:nbval",
+        "-p",
+        "no:cacheprovider",
+        *tests_of(package),
+    ]
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT_S)

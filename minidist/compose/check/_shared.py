@@ -69,8 +69,9 @@ HINTS = {
 
 
 def hints(failure: Failure) -> str | None:
-    return next((cause for pattern, cause in HINTS.items() if re.search(pattern, failure.text)),
-                None)  # fmt: skip
+    return next(
+        (cause for pattern, cause in HINTS.items() if re.search(pattern, failure.text)), None
+    )
 
 
 def call(fn, *args, what: str):

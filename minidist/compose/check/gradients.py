@@ -144,8 +144,11 @@ def mistaken_kinds(model_name: str, name: str, dims: ParallelDims, **how) -> set
     if dims.tp > 1:
         if how.get("split_over_tp") and dims.sp:
             kinds.add("tp")
-        elif not split and ((dims.sp and not how.get("no_sp_tp")) or style == "colwise_kv"
-                            or how.get("tp_without_sp")):  # fmt: skip
+        elif not split and (
+            (dims.sp and not how.get("no_sp_tp"))
+            or style == "colwise_kv"
+            or how.get("tp_without_sp")
+        ):
             kinds.add("tp")
     tied = (model_name != "llama" and name == "tok_emb.weight") or (
         how.get("llama_tied") and "embed_tokens" in name
@@ -155,11 +158,15 @@ def mistaken_kinds(model_name: str, name: str, dims: ParallelDims, **how) -> set
     return kinds
 
 
-ROUTER = ("the router (and every non-expert parameter) is dense: every rank of dp_cp holds all "
-          "of it, so it is summed over dp_cp; only experts use expert_dp")  # fmt: skip
-FULL_NAME = ("no plan pattern matches your lookup: a plan's keys are module-name patterns, "
-             "matched with fnmatchcase against the module's name ({module}), not the "
-             "parameter's ({name}); so every parameter looked unsplit")  # fmt: skip
+ROUTER = (
+    "the router (and every non-expert parameter) is dense: every rank of dp_cp holds all "
+    "of it, so it is summed over dp_cp; only experts use expert_dp"
+)
+FULL_NAME = (
+    "no plan pattern matches your lookup: a plan's keys are module-name patterns, "
+    "matched with fnmatchcase against the module's name ({module}), not the "
+    "parameter's ({name}); so every parameter looked unsplit"
+)
 # A catalogued mistake: (what to say, the slip in `mistaken_kinds`). One is named only when it
 # sums over the learner's ranks for every parameter and layout the learner got wrong; where
 # two do, the first, so a slip that explains fewer wrong answers comes before a broader one.
@@ -185,26 +192,37 @@ READINGS = [
 def _fmt(model_name: str, name: str, dims: ParallelDims) -> dict:
     plan = LLAMA_PLAN if model_name == "llama" else GPT_PLAN
     module = name.rpartition(".")[0]
-    return dict(name=name, module=module, style=_style(plan, module), t=dims.tp, kv=2,
-                llama=" (the Llama model's embedding and head are untied)"
-                if model_name == "llama" else "")  # fmt: skip
+    return dict(
+        name=name,
+        module=module,
+        style=_style(plan, module),
+        t=dims.tp,
+        kv=2,
+        llama=" (the Llama model's embedding and head are untied)" if model_name == "llama" else "",
+    )
 
 
 def _diagnose(wrong: list) -> str:
     """The catalogued slip that gives the learner's ranks on every wrong (model, parameter,
     layout), said on the first; else the first one's ranks, the learner's and the right."""
     model_name, name, dims, got, want = wrong[0]
-    head = (f"{model_name}, {name}, {dims}: you said {sorted(got)}, want {sorted(want)} (or "
-            "the same ranks in other kinds)")  # fmt: skip
+    head = (
+        f"{model_name}, {name}, {dims}: you said {sorted(got)}, want {sorted(want)} (or "
+        "the same ranks in other kinds)"
+    )
     groups = {d: grid_groups(d) for _, _, d, _, _ in wrong}
     mine = [closure(g, groups[d]) for _, _, d, g, _ in wrong]
     for text, how in READINGS:
-        if all(closure(mistaken_kinds(m, n, d, **how), groups[d]) == ranks
-               for (m, n, d, _, _), ranks in zip(wrong, mine)):  # fmt: skip
+        if all(
+            closure(mistaken_kinds(m, n, d, **how), groups[d]) == ranks
+            for (m, n, d, _, _), ranks in zip(wrong, mine)
+        ):
             return f"{head}: {text.format(**_fmt(model_name, name, dims))}."
     right = closure(want, groups[dims])[0]
-    return (f"{head}: rank 0 sums {name}'s gradient with ranks {sorted(mine[0][0])}; the "
-            f"ranks holding a copy of it are {sorted(right)}.")  # fmt: skip
+    return (
+        f"{head}: rank 0 sums {name}'s gradient with ranks {sorted(mine[0][0])}; the "
+        f"ranks holding a copy of it are {sorted(right)}."
+    )
 
 
 def _answer(fn, model_name: str, name: str, dims: ParallelDims, valid: set) -> set[str]:
@@ -218,8 +236,10 @@ def _answer(fn, model_name: str, name: str, dims: ParallelDims, valid: set) -> s
         fail(f"{text} returned {out!r}; return a set of group kinds, e.g. {{'dp_cp', 'tp'}}.")
     bad = sorted(str(k) for k in got if k not in valid)
     if bad:
-        fail(f"{text}: {_and(bad)} is not a group kind; the kinds are {_and(sorted(valid))} "
-             "(grid_groups(dims)'s keys).")  # fmt: skip
+        fail(
+            f"{text}: {_and(bad)} is not a group kind; the kinds are {_and(sorted(valid))} "
+            "(grid_groups(dims)'s keys)."
+        )
     return got
 
 
@@ -238,8 +258,10 @@ def check_reduced_over(reduced_over) -> None:
                 wrong.append((model_name, name, dims, got, want))
     if wrong:
         first = wrong[0]
-        fallback = (f"{first[0]}, {first[1]}, {first[2]}: you said {sorted(first[3])}, want "
-                    f"{sorted(first[4])}")  # fmt: skip
+        fallback = (
+            f"{first[0]}, {first[1]}, {first[2]}: you said {sorted(first[3])}, want "
+            f"{sorted(first[4])}"
+        )
         fail(guarded(_diagnose, fallback, wrong))
     passed(
         f"reduced_over sums each gradient over the ranks holding a copy: {asked} parameters "

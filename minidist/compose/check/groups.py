@@ -26,8 +26,10 @@ from ..dims import KINDS as KIND_AXES
 from ._shared import GROUP_CASES, _and, as_ranks, call, dims_of
 
 KINDS = ("tp", "cp", "dp_shard", "dp_replicate", "pp", "dp_shard_cp", "dp_cp", "ep")
-_EP = ("an ep group is a block of e consecutive ranks of a dp_shard_cp group, in that "
-       "group's order (dp_shard outer, cp inner)")  # fmt: skip
+_EP = (
+    "an ep group is a block of e consecutive ranks of a dp_shard_cp group, in that "
+    "group's order (dp_shard outer, cp inner)"
+)
 ORDER_WHY = {
     "tp": "tp must be innermost: a tp group is t consecutive ranks (stride 1), inside one "
     "node on the fastest links, because tensor parallelism moves activations in every layer",
@@ -80,8 +82,10 @@ def _order(got: dict, sizes: dict) -> str | None:
     elif s.get("cp") and s.get("dp_shard") and s["cp"] > s["dp_shard"]:
         why = ORDER_WHY["cp"]
     else:
-        why = ("the grid is (pp, dp_replicate, dp_shard, cp, tp), tp varying fastest: an axis's "
-               "stride is the product of the sizes of the axes inside it")  # fmt: skip
+        why = (
+            "the grid is (pp, dp_replicate, dp_shard, cp, tp), tp varying fastest: an axis's "
+            "stride is the product of the sizes of the axes inside it"
+        )
     return f"{why}. Your groups: {said}"
 
 
@@ -89,9 +93,16 @@ def _bits(size: int) -> int:
     return max(size - 1, 0).bit_length()
 
 
-def _grid(sizes: dict, order=AXES, shard_cp=("dp_shard", "cp"), dense=("dp_replicate",
-          "dp_shard", "cp"), ep_from=("dp_shard", "cp"), ep_strided=False, shifts=False,
-          base=0) -> dict[str, set[frozenset[int]]]:  # fmt: skip
+def _grid(
+    sizes: dict,
+    order=AXES,
+    shard_cp=("dp_shard", "cp"),
+    dense=("dp_replicate", "dp_shard", "cp"),
+    ep_from=("dp_shard", "cp"),
+    ep_strided=False,
+    shifts=False,
+    base=0,
+) -> dict[str, set[frozenset[int]]]:
     """Every kind's groups as a learner might build them: the axes nested in `order`
     (outermost first), packed with multiplications (or bit shifts), counted from `base`;
     the shard group and the dense copies over the given axes; ep cut into blocks of e (or
@@ -125,41 +136,67 @@ def _grid(sizes: dict, order=AXES, shard_cp=("dp_shard", "cp"), dense=("dp_repli
 # A catalogued mistake: (what to say, how that learner builds the groups). One is named only
 # when it gives the learner's groups on every layout the learner got wrong.
 WHOLE = [
-    ("ranks packed with bit shifts (each axis given ⌈log2 size⌉ bits): right only when every "
-     "size is a power of two. A rank is mixed-radix, the sizes as multipliers: rank = "
-     "(((i_pp·dp_replicate + i_dr)·dp_shard + i_ds)·cp + i_cp)·tp + i_tp", dict(shifts=True)),
-    ("ranks counted from 1: ranks [0] are in none; ranks run from 0 to the world size minus 1",
-     dict(base=1)),
-]  # fmt: skip
+    (
+        "ranks packed with bit shifts (each axis given ⌈log2 size⌉ bits): right only when every "
+        "size is a power of two. A rank is mixed-radix, the sizes as multipliers: rank = "
+        "(((i_pp·dp_replicate + i_dr)·dp_shard + i_ds)·cp + i_cp)·tp + i_tp",
+        dict(shifts=True),
+    ),
+    (
+        "ranks counted from 1: ranks [0] are in none; ranks run from 0 to the world size minus 1",
+        dict(base=1),
+    ),
+]
 COMPOSITE = {
     "dp_shard_cp": [
-        ("dp_shard_cp forgot cp: ZeRO shards over dp_shard × cp, the ranks that hold the same "
-         "weights (the cp ranks hold other tokens of the same sequences)",
-         dict(shard_cp=("dp_shard",))),
-        ("dp_shard_cp includes dp_replicate: each HSDP replica holds a whole sharded copy, so "
-         "the shard group is dp_shard × cp only", dict(shard_cp=KIND_AXES["dp_cp"])),
+        (
+            "dp_shard_cp forgot cp: ZeRO shards over dp_shard × cp, the ranks that hold the same "
+            "weights (the cp ranks hold other tokens of the same sequences)",
+            dict(shard_cp=("dp_shard",)),
+        ),
+        (
+            "dp_shard_cp includes dp_replicate: each HSDP replica holds a whole sharded copy, so "
+            "the shard group is dp_shard × cp only",
+            dict(shard_cp=KIND_AXES["dp_cp"]),
+        ),
         ("dp_shard_cp forgot dp_shard: it is every rank of dp_shard × cp", dict(shard_cp=("cp",))),
     ],
     "dp_cp": [
-        ("dp_cp forgot dp_replicate: HSDP's replicas hold a copy of every dense weight too, so "
-         "dp_cp is dp_replicate × dp_shard × cp", dict(dense=("dp_shard", "cp"))),
-        ("dp_cp forgot cp: the cp ranks hold the same weights (and other tokens), so dp_cp is "
-         "dp_replicate × dp_shard × cp", dict(dense=("dp_replicate", "dp_shard"))),
-        ("dp_cp includes tp: the tp ranks hold different pieces of a weight",
-         dict(dense=("dp_replicate", "dp_shard", "cp", "tp"))),
+        (
+            "dp_cp forgot dp_replicate: HSDP's replicas hold a copy of every dense weight too, so "
+            "dp_cp is dp_replicate × dp_shard × cp",
+            dict(dense=("dp_shard", "cp")),
+        ),
+        (
+            "dp_cp forgot cp: the cp ranks hold the same weights (and other tokens), so dp_cp is "
+            "dp_replicate × dp_shard × cp",
+            dict(dense=("dp_replicate", "dp_shard")),
+        ),
+        (
+            "dp_cp includes tp: the tp ranks hold different pieces of a weight",
+            dict(dense=("dp_replicate", "dp_shard", "cp", "tp")),
+        ),
     ],
     "ep": [
-        (f"ep is drawn across dp_replicate: each HSDP replica holds every expert, so {_EP}",
-         dict(ep_from=KIND_AXES["dp_cp"])),
-        (f"ep is drawn across dp_replicate: each HSDP replica holds every expert, so {_EP}",
-         dict(ep_from=KIND_AXES["dp_cp"], ep_strided=True)),
-        (f"ep groups are strided: {_EP} (the ranks e apart hold the same experts: ep_shard)",
-         dict(ep_strided=True)),
+        (
+            f"ep is drawn across dp_replicate: each HSDP replica holds every expert, so {_EP}",
+            dict(ep_from=KIND_AXES["dp_cp"]),
+        ),
+        (
+            f"ep is drawn across dp_replicate: each HSDP replica holds every expert, so {_EP}",
+            dict(ep_from=KIND_AXES["dp_cp"], ep_strided=True),
+        ),
+        (
+            f"ep groups are strided: {_EP} (the ranks e apart hold the same experts: ep_shard)",
+            dict(ep_strided=True),
+        ),
         (f"ep is cut with cp outermost: {_EP}", dict(ep_from=("cp", "dp_shard"))),
-        (f"ep is cut from dp_shard alone: {_EP}; the experts are spread over dp_shard × cp",
-         dict(ep_from=("dp_shard",))),
+        (
+            f"ep is cut from dp_shard alone: {_EP}; the experts are spread over dp_shard × cp",
+            dict(ep_from=("dp_shard",)),
+        ),
     ],
-}  # fmt: skip
+}
 
 
 def _wrong(answers: list, kinds) -> list:
@@ -238,8 +275,10 @@ def _diagnose(answers: list) -> str | None:
         want = next(w for s, _, w in answers if s is sizes)
         text = _reading(bad, COMPOSITE[kind], (kind,))
         if text is None and kind == "ep" and any(len(g) != sizes["ep"] for g in got["ep"]):
-            text = (f"an ep group has e = {sizes['ep']} ranks, yours have "
-                    f"{sorted({len(g) for g in got['ep']})}")  # fmt: skip
+            text = (
+                f"an ep group has e = {sizes['ep']} ranks, yours have "
+                f"{sorted({len(g) for g in got['ep']})}"
+            )
         if text:
             yours, right = (sorted(sorted(g) for g in x[kind])[:4] for x in (got, want))
             return f"{_call_text(sizes)}: {text}. Yours: {yours}, want {right}."
@@ -252,8 +291,10 @@ def _case(build_groups, sizes: dict) -> tuple[dict, dict]:
     call_text = _call_text(sizes)
     out = call(build_groups, *(sizes[a] for a in AXES), sizes["ep"], what=call_text)
     if not isinstance(out, Mapping):
-        fail(f"{call_text} returned a {type(out).__name__}; return a dict {{kind: list of rank "
-             f"lists}} with the kinds {_and(KINDS)}.")  # fmt: skip
+        fail(
+            f"{call_text} returned a {type(out).__name__}; return a dict {{kind: list of rank "
+            f"lists}} with the kinds {_and(KINDS)}."
+        )
     missing = [k for k in KINDS if k not in out]
     if missing:
         fail(f"{call_text}: no {_and(missing)} in your dict; return every kind: {_and(KINDS)}.")
@@ -265,9 +306,11 @@ def _case(build_groups, sizes: dict) -> tuple[dict, dict]:
             fail(f"{call_text}: {kind} is not a list of rank lists ({out[kind]!r:.80}).")
         if not groups:
             size = len(want[kind][0])
-            fail(f"{call_text}: {kind} has no groups. Every rank is in exactly one group of "
-                 f"each kind, even of one rank: with {kind} of size {size} that is "
-                 f"{len(want[kind])} groups of {size}.")  # fmt: skip
+            fail(
+                f"{call_text}: {kind} has no groups. Every rank is in exactly one group of "
+                f"each kind, even of one rank: with {kind} of size {size} that is "
+                f"{len(want[kind])} groups of {size}."
+            )
         got[kind] = groups
     return got, {k: {frozenset(g) for g in want[k]} for k in KINDS}
 

@@ -9,9 +9,17 @@ import torch.distributed as dist
 
 # torch.distributed's collectives a learner might call instead of minidist.comm's
 _SPIED = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all_single", "send", "recv",
-)  # fmt: skip
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "all_to_all_single",
+    "send",
+    "recv",
+)
 
 
 def _and(items) -> str:

@@ -23,8 +23,13 @@ def _ce_group_rank(fn: Callable, logits, targets, per: int, vocab: int) -> dict:
     layout = ParallelLayout(tp=2)
     q = layout.tp_rank
     with comm.record() as ledger:
-        loss = fn(logits[:, q * per : (q + 1) * per].clone(), targets.clone(),
-                  layout.group("tp"), q * per, vocab)  # fmt: skip
+        loss = fn(
+            logits[:, q * per : (q + 1) * per].clone(),
+            targets.clone(),
+            layout.group("tp"),
+            q * per,
+            vocab,
+        )
     return dict(
         value=float(loss.detach()) if isinstance(loss, torch.Tensor) else None,
         groups={r.group_ranks for r in ledger.records},

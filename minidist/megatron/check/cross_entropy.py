@@ -160,8 +160,14 @@ def _diagnose_ce(case: str, results: list[dict], probe=lambda: None) -> str | No
         return None
     for name, message in CE_MESSAGES.items():
         if same(name):
-            text = message.format(tokens=CE_TOKENS, pad=padded - vocab, padded=padded,
-                                  offset=offset, value=float(values[0]), vocab=vocab)  # fmt: skip
+            text = message.format(
+                tokens=CE_TOKENS,
+                pad=padded - vocab,
+                padded=padded,
+                offset=offset,
+                value=float(values[0]),
+                vocab=vocab,
+            )
             return f"{where}: {text}"
     found = probe()
     if found:
@@ -281,9 +287,13 @@ def check_vocab_parallel_cross_entropy(fn: Callable) -> None:
             fail(problem)
     case = CE_GROUP_CASE
     check_group_case(
-        fn, _case_inputs(case), CE_CASES[case][1], float(_ce_variants(case)["right"][0]),
-        lambda exc: _ce_crash(case, exc), CE_HANG_HINT,
-    )  # fmt: skip
+        fn,
+        _case_inputs(case),
+        CE_CASES[case][1],
+        float(_ce_variants(case)["right"][0]),
+        lambda exc: _ce_crash(case, exc),
+        CE_HANG_HINT,
+    )
     passed(
         "the vocab-parallel cross entropy equals F.cross_entropy on the full logits (ordinary, "
         "padded vocabulary, logits around 1000, a rank holding no target) with three "

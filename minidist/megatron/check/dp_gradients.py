@@ -56,14 +56,24 @@ def _dp_rank(fns: list[Callable], tp_size: int) -> list[dict]:
             fn(tp, layout.group("dp"))
         unwaited = calls.unwaited()
         got = {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
-        out.append(dict(
-            got=got, right=right, local=local, over_world=over_world, over_tp=over_tp,
-            records=[(r.op, r.group_ranks, r.ring_bytes) for r in ledger.records],
-            calls=list(calls), world=dist.get_world_size(), unwaited=unwaited,
-            dp_ranks=layout.mine["dp"], tp_ranks=layout.mine["tp"], tp_rank=layout.tp_rank,
-            splits={n: getattr(p, "tp_split", None) for n, p in named},
-            trainable=sum(p.numel() for _, p in named),
-        ))  # fmt: skip
+        out.append(
+            dict(
+                got=got,
+                right=right,
+                local=local,
+                over_world=over_world,
+                over_tp=over_tp,
+                records=[(r.op, r.group_ranks, r.ring_bytes) for r in ledger.records],
+                calls=list(calls),
+                world=dist.get_world_size(),
+                unwaited=unwaited,
+                dp_ranks=layout.mine["dp"],
+                tp_ranks=layout.mine["tp"],
+                tp_rank=layout.tp_rank,
+                splits={n: getattr(p, "tp_split", None) for n, p in named},
+                trainable=sum(p.numel() for _, p in named),
+            )
+        )
     return out
 
 

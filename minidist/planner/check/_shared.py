@@ -43,8 +43,13 @@ def _in_package(filename: str) -> bool:
 def _where(exc: BaseException) -> str:
     """The innermost frame of the learner's code (not minidist's, torch's or Python's)."""
     frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is call_learner itself
-    mine = [f for f in frames if "site-packages" not in f.filename and not
-            _in_package(f.filename) and "/lib/python" not in f.filename]  # fmt: skip
+    mine = [
+        f
+        for f in frames
+        if "site-packages" not in f.filename
+        and not _in_package(f.filename)
+        and "/lib/python" not in f.filename
+    ]
     frame = (mine or frames or [None])[-1]
     if frame is None:
         return ""
@@ -65,6 +70,9 @@ def call_learner(fn: Callable, call: str, hints: dict[type, str], *args):
         hint = next((h for kind, h in hints.items() if isinstance(exc, kind)), "")
         fail(
             f"{call} raised {type(exc).__name__}: {exc}{_where(exc)}. "
-            + (hint or "Read the exercise's rule again for this case; the checker passes its "
-                        "arguments exactly as the exercise describes them.")
-        )  # fmt: skip
+            + (
+                hint
+                or "Read the exercise's rule again for this case; the checker passes its "
+                "arguments exactly as the exercise describes them."
+            )
+        )

@@ -100,8 +100,16 @@ WHY = {
 }
 
 
-def _reading(numels: list[int], n: int, zero: int, pad="each", element=4, share="ring",
-             reduce="reduce_scatter", gather="right") -> float:  # fmt: skip
+def _reading(
+    numels: list[int],
+    n: int,
+    zero: int,
+    pad="each",
+    element=4,
+    share="ring",
+    reduce="reduce_scatter",
+    gather="right",
+) -> float:
     """Bytes per step under one reading of the rule (the right one with the defaults)."""
 
     if pad == "right":
@@ -130,16 +138,23 @@ def _reading(numels: list[int], n: int, zero: int, pad="each", element=4, share=
             grads = sent("all_reduce", total)
         return grads + (sent("all_gather", total) if gather == "ddp" else 0.0)
     gather = "right" if gather == "ddp" else gather
-    reduced = {"reduce_scatter": sent("reduce_scatter", total), "none": 0.0,
-               "all_reduce": sent("all_reduce", total)}[reduce]  # fmt: skip
+    reduced = {
+        "reduce_scatter": sent("reduce_scatter", total),
+        "none": 0.0,
+        "all_reduce": sent("all_reduce", total),
+    }[reduce]
     root, first = sizes[-1], sizes[0]
     if pad == "total":  # the total padded, the root's own padded size subtracted
         root, first = (element * -(-e // n) * n for e in (numels[-1], numels[0]))
     fsdp = 2 * total - root
     gathered = {
-        "right": total if zero < 3 else fsdp, "none": 0.0, "once": total, "twice": 2 * total,
-        "root_first": 2 * total - first, "zero3": fsdp,
-    }[gather]  # fmt: skip
+        "right": total if zero < 3 else fsdp,
+        "none": 0.0,
+        "once": total,
+        "twice": 2 * total,
+        "root_first": 2 * total - first,
+        "zero3": fsdp,
+    }[gather]
     return reduced + sent("all_gather", gathered)
 
 

@@ -63,42 +63,62 @@ def _right_bubble(p: int, m: int, kind: str) -> float:
 
 
 BUBBLES = {  # name -> (the bubble under this reading, what is wrong with it)
-    "ratio": (lambda p, m, k: (p - 1) / m,
-              "(p-1)/m is Narayanan et al. 2021's bubble over the ideal time (the time without "
-              "a bubble); the exercise asks for the idle share of the whole step, idle over "
-              "total: (p-1)/(m+p-1)"),
-    "p_slots": (lambda p, m, k: p / (m + p),
-                "The pipeline fills and drains over p-1 slots, not p: the first stage starts "
-                "at once, the last waits p-1 forward slots"),
-    "p_over": (lambda p, m, k: p / (m + p - 1),
-               "The pipeline fills and drains over p-1 slots, not p: the first stage starts "
-               "at once, the last waits p-1 forward slots"),
-    "denominator": (lambda p, m, k: (p - 1) / (m + p),
-                    "The step lasts m + p - 1 slots (m of work, p-1 of fill and drain), not "
-                    "m + p"),
-    "twice": (lambda p, m, k: 2 * (p - 1) / (m + 2 * (p - 1)),
-              "Fill and drain are not two separate p-1 waits in the step's units: a slot here "
-              "is one forward plus one backward, so the idle time is (p-1) slots of m+p-1"),
-    "percent": (lambda p, m, k: 100 * _right_bubble(p, m, k),
-                "The bubble is a fraction of the step (0 to 1), not a percentage"),
-    "busy": (lambda p, m, k: 1 - _right_bubble(p, m, k),
-             "That is the share of the step a stage is busy, m/(m+p-1); the bubble is the idle "
-             "share, 1 minus it"),
-    "slots": (lambda p, m, k: p - 1,
-              "The bubble is not p-1, the idle time in slots, but a share of the step: divide "
-              "by its m+p-1 slots"),
-    "zero": (lambda p, m, k: 0.0,
-             "A bubble of 0 (integer division // of p-1 by m+p-1, or no bubble at all): the "
-             "pipeline idles (p-1)/(m+p-1) of the step while it fills and drains"),
-    "1f1b_none": (lambda p, m, k: 0.0 if k == "1f1b" else _right_bubble(p, m, k),
-                  "1F1B reorders GPipe's work but does not shorten the fill and the drain: its "
-                  "bubble is GPipe's, (p-1)/(m+p-1); what it saves is memory"),
-    "1f1b_halved": (lambda p, m, k: (p - 1) / (2 * m + p - 1) if k == "1f1b"
-                    else _right_bubble(p, m, k),
-                    "1F1B reorders GPipe's work but does not shorten the fill and the drain: "
-                    "its bubble is GPipe's, (p-1)/(m+p-1) (only interleaving, with v chunks "
-                    "per stage, divides the idle slots by v)"),
-}  # fmt: skip
+    "ratio": (
+        lambda p, m, k: (p - 1) / m,
+        "(p-1)/m is Narayanan et al. 2021's bubble over the ideal time (the time without "
+        "a bubble); the exercise asks for the idle share of the whole step, idle over "
+        "total: (p-1)/(m+p-1)",
+    ),
+    "p_slots": (
+        lambda p, m, k: p / (m + p),
+        "The pipeline fills and drains over p-1 slots, not p: the first stage starts "
+        "at once, the last waits p-1 forward slots",
+    ),
+    "p_over": (
+        lambda p, m, k: p / (m + p - 1),
+        "The pipeline fills and drains over p-1 slots, not p: the first stage starts "
+        "at once, the last waits p-1 forward slots",
+    ),
+    "denominator": (
+        lambda p, m, k: (p - 1) / (m + p),
+        "The step lasts m + p - 1 slots (m of work, p-1 of fill and drain), not m + p",
+    ),
+    "twice": (
+        lambda p, m, k: 2 * (p - 1) / (m + 2 * (p - 1)),
+        "Fill and drain are not two separate p-1 waits in the step's units: a slot here "
+        "is one forward plus one backward, so the idle time is (p-1) slots of m+p-1",
+    ),
+    "percent": (
+        lambda p, m, k: 100 * _right_bubble(p, m, k),
+        "The bubble is a fraction of the step (0 to 1), not a percentage",
+    ),
+    "busy": (
+        lambda p, m, k: 1 - _right_bubble(p, m, k),
+        "That is the share of the step a stage is busy, m/(m+p-1); the bubble is the idle "
+        "share, 1 minus it",
+    ),
+    "slots": (
+        lambda p, m, k: p - 1,
+        "The bubble is not p-1, the idle time in slots, but a share of the step: divide "
+        "by its m+p-1 slots",
+    ),
+    "zero": (
+        lambda p, m, k: 0.0,
+        "A bubble of 0 (integer division // of p-1 by m+p-1, or no bubble at all): the "
+        "pipeline idles (p-1)/(m+p-1) of the step while it fills and drains",
+    ),
+    "1f1b_none": (
+        lambda p, m, k: 0.0 if k == "1f1b" else _right_bubble(p, m, k),
+        "1F1B reorders GPipe's work but does not shorten the fill and the drain: its "
+        "bubble is GPipe's, (p-1)/(m+p-1); what it saves is memory",
+    ),
+    "1f1b_halved": (
+        lambda p, m, k: (p - 1) / (2 * m + p - 1) if k == "1f1b" else _right_bubble(p, m, k),
+        "1F1B reorders GPipe's work but does not shorten the fill and the drain: "
+        "its bubble is GPipe's, (p-1)/(m+p-1) (only interleaving, with v chunks "
+        "per stage, divides the idle slots by v)",
+    ),
+}
 
 
 def _right_held(p: int, m: int, kind: str) -> int:
@@ -106,38 +126,57 @@ def _right_held(p: int, m: int, kind: str) -> int:
 
 
 HELD = {  # name -> (micro-batches held under this reading, what is wrong with it)
-    "all": (lambda p, m, k: m,
-            "That is GPipe's peak, every micro-batch's forward held until the backwards "
-            "start. 1F1B starts a backward as soon as the last stage can: the first stage holds "
-            "at most p micro-batches (p - stage, stage 0)"),
-    "no_min": (lambda p, m, k: m if k == "gpipe" else p,
-               "There are only m micro-batches: the first stage holds min(p, m) of them, never "
-               "more than exist"),
-    "gpipe_as_1f1b": (lambda p, m, k: min(p, m),
-                      "That is 1F1B's peak. GPipe runs every forward before any backward, so "
-                      "the first stage holds all m micro-batches' activations at once"),
-    "gpipe_p": (lambda p, m, k: p if k == "gpipe" else min(p, m),
-                "GPipe runs every forward before any backward, so the first stage holds all m "
-                "micro-batches' activations at once, however many stages there are"),
-    "one_less": (lambda p, m, k: _right_held(p, m, k) - 1,
-                 "One micro-batch short: GPipe's first stage holds all m (every forward runs "
-                 "before any backward); 1F1B's runs p-1 warm-up forwards, then one more forward "
-                 "before its first backward, min(p, m) at the peak"),
-    "p_minus_1": (lambda p, m, k: p - 1,
-                  "The first stage runs p-1 warm-up forwards, then one more forward before its "
-                  "first backward: p (or m, if fewer) micro-batches at the peak"),
-    "one": (lambda p, m, k: 1,
-            "A stage holds every micro-batch whose forward ran and whose backward has not, "
-            "not one"),
-    "max": (lambda p, m, k: max(p, m) if k == "1f1b" else m,
-            "1F1B's first stage holds min(p, m) micro-batches, not max(p, m)"),
-    "in_flight": (lambda p, m, k: m + p - 1 if k == "1f1b" else m,
-                  "m + p - 1 is the step's length in slots, not what the first stage holds: "
-                  "min(p, m) for 1F1B"),
-    "all_stages": (lambda p, m, k: p * _right_held(p, m, k),
-                   "That is every stage's activations, p times the first's: the question is "
-                   "the first stage's peak (each stage saves its own layers' activations)"),
-}  # fmt: skip
+    "all": (
+        lambda p, m, k: m,
+        "That is GPipe's peak, every micro-batch's forward held until the backwards "
+        "start. 1F1B starts a backward as soon as the last stage can: the first stage holds "
+        "at most p micro-batches (p - stage, stage 0)",
+    ),
+    "no_min": (
+        lambda p, m, k: m if k == "gpipe" else p,
+        "There are only m micro-batches: the first stage holds min(p, m) of them, never "
+        "more than exist",
+    ),
+    "gpipe_as_1f1b": (
+        lambda p, m, k: min(p, m),
+        "That is 1F1B's peak. GPipe runs every forward before any backward, so "
+        "the first stage holds all m micro-batches' activations at once",
+    ),
+    "gpipe_p": (
+        lambda p, m, k: p if k == "gpipe" else min(p, m),
+        "GPipe runs every forward before any backward, so the first stage holds all m "
+        "micro-batches' activations at once, however many stages there are",
+    ),
+    "one_less": (
+        lambda p, m, k: _right_held(p, m, k) - 1,
+        "One micro-batch short: GPipe's first stage holds all m (every forward runs "
+        "before any backward); 1F1B's runs p-1 warm-up forwards, then one more forward "
+        "before its first backward, min(p, m) at the peak",
+    ),
+    "p_minus_1": (
+        lambda p, m, k: p - 1,
+        "The first stage runs p-1 warm-up forwards, then one more forward before its "
+        "first backward: p (or m, if fewer) micro-batches at the peak",
+    ),
+    "one": (
+        lambda p, m, k: 1,
+        "A stage holds every micro-batch whose forward ran and whose backward has not, not one",
+    ),
+    "max": (
+        lambda p, m, k: max(p, m) if k == "1f1b" else m,
+        "1F1B's first stage holds min(p, m) micro-batches, not max(p, m)",
+    ),
+    "in_flight": (
+        lambda p, m, k: m + p - 1 if k == "1f1b" else m,
+        "m + p - 1 is the step's length in slots, not what the first stage holds: "
+        "min(p, m) for 1F1B",
+    ),
+    "all_stages": (
+        lambda p, m, k: p * _right_held(p, m, k),
+        "That is every stage's activations, p times the first's: the question is "
+        "the first stage's peak (each stage saves its own layers' activations)",
+    ),
+}
 _BYTES = "The argument microbatch_bytes is already in bytes: do not"
 SCALES = {  # a unit mistake on top of any reading
     1: "",
@@ -181,8 +220,10 @@ def _diagnose_bubble(got: dict, right: float, case) -> str:
 def _diagnose_activations(got: dict, right: float, case) -> str:
     p, m, kind = case
     mb = got[case][2]
-    say = (f"p = {p}, m = {m}, {kind}: you said {got[case][1]:,.0f} bytes on the first stage, "
-           f"the planner {right:,.0f} ({mb:,} per micro-batch)")  # fmt: skip
+    say = (
+        f"p = {p}, m = {m}, {kind}: you said {got[case][1]:,.0f} bytes on the first stage, "
+        f"the planner {right:,.0f} ({mb:,} per micro-batch)"
+    )
     why = _best(HELD, _right_held, got, 1, case)
     held = right / mb
     return f"{say}. " + (
