@@ -3,7 +3,9 @@
 What torch 2.13 composes on gloo and CPUs (checked by `tests/test_compose_torch_native.py`
 against one process): FSDP2's `fully_shard` over the dp mesh dimension (a 2-D
 (dp_replicate, dp_shard) mesh for HSDP), DTensor tensor parallelism with sequence parallelism
-(`parallelize_module` with torchtitan's Llama plan as torchtitan ships it: `ColwiseParallel`,
+(`parallelize_module` with the plan of torchtitan's `apply_tp` for Llama 3, as its 0.2
+releases ship it (its main branch, 0.2.2 in August 2026, moves the same plan into each
+module's own `parallelize`): `ColwiseParallel`,
 `RowwiseParallel`, `SequenceParallel`, `PrepareModuleInput(Shard(1) -> Replicate())` with
 `use_local_output=False`, so each module input is gathered once), and
 `torch.distributed.pipelining`'s `PipelineStage` with GPipe, 1F1B, interleaved 1F1B, ZB-V
