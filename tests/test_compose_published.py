@@ -18,7 +18,9 @@ def test_llama3_layouts_are_planned_and_context_parallelism_only_at_128k():
     # Megatron's 10 collectives a layer of (s/c)·h bf16 over 7/8 of a ring, 8 layers, 32
     # micro-batches; the engine's 19 (a gather per projection) send about twice as much
     assert a["sent_tp_gb"] == 10 * 2 * 8192 * 16384 * 7 / 8 * 8 * 32 / 1e9
-    assert 1.9 < a["engine_tp_gb"] / a["sent_tp_gb"] < 2
+    # the engine gathers each shared input once and keeps it (4 + 4 collectives a layer);
+    # Megatron re-gathers it in backward to save memory (6 + 4): 8/10, plus the head's
+    assert 0.8 < a["engine_tp_gb"] / a["sent_tp_gb"] < 0.85
     # K and V of one KV head (128 wide) over 131,072 tokens, gathered and reduce-scattered;
     # the engine's ring of K and V at the 16 query heads' width sends 16 x 1.5 times more
     assert c["sent_cp_gb"] == 2 * (2 * 2 * 131072 * 128) * 15 / 16 * 8 * 16 / 1e9

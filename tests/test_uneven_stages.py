@@ -1,6 +1,6 @@
 """Uneven pipeline stages (issue 34): any number of layers ≥ the stages, as torch's
-pipelining allows. `holdings.stage_layers` gives runs as equal as they go (the first
-`layers mod stages` one longer, numpy's `array_split`); the course models and the
+pipelining allows. `three_d.theory.stage_layers` deals the layers out as evenly as possible
+(lesson 10's rule, and lesson 09's for the GPT's stages); the course models and the
 transformers models train equal to one process on such splits, and what lesson 17's theory
 plans for them (memory and bytes per rank) equals what the run measured, to the byte.
 Tolerances: tests/test_trainer.py's (losses 1e-5, parameters 1e-3)."""
@@ -14,21 +14,21 @@ from test_trainer import _close_to_one_process, _runs
 
 import minidist
 from minidist.compose.dims import ParallelDims
-from minidist.compose.holdings import stage_layers
+from minidist.three_d.theory import stage_layers
 from minidist.trainer.cli import _planned, parse
 
 
 @given(st.integers(1, 40), st.integers(1, 40))
-def test_stage_layers_cover_every_layer_once_in_order_as_equal_as_they_go(layers, stages):
+def test_stage_layers_cover_every_layer_once_in_order_as_evenly_as_possible(layers, stages):
     if layers < stages:
         with pytest.raises(ValueError, match="need at least one layer each"):
             ParallelDims(pp=stages).check_model(4 * stages, layers, 2 * stages)
         return
-    runs = [stage_layers(layers, stages, i) for i in range(stages)]
+    runs = stage_layers(layers, stages)
     assert [i for r in runs for i in r] == list(range(layers))
     lengths = [len(r) for r in runs]
     assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
-    assert lengths == sorted(lengths, reverse=True)  # the longer ones first
+    assert [r.start for r in runs] == [round(k * layers / stages) for k in range(stages)]
 
 
 COURSE = [

@@ -113,7 +113,7 @@ class ParallelDims:
         """Refuse sizes the model cannot be split into, naming the argument and the rule."""
         if heads % self.tp:
             raise ValueError(f"ParallelDims: tp={self.tp} must divide the heads={heads}")
-        if layers < self.pp * self.chunks:  # uneven stages are fine (`holdings.stage_layers`)
+        if layers < self.pp * self.chunks:  # uneven: `three_d.theory.stage_layers`
             raise ValueError(
                 f"ParallelDims: pp × chunks per rank = {self.pp} × {self.chunks} stages need at "
                 f"least one layer each, more than the layers={layers}"

@@ -10,17 +10,9 @@ from fnmatch import fnmatchcase
 import torch.nn as nn
 
 from ..pipeline.schedules import virtual_stage
+from ..three_d.theory import stage_layers
 
 SPLIT = ("colwise", "colwise_qkv", "rowwise", "vocab")
-
-
-def stage_layers(layers: int, stages: int, index: int) -> range:
-    """The layers of (virtual) stage `index` of `stages`: runs of equal length, the first
-    `layers mod stages` stages one layer longer (numpy's `array_split`); every stage holds at
-    least one when layers >= stages (`ParallelDims.check_model`)."""
-    per, extra = divmod(layers, stages)
-    start = index * per + min(index, extra)
-    return range(start, start + per + (index < extra))
 
 
 def chunks(dims, pp_rank: int, layers: int) -> list[tuple[int, range, bool, bool]]:
@@ -29,7 +21,7 @@ def chunks(dims, pp_rank: int, layers: int) -> list[tuple[int, range, bool, bool
     out = []
     for c in range(dims.chunks):
         vs = virtual_stage(dims.schedule, pp_rank, c, dims.pp)
-        out.append((vs, stage_layers(layers, stages, vs), vs == 0, vs == stages - 1))
+        out.append((vs, stage_layers(layers, stages)[vs], vs == 0, vs == stages - 1))
     return out
 
 

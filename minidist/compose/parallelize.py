@@ -15,7 +15,7 @@ each later step works on what the earlier ones left):
 
 1. pipeline split (lesson 09): the rank's chunks (`Chunk`: 1, `virtual` interleaved, or 2
    in ZB-V's and DualPipeV's V), driven by lesson 09's engine with any of its schedules;
-   any layers ≥ stages, the first `layers mod stages` stages one layer longer;
+   any layers ≥ stages, dealt out as evenly as possible (lesson 10's `stage_layers`);
 2. tensor and sequence parallelism from a plan (lesson 07 and 14, `megatron.plan`);
 3. attention: the rank's heads, rotary at global positions, lesson 15's ring attention over
    cp on the zig-zag split (`ComposedAttention`);
@@ -62,12 +62,12 @@ from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
 from ..pipeline.schedules import schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
+from ..three_d.theory import stage_layers
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .attention import ComposedAttention, Positions
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel, expert_modules
-from .holdings import stage_layers
 from .model_parts import find_parts, hf_sizes, is_hf
 from .optim import OptimizerConfig, shard_optimizer
 from .split import StageContext, split_model
@@ -216,7 +216,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         plan = plan or (None if self.hf else GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
         for c in range(0 if self.hf else self.v):
             vs = virtual_stage(self.kind, self.stage_index, c, self.p)
-            held = stage_layers(sizes["layers"], stages, vs)  # 1. the pipeline split
+            held = stage_layers(sizes["layers"], stages)[vs]  # 1. the pipeline split
             chunk = Chunk(model, held, vs == 0, vs == stages - 1, self.ctx)
             if tp is not None:  # 2. tensor and sequence parallelism
                 chunk_plan = plan

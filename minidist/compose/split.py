@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..megatron.layers import vocab_parallel_cross_entropy
-from .holdings import stage_layers
+from ..three_d.theory import stage_layers
 from .model_parts import Parts, find_parts
 
 
@@ -173,11 +173,11 @@ class Stage(nn.Module):
 
 
 def split_model(model: nn.Module, stages: int, index: int, ctx: StageContext) -> Stage:
-    """Virtual stage `index` of `stages` over a copy of `model` (`holdings.stage_layers`:
-    runs of layers as equal as they go, the first stages one longer)."""
+    """Virtual stage `index` of `stages` over a copy of `model` (lesson 10's `stage_layers`:
+    the layers dealt out as evenly as possible)."""
     parts = find_parts(model)
     n = len(getattr(parts.base, parts.layers_name))
     if n < stages:
         raise ValueError(f"parallelize: {n} layers do not fill {stages} pipeline stages")
-    held = stage_layers(n, stages, index)
+    held = stage_layers(n, stages)[index]
     return Stage(copy.deepcopy(model), held, index == 0, index == stages - 1, ctx)
