@@ -48,6 +48,7 @@ LAYOUTS_8 = [
     ("gpt", dict(dp_shard=2, cp=2, tp=2)),
     ("gpt", dict(tp=2, sp=True, cp=2, pp=2, schedule="interleaved", virtual=2)),
     ("moe", dict(dp_shard=2, cp=2, ep=2, pp=2)),
+    ("moe", dict(dp_shard=2, ep=2, tp=2, pp=2)),  # experts whole on each tp rank
     ("llama", dict(dp_shard=2, tp=2, sp=True, pp=2)),
     ("llama", dict(tp=4, cp=2, sp=True)),  # kv_heads = 2: K, V replicated over tp = 4
 ]
@@ -122,8 +123,8 @@ def test_what_is_not_composed_is_refused_before_any_group_is_made():
     from minidist.models import GPTConfig
 
     moe, _ = build("moe")
-    with pytest.raises(ValueError, match="an MoE model with tp=2"):
-        parallelize(moe, ParallelDims(tp=2))
+    with pytest.raises(ValueError, match="an MoE model with tp=2 and sp"):
+        parallelize(moe, ParallelDims(tp=2, sp=True))
     dropping = moe_gpt(GPTConfig(seq_len=16, layers=4, heads=4, hidden=32), experts=4)
     with pytest.raises(ValueError, match="capacity_factor=1.0 drops tokens"):
         parallelize(dropping, ParallelDims())
@@ -240,3 +241,15 @@ def test_zero_bubble_w_runs_no_collective_and_gives_1f1bs_gradients():
             assert sum(world) == sum(one_f_one_b), (name, dims, recompute, k)
             if dims["schedule"] == "zb-h1":
                 assert world == one_f_one_b, (name, dims, recompute, k)
+
+
+MOE_TP = [  # experts whole on every tp rank, reduced over expert_dp within it (parallelize)
+    ("moe", dict(tp=2, dp_shard=2, ep=2)),
+    ("moe", dict(tp=2, pp=2)),
+]
+
+
+def test_the_moe_under_tensor_parallelism_equals_one_process():
+    results = minidist.launch(several, 4, MOE_TP, timeout_s=600)
+    for i, (name, _) in enumerate(MOE_TP):
+        check(name, results[0][i])

@@ -42,9 +42,16 @@ mean is the mean over the dp_replicate · dp_shard · cp data ranks):
 | an expert (ep > 1)                | expert_dp (the ranks holding it), / d·s·c    |
 | the router                        | dense: dp_replicate × dp_shard × cp          |
 
-Not composed here (refused with the reason): experts with tp > 1; an MoE that drops
-tokens (its result would depend on the routing groups, so on the layout: lesson 16 shows
-each group equal).
+Experts under tp (the course MoE): every tp rank holds its ep share of the experts whole and
+runs the layer on the same tokens (the block's input is whole on every tp rank), so the tp
+ranks compute the same expert gradients and an expert is reduced over expert_dp within its tp
+rank, never over tp (torchtitan's expert tensor parallel degree 1; the all-to-all runs within
+each tp rank's slice of the ep group).
+
+Not composed here (refused with the reason): the course MoE under tp with sp (each tp rank
+would route its own block of the sequence, so the aux loss's token groups would follow the
+layout); an MoE that drops tokens (its result would depend on the routing groups, so on the
+layout: lesson 16 shows each group equal).
 """
 
 from __future__ import annotations
@@ -145,10 +152,10 @@ def check_course_layout(model: nn.Module, dims: ParallelDims) -> None:
     sizes = model_sizes(model)
     dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
     for moe in sizes["moes"]:
-        if dims.tp > 1:
+        if dims.tp > 1 and dims.sp:
             raise ValueError(
-                f"parallelize: an MoE model with tp={dims.tp}: the course MoE's experts inside "
-                "tensor parallelism are not composed here (use ep over dp_shard, or tp = 1)"
+                f"parallelize: an MoE model with tp={dims.tp} and sp: the course MoE's experts "
+                "inside tensor parallelism are not composed here (use ep over dp_shard, or tp = 1)"
             )
         if moe.capacity_factor * moe.k < moe.num_experts:
             raise ValueError(
@@ -241,7 +248,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
                             grid.group("ep"),
                             grid.group("expert_dp"),
                             pad_to_capacity,
-                            world=grid.group("stage"),
+                            world=grid.group("dp_cp"),  # the ranks of this stage and tp rank
                         ),
                         None,
                     )
