@@ -25,7 +25,7 @@ import pytest
 
 import minidist
 from minidist.compose.dims import ParallelDims
-from minidist.compose.parallelize import check_layout
+from minidist.compose.layout_check import check_layout
 from minidist.training import max_abs_diff
 
 pytest.importorskip("transformers")

@@ -50,7 +50,7 @@ def local_numel(model: nn.Module, name: str, numel: int, tp: int, plan: dict) ->
 
 
 def _sizes(model: nn.Module) -> dict:
-    from .parallelize import model_sizes
+    from .layout_check import model_sizes
 
     return model_sizes(model)
 

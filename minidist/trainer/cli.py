@@ -165,7 +165,7 @@ def check_run(args: argparse.Namespace) -> dict:
     against the layout, the optimizer, the export folder, a resume of another run -> the
     model's configuration."""
     from ..checkpoint_files import newest
-    from ..compose.parallelize import check_course_layout, check_layout
+    from ..compose.layout_check import check_course_layout, check_layout
     from .loop import layout_of, prepare, refuse_another_run
     from .models import build_model, check_export, skeleton
 
