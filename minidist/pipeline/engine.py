@@ -107,12 +107,7 @@ class PipelineParallel(ParallelModule):
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Forward and backward of every micro-batch of `batch`, gradients synchronised.
         Returns the batch's mean loss (on every stage)."""
-        x, y = (t.to(self.device) for t in batch)  # tensors follow the stage's module
-        if x.shape[0] % self.m:
-            raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
-        xs, ys = x.chunk(self.m), y.chunk(self.m)
-        self.mailbox: dict[tuple[int, int], list[torch.Tensor]] = {}  # same-rank hand-offs
-        shape = self.activation_shape(x)
+        xs, ys, shape = self._micro_batches(batch)
         inputs, outputs, saved, sends = {}, {}, {}, []
         loss_sum = torch.zeros((), device=self.device)
         for op, i, *chunk in self.steps:
@@ -159,21 +154,15 @@ class PipelineParallel(ParallelModule):
         for work, _ in sends:
             work.wait()
         self._sync_gradients()
-        last = self._neighbour_of(self.p * self.v - 1)[0]  # the rank computing the loss
-        comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
-        return float(loss_sum)
+        return self._broadcast_loss(loss_sum)
 
     @torch.no_grad()
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """The batch's mean loss, forward only (`schedules.forward_only`), the model in eval
         mode: no graph kept, no backward, no gradient or optimizer state touched. The loss is
         computed on the last stage and broadcast to every stage."""
-        x, y = (t.to(self.device) for t in batch)
-        if x.shape[0] % self.m:
-            raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
-        xs, ys = x.chunk(self.m), y.chunk(self.m)
-        self.mailbox = {}
-        shape, sends = self.activation_shape(x), []
+        xs, ys, shape = self._micro_batches(batch)
+        sends = []
         loss_sum = torch.zeros((), device=self.device)
         training = self.training
         self.eval()
@@ -190,6 +179,19 @@ class PipelineParallel(ParallelModule):
                 work.wait()
         finally:
             self.train(training)
+        return self._broadcast_loss(loss_sum)
+
+    def _micro_batches(self, batch) -> tuple[tuple, tuple, tuple[int, ...]]:
+        """`batch` on the stage's device in m micro-batches (ids, targets), and the shape of
+        what passes between stages; the same-rank hand-offs emptied."""
+        x, y = (t.to(self.device) for t in batch)  # tensors follow the stage's module
+        if x.shape[0] % self.m:
+            raise ValueError(f"batch of {x.shape[0]} not divisible into m={self.m} micro-batches")
+        self.mailbox: dict[tuple[int, int], list[torch.Tensor]] = {}  # same-rank hand-offs
+        return x.chunk(self.m), y.chunk(self.m), self.activation_shape(x)
+
+    def _broadcast_loss(self, loss_sum: torch.Tensor) -> float:
+        """The batch's mean loss, from the rank computing it to every stage."""
         last = self._neighbour_of(self.p * self.v - 1)[0]
         comm.broadcast(loss_sum, src=last, group=self.pp_group, tag="pp-loss")
         return float(loss_sum)
