@@ -47,6 +47,7 @@ from ..megatron.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     _split,
+    vocab_slice,
 )
 from ..megatron.ops import copy_to_tp
 from ..megatron.sequence import (
@@ -123,10 +124,9 @@ class VocabParallelHead(nn.Module):
 
     def __init__(self, dense: nn.Linear, group, weight: nn.Parameter | None = None):
         super().__init__()
-        n = dist.get_world_size(group)
         vocab = dense.out_features
-        padded = -(-vocab // n) * n
-        self.start, self.vocab_size = dist.get_rank(group) * (padded // n), vocab
+        padded, self.start = vocab_slice(vocab, group)
+        self.vocab_size = vocab
         if weight is None:  # not tied to an embedding slice held here
             w = dense.weight.detach()
             weight = nn.Parameter(_split(w, 0, 1, group, pad_to=padded), dense.weight.requires_grad)

@@ -94,17 +94,23 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
 
 
+def vocab_slice(vocab: int, group) -> tuple[int, int]:
+    """(V', start): the vocabulary padded to a multiple of tp (Megatron-LM's
+    `make_vocab_size_divisible_by`) and the first id of this rank's V'/t rows."""
+    n = dist.get_world_size(group)
+    padded = -(-vocab // n) * n
+    return padded, dist.get_rank(group) * (padded // n)
+
+
 def vocab_head(dense: nn.Linear, group) -> ColumnParallelLinear:
     """An untied output head over the vocabulary: column-parallel, its rows padded with
     zero rows to a multiple of tp (Megatron-LM's `make_vocab_size_divisible_by`); rank r
     gives the logits of ids [start, start + V'/t). The padding columns are masked out of
     the softmax by `vocab_parallel_cross_entropy` (ids ≥ `vocab_size`), so their rows never
     get a gradient and stay zero; `gather_split` leaves them out (`tp_split`'s full size)."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    vocab = dense.out_features
-    padded = -(-vocab // n) * n
+    padded, start = vocab_slice(dense.out_features, group)
     head = ColumnParallelLinear(dense, group, pad_to=padded)
-    head.start, head.vocab_size = r * (padded // n), vocab
+    head.start, head.vocab_size = start, dense.out_features
     return head
 
 
@@ -196,11 +202,9 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, dense: nn.Embedding, group):
         super().__init__()
-        n, r = dist.get_world_size(group), dist.get_rank(group)
         self.group, self.vocab_size = group, dense.num_embeddings
-        padded = -(-self.vocab_size // n) * n
-        self.per_rank = padded // n
-        self.start = r * self.per_rank
+        padded, self.start = vocab_slice(self.vocab_size, group)
+        self.per_rank = padded // dist.get_world_size(group)
         w = dense.weight.detach()
         self.weight = _param(
             _split(w, 0, 1, group, pad_to=padded), dense.weight, (0, 1, w.shape[0])
