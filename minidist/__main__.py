@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     plot_run.add_argument("--out", help="the PNG to write (default: LOG with .png)")
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        from .trainer.plan import run_composed_plan, wanted
+
+        if wanted(argv[1:]):  # a `train` run's options: lesson 17's plan of that run
+            return run_composed_plan(argv[1:])
     if argv[:1] == ["train"]:  # a --config file's options first, the command line after
         from .trainer.options import config_argv
 

@@ -484,6 +484,18 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--betas", "0.9"], "argument --betas: '0.9' is not two numbers B1,B2"),
         (["--eps", "0"], "--eps=0.0 must be a finite number > 0"),
         (["--eps", "nan"], "--eps=nan must be a finite number > 0"),
+        (["--micro-batch", "0"], "--micro-batch=0 must be >= 1"),
+        (["--micro-batch", "-2"], "--micro-batch=-2 must be >= 1"),
+        (["--dp-shard", "3"], "--global-batch=8 must divide by --dp-replicate·--dp-shard·"),
+        (["--dp-shard", "2", "--micro-batch", "3"], "must divide by --dp-replicate·--dp-shard"),
+        (["--timeout", "0"], "--timeout=0.0 must be a finite number of seconds > 0"),
+        (["--timeout", "inf"], "--timeout=inf must be a finite number of seconds > 0"),
+        (["--peak-flops", "nan"], "--peak-flops=nan must be a finite number > 0"),
+        (["--peak-flops", "-1"], "--peak-flops=-1.0 must be a finite number > 0"),
+        (["--layers", "100000"], "--layers=100000 must be at most 1024"),
+        (["--hidden", "100000"], "of float32 weights at least, more than this machine's"),
+        (["--steps", "100000000"], "would take 218 GB, more than half this machine's"),
+        (["--global-batch", "1000000000"], "of the course's text: 5000000000 rows of 16"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..context_parallel import theory as cp_theory
+from ..expert_parallel import theory as ep_theory
 from ..expert_parallel.gpt import is_expert
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
@@ -165,6 +166,53 @@ def cp_bytes(
         forward = ring["forward"] * (2 if recompute else 1)
         total += len(layers) * (forward + backward)
     return microbatches * total
+
+
+def ep_bytes(
+    model: nn.Module,
+    dims,
+    global_batch: int,
+    micro_batch: int,
+    precision: str = "fp32",
+    recompute: bool = False,
+    padded: bool = False,
+    pp_rank: int = 0,
+) -> float:
+    """The experts' all-to-alls a rank sends per step over its ep group (lesson 16), the
+    most over its MoE layers' routing. Per layer and micro-batch of T = b·s/c tokens, with
+    C = ⌈cf·T·k/E⌉: padded to capacity (`padded`, GShard's static shapes) exactly E/e·C rows
+    to each of the e-1 others in each of the four all-to-alls; exact, at most min(T·k,
+    (e-1)·E/e·C) rows out (its kept assignments, none to itself) and from each peer
+    min(T·k, E/e·C) in, plus the E/e counts per peer (int64). A recomputed forward
+    exchanges again."""
+    if dims.ep == 1:
+        return 0.0
+    sizes = _sizes(model)
+    moe = next(m for m in model.modules() if hasattr(m, "num_experts") and hasattr(m, "router"))
+    e, n, k = dims.ep, moe.num_experts, moe.k
+    tokens = micro_batch * sizes["seq_len"] // dims.cp
+    cap = ep_theory.capacity(tokens, n, k, moe.capacity_factor)
+    peers = (e - 1) * (n // e) * cap
+    row = sizes["hidden"] * (2 if precision == "bf16" else 4)
+    if padded:
+        out_rows, in_rows, counts = peers, peers, 0.0
+    else:
+        out_rows, counts = min(tokens * k, peers), ep_theory.counts_bytes(n, e)
+        in_rows = (e - 1) * min(tokens * k, n // e * cap)
+    forward = counts + (out_rows + in_rows) * row  # dispatch out; combine: what came in
+    backward = (in_rows + out_rows) * row  # their gradients, the other way
+    m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
+    layers = sum(len(held) for _, held, _, _ in chunks(dims, pp_rank, sizes["layers"]))
+    return m * layers * (forward * (2 if recompute else 1) + backward)
+
+
+def ep_bytes_bound(
+    model: nn.Module, dims, global_batch: int, micro_batch: int, precision: str = "fp32"
+) -> float:
+    """`ep_bytes` of the exact exchange, the most over the pipeline ranks: what no routing
+    exceeds."""
+    args = (model, dims, global_batch, micro_batch, precision)
+    return max(ep_bytes(*args, pp_rank=r) for r in range(dims.pp))
 
 
 def planned(

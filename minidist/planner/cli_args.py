@@ -69,6 +69,10 @@ def params(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options; defaults are printed once, by the help strings' own %(default)s."""
     parser.set_defaults(plan_parser=parser)
+    parser.epilog = (
+        "With --model (or --config, --dp-shard, --dp-replicate), plan takes the options of "
+        "python -m minidist train instead and prints lesson 17's plan of that run."
+    )
     model = parser.add_argument_group("model: a GPT configuration, or --params alone")
     model.add_argument(
         "--params",

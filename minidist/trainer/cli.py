@@ -31,9 +31,10 @@
   `params_sha256=` (to compare runs bit for bit), the median step time, tokens/s, the ring
   bytes each group kind carried in the last step and what a rank holds by kind (the
   largest over the ranks, `bytes_*`, `memory_*`) with lesson 17's plan beside them
-  (`planned_*`, built-in models), `read_bytes_max=` and `shard_bytes_max=` on a resume,
-  and with `--compare` the one-process run's differences (`loss_max_abs_diff`,
-  `params_max_abs_diff`).
+  (`planned_*`, built-in models; `python -m minidist plan` prints them without training;
+  the MoE's all-to-all follows its routing: `planned_bytes_ep_bound=`, what no routing
+  exceeds), `read_bytes_max=` and `shard_bytes_max=` on a resume, and with `--compare`
+  the one-process run's differences (`loss_max_abs_diff`, `params_max_abs_diff`).
 - A dead rank for lesson 18's demonstration: `--die-at S --die-rank R [--die-once MARKER]`,
   rank R SIGKILLs itself after step S's save (once: not again when MARKER exists); the loop
   knows nothing of it (`kill_rank_after`, a callback).
@@ -133,8 +134,21 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     speed = args.moe_bias_update_speed
     if not (math.isfinite(speed) and speed >= 0):
         raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
+    if args.micro_batch < 1:
+        raise ValueError(f"--micro-batch={args.micro_batch} must be >= 1")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout={args.timeout} must be a finite number of seconds > 0")
+    if args.peak_flops is not None and not (math.isfinite(args.peak_flops) and args.peak_flops > 0):
+        raise ValueError(f"--peak-flops={args.peak_flops} must be a finite number > 0")
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
-    m = args.global_batch // (args.dp_replicate * args.dp_shard * args.micro_batch)
+    d = args.dp_replicate * args.dp_shard
+    if args.global_batch % (d * args.micro_batch):
+        raise ValueError(
+            f"--global-batch={args.global_batch} must divide by --dp-replicate·--dp-shard·"
+            f"--micro-batch = {args.dp_replicate}·{args.dp_shard}·{args.micro_batch}"
+        )
+    check_memory(args, world)
+    m = args.global_batch // (d * args.micro_batch)
     if args.schedule == "dualpipev" and m < 2 * args.pp:
         raise ValueError(
             f"--schedule dualpipev needs micro-batches global_batch/(dp·"
@@ -144,6 +158,43 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     if args.die_at is not None and not 0 <= args.die_rank < world:
         raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
     return args
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(args: argparse.Namespace, world: int) -> None:
+    """Sizes that cannot fit in this machine's memory, refused by arithmetic before anything
+    is built: every rank first builds the whole model in float32 (at least 12·L·h² weights
+    for L blocks of width h, Kaplan et al. 2020's count), and without --data the course's
+    text is cut into (steps + eval batches) · global batch rows of seq + 1 int64 tokens,
+    inputs and targets, up front."""
+    from ..planner.model_spec import MAX_LAYERS
+    from .models import DEFAULTS
+
+    ram = physical_memory()
+    hidden, layers = args.hidden or DEFAULTS["hidden"], args.layers or DEFAULTS["layers"]
+    if layers > MAX_LAYERS:  # built block by block: beyond this the build alone takes minutes
+        raise ValueError(f"--layers={layers} must be at most {MAX_LAYERS}")
+    weights = world * 4 * 12 * layers * hidden**2
+    if weights > ram:
+        raise ValueError(
+            f"--layers={layers} --hidden={hidden} on {world} rank(s): each rank builds the whole "
+            f"model, {world} x {4 * 12 * layers * hidden**2 / 1e9:.3g} GB of float32 weights at "
+            f"least, more than this machine's {ram / 1e9:.3g} GB"
+        )
+    if not args.data:
+        seq = args.seq_len or DEFAULTS["seq_len"]
+        rows = (args.steps + (args.eval_batches if args.eval_every else 0)) * args.global_batch
+        need = rows * 2 * (seq + 1) * 8
+        if need > ram // 2:
+            raise ValueError(
+                f"--steps={args.steps} x --global-batch={args.global_batch} of the course's "
+                f"text: {rows} rows of {seq} tokens would take {need / 1e9:.3g} GB, more than "
+                f"half this machine's {ram / 1e9:.3g} GB (give --data, or fewer steps)"
+            )
 
 
 def dims_of(args: argparse.Namespace) -> dict:
@@ -330,6 +381,8 @@ def print_lines(lines: dict) -> None:
 def run_train(args: argparse.Namespace) -> int:
     import minidist
 
+    from .plan import ep_bound
+
     config = check_run(args)
     resolved = options.resolved_toml(args)
     if not minidist.under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
@@ -361,6 +414,7 @@ def run_train(args: argparse.Namespace) -> int:
             lines[f"{what}_{kind}"] = max(r[what][kind] for r in results)
             if kind in plan[what]:
                 lines[f"planned_{what}_{kind}"] = plan[what][kind]
+    lines.update(ep_bound(args, config))  # the experts' exchange follows the routing
     if first["read"] is not None:
         lines["read_bytes_max"] = max(r["read"][0] for r in results)
         lines["shard_bytes_max"] = max(r["read"][1] for r in results)
