@@ -496,6 +496,8 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--hidden", "100000"], "of float32 weights at least, more than this machine's"),
         (["--steps", "100000000"], "would take 218 GB, more than half this machine's"),
         (["--global-batch", "1000000000"], "of the course's text: 5000000000 rows of 16"),
+        (["--log", "{nowhere}"], "run.jsonl: its folder"),
+        (["--save", "{mine}"], "exists and is not a checkpoint: it would not be replaced"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
@@ -503,12 +505,17 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
         "empty": tmp_path / "empty.txt",
         "small": tmp_path / "small.txt",
         "bad_toml": tmp_path / "bad.toml",
+        "nowhere": tmp_path / "missing" / "run.jsonl",
+        "mine": tmp_path / "mine",  # a user's folder, not a checkpoint
     }
+    files["mine"].mkdir()
+    (files["mine"] / "notes.txt").write_text("keep me")
     files["empty"].write_text("")
     files["small"].write_text("hello world, this is some text")
     files["bad_toml"].write_text("lr = 0.001\nbogus = 1\n")
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in argv]
     assert words in _main_error(capsys, argv)
+    assert (files["mine"] / "notes.txt").read_text() == "keep me"
 
 
 def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..cli_checks import positive_int
+from ..cli_checks import positive_int, writable_file, writable_folder
 from ..compose.dims import SCHEDULES, ParallelDims
 from ..compose.fixture import MODELS
 from . import options
@@ -240,6 +240,8 @@ def check_run(args: argparse.Namespace) -> dict:
         check_export(config, args.export_hf)
     if args.save:
         check_kept(args)
+    if args.log and (why := writable_file(Path(args.log))):
+        raise ValueError(f"--log {args.log}: {why}")
     resume = newest(args.resume) if args.resume else None
     if resume is not None:
         refuse_another_run(resume, layout_of(args, dims_of(args), config, data.identity()))
@@ -295,6 +297,13 @@ def check_kept(args: argparse.Namespace) -> None:
             f"--save {save} holds --keep-last checkpoints (to {kept[-1][1].name})"
             ": pass --keep-last N, or save into another folder"
         )
+    if not args.keep_last and save.exists() and not is_complete(save):
+        raise ValueError(  # the save would refuse it after training: a user's folder
+            f"--save {save} exists and is not a checkpoint: it would not be replaced; "
+            "save into a new folder"
+        )
+    if why := writable_folder(save if args.keep_last else save.parent):
+        raise ValueError(f"--save {save}: {why}")
 
 
 def show_progress(steps: int, tokens: int):
