@@ -243,11 +243,15 @@ def validate(args) -> None:
             "replicated parts along the sequence"
         )
     if args.sp and args.pp > 1:
-        error(f"--sp with --pp {args.pp}: lesson 14 runs sequence parallelism without a pipeline")
+        error(
+            f"--sp with --pp {args.pp}: lesson 14 runs sequence parallelism without a pipeline "
+            "(with --model, plan takes lesson 17's composed layouts)"
+        )
     if args.cp > 1 and (args.tp > 1 or args.pp > 1 or args.zero != 0):
         error(
             f"--cp {args.cp} with --tp {args.tp} --pp {args.pp} --zero {args.zero}: lesson 15 "
-            "composes context parallelism with DDP (--zero 0) only"
+            "composes context parallelism with DDP (--zero 0) only (with --model, plan takes "
+            "lesson 17's composed layouts)"
         )
     split = args.tp * args.pp * args.cp
     if args.dp is None and args.world % split:

@@ -139,14 +139,14 @@ class Layout:
                 f"Layout: sp=True needs tp > 1 and pp=1, not tp={self.tp}, pp={self.pp}: lesson "
                 "14 splits the tensor-parallel group's replicated parts of a whole model; "
                 "lesson 17 plans such "
-                "layouts composed (minidist.compose.theory.planned)"
+                "layouts composed (python -m minidist plan --model ...)"
             )
         if self.cp > 1 and (self.tp > 1 or self.pp > 1 or self.zero != 0):
             raise ValueError(
                 f"Layout: cp={self.cp} with tp={self.tp}, pp={self.pp}, zero={self.zero}: "
                 "lesson 15 composes context parallelism with DDP (zero=0) only; "
                 "lesson 17 plans such "
-                "layouts composed (minidist.compose.theory.planned)"
+                "layouts composed (python -m minidist plan --model ...)"
             )
 
     @property
@@ -276,5 +276,5 @@ def _refuse(what: str, bad: dict, which_lesson_runs: str) -> None:
         named = ", ".join(f"{k}={v!r}" for k, v in bad.items())
         raise ValueError(
             f"Layout: {what} with {named}: {which_lesson_runs}; lesson 17 plans "
-            "such layouts composed (minidist.compose.theory.planned)"
+            "such layouts composed (python -m minidist plan --model ...)"
         )
