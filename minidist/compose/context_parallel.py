@@ -2,13 +2,15 @@
 attention kernel.
 
 Each rank holds zig-zag chunks of the sequence (Liu et al. 2023 §3; the stage passes their
-global `position_ids`, so the model's own rotary embedding rotates each token at its place).
-The attention module keeps its forward, its projections, its scaling and its rotary; only
-the kernel it dispatches to (`config._attn_implementation`, Hugging Face's attention
-interface) becomes lesson 15's `ring_attention` over the cp group: causal by global
-position, with the module's sliding window (Mistral) and scale. GQA's K/V are repeated to
-the query heads first, as the model's own SDPA path does. Not composed: attention dropout
-in training, soft-capping, a padding mask (refused where they appear).
+global `position_ids`, so the model's own rotary embedding rotates each token at its place,
+and the course GPT looks its learned positions up there). The attention module keeps its
+forward, its projections, its scaling and its rotary; only the kernel it dispatches to
+(`config._attn_implementation`, Hugging Face's attention interface; a course attention's
+`attn_implementation`, the same interface) becomes lesson 15's `ring_attention` over the cp
+group: causal by global position, with the module's sliding window (Mistral) and scale.
+GQA's K/V are repeated to the query heads first, as the model's own SDPA path does. Not
+composed: attention dropout in training, soft-capping, a padding mask (refused where they
+appear).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from ..context_parallel.ring import ring_attention
+from ..models import ATTENTION_FUNCTIONS
 from .split import Stage
 
 NAME = "minidist_ring"
@@ -61,8 +64,12 @@ def _register() -> None:
 
 def apply_context_parallel(stage: Stage, group, seq: int) -> int:
     """Every attention module of `stage` dispatches to ring attention over `group`; the
-    number of modules swapped."""
-    _register()
+    number of modules swapped. A transformers attention names its kernel in its config
+    (`_attn_implementation`), a course attention in `attn_implementation`
+    (`minidist.models.ATTENTION_FUNCTIONS`)."""
+    if stage.hf:
+        _register()
+    ATTENTION_FUNCTIONS[NAME] = _ring_kernel
     swapped = 0
     for module in stage.model.modules():
         config = getattr(module, "config", None)
@@ -74,8 +81,12 @@ def apply_context_parallel(stage: Stage, group, seq: int) -> int:
         ):
             module.config = copy.copy(config)
             module.config._attn_implementation = NAME
-            module._minidist_cp = (group, seq)
-            swapped += 1
+        elif "attn_implementation" in vars(module):
+            module.attn_implementation = NAME
+        else:
+            continue
+        module._minidist_cp = (group, seq)
+        swapped += 1
     if not swapped:
         raise ValueError(
             f"parallelize: cp found no attention module in {type(stage.model).__name__}"

@@ -34,7 +34,6 @@ query heads (sections of unequal size); experts under tp.
 from __future__ import annotations
 
 import copy
-import weakref
 from fnmatch import fnmatchcase
 
 import torch
@@ -55,6 +54,7 @@ from ..megatron.sequence import (
     gather_from_sequence,
     scatter_to_sequence,
 )
+from .model_parts import is_hf
 from .split import Stage, _hidden_arg, _with_hidden
 
 HF_PLAN = {
@@ -71,6 +71,10 @@ HF_PLAN = {
     "*.o_proj": "rowwise",
     "*.down_proj": "rowwise",
     "*.c_proj": "rowwise",
+    "*.attn.qkv": "colwise_qkv",  # the course GPT (`minidist.models`): fused Q, K, V
+    "*.attn.proj": "rowwise",
+    "*.mlp.0": "colwise",  # its MLP, an nn.Sequential (Linear, GELU, Linear)
+    "*.mlp.2": "rowwise",
 }
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
 # latent attention's projections to its latents, kept whole on every tp rank (DeepSeek-V2
@@ -151,40 +155,6 @@ class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = super().forward(ids)
         return out * torch.as_tensor(self.embed_scale, dtype=out.dtype, device=out.device)
-
-
-def enter_once(layer: nn.Module, group, sp: bool) -> None:
-    """The column-parallel projections of each module of `layer` that share one input (q, k,
-    v; gate, up) take the tp entry once for it, not once each: Megatron's fused projections,
-    torchtitan's `PrepareModuleInput`. Under sequence parallelism the gathered input is what
-    the projections save for backward, so backward reduce-scatters its gradient once and
-    re-gathers nothing (Korthikanti et al. 2022, section 4.2.2: 4 all-gathers and 4
-    reduce-scatters per layer). The projections see the entry through a hook of their own,
-    so the module that holds them need not be called (a user's layer may call them itself)."""
-    for module in list(layer.modules()):
-        projections = [m for m in module.children() if hasattr(m, "entered")]
-        if projections:
-            entry = _SharedEntry(group, sp)
-            for m in projections:
-                m.entered = True
-                m.register_forward_pre_hook(entry)
-
-
-class _SharedEntry:
-    """f (or the sequence all-gather) of an input once for every projection it feeds: the
-    entered form is reused while the same input tensor comes back (weak references, so
-    nothing outlives the step; without autograd keeping it, it is entered again)."""
-
-    def __init__(self, group, sp: bool):
-        self.enter, self.group = gather_from_sequence if sp else copy_to_tp, group
-        self.last = (lambda: None, lambda: None)
-
-    def __call__(self, module, args):
-        x, (seen, out) = args[0], (r() for r in self.last)
-        if seen is not x or out is None:
-            out = self.enter(x, self.group)
-            self.last = (weakref.ref(x), weakref.ref(out))
-        return (out, *args[1:])
 
 
 def _enter_region(group, sp: bool):
@@ -279,18 +249,29 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
         module.register_forward_pre_hook(_enter_region(group, sp), with_kwargs=True)
     for attn in attentions:
         _localize(attn, sizes, t, kv_whole)
-    _vocab(stage, group)
-    if sp:
-        first = next(iter(layers))
-        if stage.first:  # the embedding's output, whole on every rank: keep this rank's block
-            first.register_forward_pre_hook(
-                lambda m, a, k: _with_hidden(a, k, scatter_to_sequence(_hidden_arg(a, k), group)),
-                with_kwargs=True,
-            )
+    emb = _vocab(stage, group)
+    positions = []  # under sp, learned position embeddings kept at this rank's block
+    if sp and stage.first and is_hf(model):
+        # transformers builds its masks and cache positions from the embedding output's
+        # length: the whole sequence (the embedding all-reduced) enters the first layer,
+        # which keeps this rank's block (no communication; its gradient all-gathered)
+        next(iter(layers)).register_forward_pre_hook(
+            lambda m, a, k: _with_hidden(a, k, scatter_to_sequence(_hidden_arg(a, k), group)),
+            with_kwargs=True,
+        )
+    elif sp and stage.first:
+        # a course model reads the length from its ids: the embedding reduce-scatters into
+        # this rank's block (Korthikanti's ḡ, half an all-reduce's bytes), and a learned
+        # position embedding (replicated) keeps its rows of the block
+        emb.sequence_parallel = True
+        positions = [getattr(parts.base, n) for n in parts.embeddings if n != parts.token]
+        for module in positions:
+            module.register_forward_hook(lambda m, a, out: out.chunk(t, dim=-2)[r])
     if stage.last and parts.norm is not None:
         leave = gather_from_sequence if sp else copy_to_tp
         getattr(parts.base, parts.norm).register_forward_hook(lambda m, a, out: leave(out, group))
     region = [layers] + ([getattr(parts.base, parts.norm)] if stage.last and parts.norm else [])
+    region += positions
     for part in region:
         for p in part.parameters():
             if p.requires_grad and not hasattr(p, "tp_split"):
@@ -300,22 +281,23 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
     return matched
 
 
-def _vocab(stage: Stage, group) -> None:
-    """The token embedding and the head split over the vocabulary (tied: one slice)."""
+def _vocab(stage: Stage, group) -> VocabParallelEmbedding | None:
+    """The token embedding and the head split over the vocabulary (tied: one slice); the
+    embedding (None where the stage does not hold it)."""
     model, parts = stage.model, stage.parts
     emb = None
     if stage.first:
-        dense = model.get_input_embeddings()
+        dense = getattr(parts.base, parts.token)
         kind = (
             ScaledVocabParallelEmbedding
             if hasattr(dense, "embed_scale")
             else VocabParallelEmbedding
         )
         emb = kind(dense, group)
-        name = next(n for n in parts.embeddings if getattr(parts.base, n) is dense)
-        setattr(parts.base, name, emb)
+        setattr(parts.base, parts.token, emb)
     if stage.last and parts.head is not None:
         dense = getattr(model, parts.head)
         head = VocabParallelHead(dense, group, emb.weight if parts.tied and emb else None)
         setattr(model, parts.head, head)
         stage.vocab_start, stage.vocab_size = head.start, head.vocab_size
+    return emb

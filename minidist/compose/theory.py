@@ -30,7 +30,7 @@ from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
 from ..pipeline.schedules import virtual_stage
 from ..zero import theory as zero_theory
 from .holdings import _owner, _sizes, chunks, local_numel
-from .stage import family
+from .model_parts import family
 from .tensor_bytes import tp_bytes  # noqa: F401 (the tp group's count, planned here too)
 
 
