@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..expert_parallel.gpt import MoEMLP
 from .dims import ParallelDims
 from .experts import expert_modules
-from .model_parts import family, find_parts, hf_sizes, is_hf
+from .model_parts import family, find_parts, hf_sizes, is_hf, takes_positions
 
 
 def model_sizes(model: nn.Module) -> dict:
@@ -89,6 +89,11 @@ def check_course_layout(model: nn.Module, dims: ParallelDims) -> None:
     (call it in the parent, on the model or its copy on the meta device)."""
     sizes = model_sizes(model)
     dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
+    if dims.cp > 1 and not takes_positions(model):
+        raise ValueError(
+            f"parallelize: cp={dims.cp} needs {type(model).__name__}.forward to take "
+            "position_ids (a rank's tokens sit at their global positions)"
+        )
     for moe in sizes["moes"]:
         if dims.tp > 1 and dims.sp:
             raise ValueError(

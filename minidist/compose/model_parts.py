@@ -16,6 +16,7 @@ GPT, its MoE form and Llama):
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -97,6 +98,12 @@ def family(model: nn.Module) -> str:
         "ln_f) nor in Hugging Face's Llama layout (model.embed_tokens, model.layers, "
         "model.norm, lm_head)"
     )
+
+
+def takes_positions(model: nn.Module) -> bool:
+    """Whether `model`'s forward takes `position_ids` (by name, or any keyword)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "position_ids" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def is_hf(model: nn.Module) -> bool:

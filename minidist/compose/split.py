@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..megatron.layers import vocab_parallel_cross_entropy
 from ..three_d.theory import stage_layers
-from .model_parts import Parts, find_parts, is_hf
+from .model_parts import Parts, find_parts, is_hf, takes_positions
 
 
 class StageContext:
@@ -75,15 +75,17 @@ class HeldLayers(nn.ModuleList):
 
 class Absent(nn.Module):
     """A part the stage does not hold: zeros [batch, local sequence, width] in the compute
-    dtype, whatever it is given (token ids, or a hidden state of a sequence block)."""
+    dtype, whatever it is given (token ids, or a hidden state of a sequence block); given
+    positions [s] (the course GPT's learned positions), zeros [local sequence, width]."""
 
     def __init__(self, ctx: StageContext, width: int):
         super().__init__()
         self.ctx, self.width = ctx, width
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        lead = x.shape[:1] if x.dim() > 1 else ()
         n = self.ctx.positions.numel()
-        return torch.zeros(x.shape[0], n, self.width, dtype=self.ctx.dtype, device=x.device)
+        return torch.zeros(*lead, n, self.width, dtype=self.ctx.dtype, device=x.device)
 
 
 def _hidden_arg(args, kwargs):
@@ -116,7 +118,7 @@ class Stage(nn.Module):
         super().__init__()
         self.first, self.last, self.ctx = first, last, ctx
         self.parts = parts = parts or find_parts(model)
-        self.hf = is_hf(model)
+        self.hf, self.takes_positions = is_hf(model), takes_positions(model)
         self.tp_group, self.vocab_start, self.vocab_size = None, 0, None
         self.seen = 0  # micro-batches run this step (they run in order on every stage)
         layers = getattr(parts.base, parts.layers_name)
@@ -155,10 +157,12 @@ class Stage(nn.Module):
             ctx.received = x
         positions = ctx.positions.to(ids.device).unsqueeze(0).expand(ids.shape[0], -1)
         extra = {"use_cache": False} if self.hf else {}
+        if self.takes_positions:  # a forward without them numbers its tokens itself (cp = 1 only)
+            extra["position_ids"] = positions
         if ctx.masks is not None:  # the schedule runs each stage's micro-batches in order
             extra["attention_mask"] = ctx.masks[self.seen % len(ctx.masks)]
             self.seen += 1
-        out = self.model(ids, position_ids=positions, **extra)
+        out = self.model(ids, **extra)
         ctx.received = None
         if not self.last:
             h, ctx.kept = ctx.kept, None

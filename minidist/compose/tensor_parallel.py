@@ -11,6 +11,8 @@ Hugging Face decoder uses; torchtitan writes the same plan for its Llama):
 | `q_b_proj`, `kv_b_proj` (latent attention's heads) | column-parallel; its latents whole |
 | `gate_up_proj` (fused gate and up)                 | column-parallel per half           |
 | `o_proj`, `down_proj`, `c_proj`                    | row-parallel                       |
+| the course GPT's `attn.qkv`; `mlp.0`               | column-parallel (per section)      |
+| its `attn.proj`, `mlp.2`                           | row-parallel                       |
 | the token embedding / the head                     | vocab-parallel                     |
 
 Communication happens where Megatron-LM puts it (Shoeybi et al. 2019 §3; Korthikanti et al.
@@ -18,22 +20,28 @@ Communication happens where Megatron-LM puts it (Shoeybi et al. 2019 §3; Korthi
 attention, the MLP) receives its input through f (sequence parallelism: one all-gather of
 the sequence), its projections then run on it without communication, and each row-parallel
 output is all-reduced (g; or reduce-scattered to this rank's sequence block). Under sequence
-parallelism the first layer's input is cut to this rank's block and the final norm's output
-gathered. The attention module keeps its own forward: its head counts (`num_heads`,
-`num_key_value_heads`, `num_key_value_groups`, GPT-2's `split_size`, its config's) are set to
-the rank's. GPT-2's Conv1D projections become `nn.Linear` (the weight transposed), so one set
-of layers serves both; `transposed` names them for the edges (export, comparison).
+parallelism the final norm's output is gathered; a transformers model's first layer cuts its
+input to this rank's block (the embedding all-reduced: the model builds its masks from the
+embedding's length), a course model's embedding reduce-scatters (Korthikanti's ḡ) and its
+learned positions keep the block's rows. The attention module keeps its own forward: its
+head counts (`num_heads`, `num_key_value_heads`, `num_key_value_groups`, GPT-2's
+`split_size`, its config's) are set to the rank's (the course attentions read theirs from
+the projections' width). GPT-2's Conv1D projections become `nn.Linear` (the weight
+transposed), so one set of layers serves both; `transposed` names them for the edges
+(export, comparison).
 
 Gradients of replicated parameters that see only part of the work are summed over tp: under
-sequence parallelism everything the layers and the final norm hold whole (norms, row
-biases); K/V kept whole because t does not divide the KV heads (each rank uses the heads its
-queries need). Not composed (refused in one line): a fused Q, K, V with fewer KV heads than
-query heads (sections of unequal size); experts under tp.
+sequence parallelism everything the layers, the final norm and learned positions hold whole
+(norms, row biases); K/V kept whole because t does not divide the KV heads (each rank uses
+the heads its queries need). Not composed (refused in one line): a fused Q, K, V with fewer
+KV heads than query heads (sections of unequal size); a transformers model's experts under
+tp (the course MoE's stay whole on every tp rank).
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from fnmatch import fnmatchcase
 
 import torch
@@ -157,15 +165,39 @@ class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
         return out * torch.as_tensor(self.embed_scale, dtype=out.dtype, device=out.device)
 
 
-def _enter_region(group, sp: bool):
-    """A forward pre-hook: the module's input enters the tp region once (f, or under
-    sequence parallelism the all-gather of the sequence)."""
-    enter = gather_from_sequence if sp else copy_to_tp
+class _Region:
+    """The tp entry of a module's input (f, or under sequence parallelism the all-gather of
+    the sequence), once per call of the module; its column-parallel projections then run on
+    it without communication. A projection called while the module is not running (a
+    layer that calls its MLP's projections itself) enters its own input, once for the
+    projections that share that input tensor (weak references: nothing outlives the step)."""
 
-    def hook(module, args, kwargs):
-        return _with_hidden(args, kwargs, enter(_hidden_arg(args, kwargs), group))
+    def __init__(self, group, sp: bool):
+        self.enter, self.group = gather_from_sequence if sp else copy_to_tp, group
+        self.running = 0
+        self.last = (lambda: None, lambda: None)
 
-    return hook
+    def attach(self, module: nn.Module, projections: list[nn.Module]) -> None:
+        module.register_forward_pre_hook(self._module_in, with_kwargs=True)
+        module.register_forward_hook(self._module_out, always_call=True)
+        for p in projections:
+            p.register_forward_pre_hook(self._projection_in)
+
+    def _module_in(self, module, args, kwargs):
+        self.running += 1
+        return _with_hidden(args, kwargs, self.enter(_hidden_arg(args, kwargs), self.group))
+
+    def _module_out(self, module, args, out):
+        self.running -= 1
+
+    def _projection_in(self, module, args):
+        if self.running:
+            return None
+        x, (seen, out) = args[0], (r() for r in self.last)
+        if seen is not x or out is None:
+            out = self.enter(x, self.group)
+            self.last = (weakref.ref(x), weakref.ref(out))
+        return (out, *args[1:])
 
 
 def _localize(attn: nn.Module, sizes: dict, t: int, kv_whole: bool) -> None:
@@ -197,7 +229,8 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
     model, parts = stage.model, stage.parts
     layers = getattr(parts.base, parts.layers_name)
     matched: dict[str, list[str]] = {}
-    regions, attentions = set(), set()
+    regions: dict[nn.Module, list[nn.Module]] = {}  # a module: its projections entered once
+    attentions = set()
     for lname, layer in layers.named_children():
         for name, module in list(layer.named_modules()):
             styles = [s for p, s in HF_PLAN.items() if fnmatchcase(f".{name}", p)]
@@ -232,7 +265,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
                 new = ColumnParallelLinear(module, group, blocks=blocks)
                 new.entered = True
             setattr(parent, attr, new)
-            regions.add(parent)
+            regions.setdefault(parent, []).extend([] if style == "rowwise" else [new])
             if style in ("colwise_qkv", "colwise_kv") or attr in ("q_proj", "q_b_proj"):
                 attentions.add(parent)
             if attr == "kv_b_proj":  # the latents and the shared rotary key: whole per rank
@@ -245,8 +278,8 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
             f"parallelize: tp={t} found no projection of {type(model).__name__} "
             f"to split (patterns: {sorted(HF_PLAN)})"
         )
-    for module in regions:
-        module.register_forward_pre_hook(_enter_region(group, sp), with_kwargs=True)
+    for module, projections in regions.items():
+        _Region(group, sp).attach(module, projections)
     for attn in attentions:
         _localize(attn, sizes, t, kv_whole)
     emb = _vocab(stage, group)
