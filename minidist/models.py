@@ -158,11 +158,11 @@ class GPT(nn.Module):
 
 
 def require_course_gpt(model: nn.Module, who: str, made_by: str = "minidist.models.GPT") -> None:
-    """Refuse, before anything happens, a model that is not the course GPT in a wrapper that
-    re-walks that model's forward (`tok_emb`, `blocks`, `ln_f`, `lm_head`, `cfg`)."""
+    """Refuse, before anything happens, a model that is not the course GPT in a wrapper built
+    on that model's parts (`tok_emb`, `blocks`, `ln_f`, `lm_head`, `cfg`)."""
     if not isinstance(model, GPT):
         raise TypeError(
-            f"{who} takes the course GPT ({made_by}), whose forward it re-walks (cfg, "
+            f"{who} takes the course GPT ({made_by}), whose parts it is built on (cfg, "
             f"tok_emb, pos_emb, blocks, ln_f, lm_head); got a {type(model).__name__}. For a "
             "model of your own (a Hugging Face Llama or GPT-2, any forward), use the composable "
             "API minidist.parallelize (lesson 17), which swaps modules by name and leaves "
