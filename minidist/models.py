@@ -52,6 +52,30 @@ class GPTConfig:
     dropout: float = 0.0
 
 
+def sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention of q, k, v [b, heads, s, d] -> ([b, s, heads, d], None): torch's
+    `scaled_dot_product_attention`, in the form of transformers' attention interface."""
+    y = F.scaled_dot_product_attention(
+        query, key, value, is_causal=True, dropout_p=dropout, scale=scaling
+    )
+    return y.transpose(1, 2).contiguous(), None
+
+
+# The attention kernels by name, as transformers' `AttentionInterface`: a course attention
+# calls `ATTENTION_FUNCTIONS[self.attn_implementation]`, the one call lesson 17's context
+# parallelism swaps (for ring attention) while the module's own forward runs.
+ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention}
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -59,18 +83,20 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(
                 f"GPTConfig: hidden={cfg.hidden} must be divisible by heads={cfg.heads}"
             )
-        self.heads = cfg.heads
+        self.heads, self.head_dim = cfg.heads, cfg.hidden // cfg.heads
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
         self.dropout = cfg.dropout
+        self.attn_implementation = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).split(h, dim=2)
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
+        b, s, _ = x.shape
+        # the heads read from the projection's width (a tensor-parallel rank holds some)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+        y, _ = ATTENTION_FUNCTIONS[self.attn_implementation](self, q, k, v, None, dropout=drop)
+        return self.proj(y.reshape(b, s, -1))
 
 
 class Block(nn.Module):
@@ -114,11 +140,17 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of `idx` [b, s]; `position_ids` ([s], or Hugging Face's [b, s] of equal
+        rows) the tokens' positions, 0..s-1 by default (under context parallelism a rank's
+        tokens sit elsewhere in the sequence)."""
         b, s = idx.shape
         if s > self.cfg.seq_len:
             raise ValueError(f"GPT: sequence length {s} exceeds cfg.seq_len={self.cfg.seq_len}")
-        pos = torch.arange(s, device=idx.device)
+        if position_ids is None:
+            pos = torch.arange(s, device=idx.device)
+        else:
+            pos = position_ids[0] if position_ids.dim() == 2 else position_ids
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
@@ -126,11 +158,11 @@ class GPT(nn.Module):
 
 
 def require_course_gpt(model: nn.Module, who: str, made_by: str = "minidist.models.GPT") -> None:
-    """Refuse, before anything happens, a model that is not the course GPT in a wrapper that
-    re-walks that model's forward (`tok_emb`, `blocks`, `ln_f`, `lm_head`, `cfg`)."""
+    """Refuse, before anything happens, a model that is not the course GPT in a wrapper built
+    on that model's parts (`tok_emb`, `blocks`, `ln_f`, `lm_head`, `cfg`)."""
     if not isinstance(model, GPT):
         raise TypeError(
-            f"{who} takes the course GPT ({made_by}), whose forward it re-walks (cfg, "
+            f"{who} takes the course GPT ({made_by}), whose parts it is built on (cfg, "
             f"tok_emb, pos_emb, blocks, ln_f, lm_head); got a {type(model).__name__}. For a "
             "model of your own (a Hugging Face Llama or GPT-2, any forward), use the composable "
             "API minidist.parallelize (lesson 17), which swaps modules by name and leaves "

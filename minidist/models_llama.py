@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .models import ATTENTION_FUNCTIONS
+
 
 @dataclass
 class LlamaConfig:
@@ -70,8 +72,8 @@ class LlamaAttention(nn.Module):
                 f"LlamaConfig: heads={cfg.heads} must divide hidden={cfg.hidden} and be a "
                 f"multiple of kv_heads={cfg.kv_heads}"
             )
-        self.head_dim, self.group_size = cfg.hidden // cfg.heads, cfg.heads // cfg.kv_heads
-        self.rope_theta = cfg.rope_theta
+        self.head_dim, self.rope_theta = cfg.hidden // cfg.heads, cfg.rope_theta
+        self.attn_implementation = "sdpa"  # the kernel by name (`models.ATTENTION_FUNCTIONS`)
         kv = cfg.kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.k_proj = nn.Linear(cfg.hidden, kv, bias=False)
@@ -86,9 +88,10 @@ class LlamaAttention(nn.Module):
         )
         pos = torch.arange(s, device=x.device) if positions is None else positions
         q, k = apply_rotary(q, pos, self.rope_theta), apply_rotary(k, pos, self.rope_theta)
-        k, v = (t.repeat_interleave(self.group_size, dim=1) for t in (k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+        groups = q.shape[1] // k.shape[1]  # query heads per K/V head, from what is held here
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        y, _ = ATTENTION_FUNCTIONS[self.attn_implementation](self, q, k, v, None)
+        return self.o_proj(y.reshape(b, s, -1))
 
 
 class LlamaMLP(nn.Module):

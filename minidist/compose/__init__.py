@@ -4,13 +4,12 @@ process. `python -m minidist train ...` runs a layout (`minidist.trainer`). Note
 
 - `dims.py`: `ParallelDims` (torchtitan's names) and the grid every group comes from
 - `parallelize.py`: `parallelize(model, dims)`, the steps in order, the gradient table;
-  `check_layout` (what a transformers model cannot be composed into, before any rank starts)
-- for any transformers model, functions that edit a copy of it in place: `model_parts.py`
-  (which module is which), `split.py` (the pipeline stage running the model's own forward),
-  `tensor_parallel.py`, `context_parallel.py` (ring attention as its attention kernel),
-  `experts.py` (its experts over ep)
-- `stage.py`: a pipeline chunk of the course GPT, its MoE form or lesson 17's Llama
-- `attention.py`: the rank's heads, rotary at global positions, ring attention over cp
+  `layout_check.py`: what a model cannot be composed into, refused before any rank starts
+- for any model (the course GPT, its MoE form and Llama, a transformers causal LM),
+  functions that edit a copy of it in place, its own forward running once:
+  `model_parts.py` (which module is which), `split.py` (the pipeline stage running the
+  model's own forward), `tensor_parallel.py`, `context_parallel.py` (ring attention as its
+  attention kernel), `experts.py` (its experts over ep)
 - `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
 - `fixture.py`: the models, data and runs the tests and the notebook share; one step
 - `optim.py`: AdamW's decay on ndim ≥ 2, the learning-rate schedule, clipping by the

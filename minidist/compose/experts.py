@@ -1,4 +1,5 @@
-"""Step 4 of `parallelize` for any decoder model: the model's experts placed over ep.
+"""Step 4 of `parallelize` for any decoder model: the model's experts placed over ep (the
+course MoE's through lesson 16's `ExpertParallelMoE`; a transformers model's as below).
 
 The seam is the experts module a transformers 5 MoE block calls after its router:
 `experts(tokens [T, h], top_k_index [T, k], top_k_weights [T, k]) -> [T, h]`, every
@@ -25,7 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..expert_parallel.parallel import _AllToAll
+from ..expert_parallel.gpt import MoEMLP
+from ..expert_parallel.parallel import ExpertParallelMoE, _AllToAll
 
 
 def expert_modules(model: nn.Module, experts: int) -> list[tuple[str, nn.Module]]:
@@ -89,8 +91,24 @@ def expert_parallel(module: nn.Module, experts: int, group) -> nn.Module:
     return module
 
 
-def apply_expert_parallel(model: nn.Module, experts: int, group) -> int:
-    """Every experts module of `model` over `group`, in place; how many."""
+def apply_expert_parallel(
+    model: nn.Module,
+    experts: int,
+    group,
+    expert_dp=None,
+    world=None,
+    pad_to_capacity: bool = False,
+) -> int:
+    """Every experts module of `model` over `group`, in place; how many. The course MoE's
+    (`MoEMLP`) becomes lesson 16's `ExpertParallelMoE` (its router, its exchange, exact or
+    padded to capacity), its experts reduced over `expert_dp` within `world` (the ranks
+    holding this layer)."""
+    course = [m for m in model.modules() if isinstance(m, MoEMLP)]
+    for mlp in course:  # the block keeps its MLP slot; the rank's tokens form one group
+        mlp.moe = ExpertParallelMoE(mlp.moe, group, expert_dp, pad_to_capacity, world=world)
+        mlp.groups = None
+    if course:
+        return len(course)
     found = expert_modules(model, experts)
     for _, module in found:
         expert_parallel(module, experts, group)

@@ -1,7 +1,8 @@
 """What a rank holds under a composed layout (lesson 17): its pipeline chunks and, in them, the
-tensor-parallel share of each parameter, from the same plan the engine applies
-(`megatron.plan`). Shared by `compose.theory` (model states, dp/pp/cp bytes) and
-`compose.tensor_bytes` (the tp group's bytes)."""
+tensor-parallel share of each parameter, from lesson 07's plans (`megatron.plan`: the GPT's
+and the Llama's, naming the splits `compose.tensor_parallel` applies by module name; the
+tests hold the two equal, to the byte). Shared by `compose.theory` (model states, dp/pp/cp
+bytes) and `compose.tensor_bytes` (the tp group's bytes)."""
 
 from __future__ import annotations
 

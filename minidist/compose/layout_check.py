@@ -16,24 +16,25 @@ import torch.nn as nn
 from ..expert_parallel.gpt import MoEMLP
 from .dims import ParallelDims
 from .experts import expert_modules
-from .model_parts import find_parts, hf_sizes, is_hf
-from .stage import family
+from .model_parts import family, find_parts, hf_sizes, is_hf, takes_positions
 
 
 def model_sizes(model: nn.Module) -> dict:
-    """heads, kv_heads, layers, seq_len, hidden, rope_theta, experts: ours or HF's names."""
+    """heads, head_dim, kv_heads, layers, seq_len, hidden, rope_theta, experts: ours or HF's
+    names."""
     if is_hf(model):
         return {**hf_sizes(model.config), "moes": [], "rope_theta": None, "seq_len": None}
     cfg = model.cfg if hasattr(model, "cfg") else model.config
     get = lambda *names: next(getattr(cfg, n) for n in names if hasattr(cfg, n))  # noqa: E731
-    heads = get("heads", "num_attention_heads")
+    heads, hidden = get("heads", "num_attention_heads"), get("hidden", "hidden_size")
     moes = [m.moe for m in model.modules() if isinstance(m, MoEMLP)]
     return dict(
         heads=heads,
+        head_dim=hidden // heads,
         kv_heads=get("kv_heads", "num_key_value_heads", "heads"),
         layers=get("layers", "num_hidden_layers"),
         seq_len=get("seq_len", "max_position_embeddings"),
-        hidden=get("hidden", "hidden_size"),
+        hidden=hidden,
         rope_theta=get("rope_theta") if family(model) == "llama" else None,
         experts=moes[0].num_experts if moes else 0,
         moes=moes,
@@ -88,6 +89,11 @@ def check_course_layout(model: nn.Module, dims: ParallelDims) -> None:
     (call it in the parent, on the model or its copy on the meta device)."""
     sizes = model_sizes(model)
     dims.check_model(sizes["heads"], sizes["layers"], sizes["seq_len"], sizes["experts"])
+    if dims.cp > 1 and not takes_positions(model):
+        raise ValueError(
+            f"parallelize: cp={dims.cp} needs {type(model).__name__}.forward to take "
+            "position_ids (a rank's tokens sit at their global positions)"
+        )
     for moe in sizes["moes"]:
         if dims.tp > 1 and dims.sp:
             raise ValueError(

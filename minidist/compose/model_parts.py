@@ -2,7 +2,8 @@
 
 The composition steps edit a model in place and then let its own forward run, so they only
 need to know which modules are which (torchtitan's `parallelize_llama` reads them from its
-own model; here any Hugging Face causal LM, `transformers` 4.x or 5.x):
+own model; here any Hugging Face causal LM, `transformers` 4.x or 5.x, and the course's
+GPT, its MoE form and Llama):
 - the **layers**: the `nn.ModuleList` holding most of the parameters (`model.layers`,
   GPT-2's `transformer.h`); its parent is the base model;
 - the **embeddings**: the base model's `nn.Embedding` children (tokens; GPT-2's positions);
@@ -15,6 +16,7 @@ own model; here any Hugging Face causal LM, `transformers` 4.x or 5.x):
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -27,6 +29,7 @@ class Parts:
     base: nn.Module  # the module whose forward loops over the layers
     layers_name: str  # the layer list's attribute on `base`
     embeddings: list[str]  # the base's embedding children, by attribute name
+    token: str | None  # the token embedding among them
     norm: str | None  # the base's final norm, by attribute name
     head: str | None  # the head's attribute on the model (the root)
     tied: bool  # the head's weight is the token embedding's
@@ -52,7 +55,9 @@ def find_parts(model: nn.Module) -> Parts:
     if hasattr(model, "get_input_embeddings"):
         tok = model.get_input_embeddings()
     tied = head is not None and tok is not None and getattr(model, head).weight is tok.weight
-    return Parts(base, layers_name, embeddings, norms[-1] if norms else None, head, tied)
+    token = next((n for n in embeddings if getattr(base, n) is tok), None)
+    norm = norms[-1] if norms else None
+    return Parts(base, layers_name, embeddings, token, norm, head, tied)
 
 
 def hf_sizes(config) -> dict:
@@ -77,6 +82,28 @@ def hf_sizes(config) -> dict:
         vocab=config.vocab_size,
         experts=experts,
     )
+
+
+def family(model: nn.Module) -> str:
+    """ "gpt" (the course GPT and its MoE form), "llama" (the course Llama, in Hugging Face's
+    layout) or "hf" (a transformers model); anything else is refused in one line."""
+    if is_hf(model):
+        return "hf"
+    if hasattr(model, "blocks") and hasattr(model, "tok_emb"):
+        return "gpt"
+    if hasattr(model, "model") and hasattr(model.model, "layers") and hasattr(model, "lm_head"):
+        return "llama"
+    raise ValueError(
+        f"parallelize: {type(model).__name__} is neither the course GPT (tok_emb, blocks, "
+        "ln_f) nor in Hugging Face's Llama layout (model.embed_tokens, model.layers, "
+        "model.norm, lm_head)"
+    )
+
+
+def takes_positions(model: nn.Module) -> bool:
+    """Whether `model`'s forward takes `position_ids` (by name, or any keyword)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "position_ids" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def is_hf(model: nn.Module) -> bool:

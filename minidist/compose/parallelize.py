@@ -1,26 +1,28 @@
 """`parallelize(model, dims)`: every parallelism at once, as steps from the lessons.
 
-A transformers causal LM (any: `check_layout` refuses what is not composed, in the parent)
-goes through functions that edit a copy of it in place, and its own forward runs: the
-pipeline split (`split`), tensor and sequence parallelism (`tensor_parallel`), ring
-attention as its attention kernel (`context_parallel`), its experts over ep (`experts`),
-non-reentrant recomputation of its layers (any schedule), then steps 6-8 below; its loss is
-its own (the mean over labels ≠ -100 of the global batch). The course's three models take
-the path below (their chunks re-walk the model: `Chunk`, `ComposedAttention`), which the
-theory of `theory.py` plans to the byte.
+Any model (the course GPT, its MoE form and Llama, or a transformers causal LM:
+`check_course_layout` / `check_layout` refuse what is not composed, in the parent) goes
+through functions that edit a copy of it in place, and its own forward runs, once: no
+forward of a model is written a second time here. Its loss is its own (a transformers
+model's: the mean over labels ≠ -100 of the global batch; the course's: `lm_loss`).
+`theory.py` plans the course models' states and bytes to the byte.
 
 The whole model is built on every rank (the same seed, so the same weights), then each
 rank keeps and transforms its part, in this order (torchtitan's `parallelize_llama` order;
 each later step works on what the earlier ones left):
 
-1. pipeline split (lesson 09): the rank's chunks (`Chunk`: 1, `virtual` interleaved, or 2
-   in ZB-V's and DualPipeV's V), driven by lesson 09's engine with any of its schedules;
-   any layers ≥ stages, dealt out as evenly as possible (lesson 10's `stage_layers`);
-2. tensor and sequence parallelism from a plan (lesson 07 and 14, `megatron.plan`);
-3. attention: the rank's heads, rotary at global positions, lesson 15's ring attention over
-   cp on the zig-zag split (`ComposedAttention`);
-4. experts over ep (lesson 16's `ExpertParallelMoE`, exact or padded exchange);
-5. recomputation of every layer (lesson 08's `recompute`);
+1. pipeline split (lesson 09, `split`): the rank's chunks (a copy of the model with the
+   layers it does not hold removed: 1, `virtual` interleaved, or 2 in ZB-V's and DualPipeV's
+   V), driven by lesson 09's engine with any of its schedules; any layers ≥ stages, dealt
+   out as evenly as possible (lesson 10's `stage_layers`);
+2. tensor and sequence parallelism from a plan of module names (lessons 07 and 14,
+   `tensor_parallel`): the attention's and the MLP's input enters once, the rank's heads;
+3. context parallelism (lesson 15, `context_parallel`): the tokens' global positions, and
+   ring attention over cp on the zig-zag split as the attention's kernel, the only call
+   swapped;
+4. experts over ep (`experts`: lesson 16's `ExpertParallelMoE` for the course MoE, exact or
+   padded exchange; a transformers model's stacked experts);
+5. recomputation of every layer (lesson 08's `recompute`, non-reentrant);
 6. ZeRO-1 over dp_shard × cp (lesson 10's `ZeroRedundancyOptimizer`: the reduce-scatter of
    the gradients, Adam on this rank's chunk of a float32 copy, the all-gather);
 7. replication over dp_replicate (HSDP: the gradients all-reduced across the replicas
@@ -36,27 +38,22 @@ import torch.nn as nn
 
 from .. import comm
 from ..context_parallel.split import positions
-from ..expert_parallel.gpt import MoEMLP, is_expert
-from ..expert_parallel.parallel import ExpertParallelMoE, all_reduce_flat
-from ..megatron.layers import vocab_head
-from ..megatron.plan import GPT_PLAN, LLAMA_PLAN, apply_plan
+from ..expert_parallel.gpt import is_expert
+from ..expert_parallel.parallel import all_reduce_flat
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
 from ..pipeline.schedules import schedule, virtual_stage
 from ..recompute.checkpoint import recompute as recompute_module
-from ..three_d.theory import stage_layers
 from ..zero.optimizer import ZeroRedundancyOptimizer
-from .attention import ComposedAttention, Positions
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel
 from .layout_check import check_course_layout, check_layout, model_sizes
-from .model_parts import is_hf
+from .model_parts import family, find_parts
 from .optim import OptimizerConfig, shard_optimizer
-from .split import StageContext, split_model
-from .stage import Chunk, family
+from .split import Stage, StageContext, split_model
 from .state import StatePieces
-from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear, enter_once
+from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
 
 
 class ComposedParallel(StatePieces, PipelineParallel):
@@ -96,7 +93,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
         recompute: bool = False,
         lr: float = 1e-2,
         pad_to_capacity: bool = False,
-        plan: dict | None = None,
         seq_len: int | None = None,
         optimizer: str = "adam",
         weight_decay: float = 0.0,
@@ -107,9 +103,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
         optim = OptimizerConfig(optimizer, lr, weight_decay, tuple(betas), eps).check(1)
-        self.hf = is_hf(model)
-        if not self.hf:
-            family(model)  # the course GPT or Hugging Face's Llama layout, else refused
+        self.hf = family(model) == "hf"  # else the course GPT, its MoE or Llama (or refused)
         sizes = model_sizes(model)
         if self.hf:
             if seq_len is None:
@@ -126,50 +120,37 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self.stage_index, self.ranks = grid.coord["pp"], grid.mine["pp"]
         seq = sizes["seq_len"]
         where = torch.device(next(model.parameters()).device)
-        mine = positions(seq, dims.cp, grid.coord["cp"], "zigzag", where)
-        self.ctx = Positions(mine, seq)
+        self.ctx = StageContext(positions(seq, dims.cp, grid.coord["cp"], "zigzag", where), seq)
+        if not self.hf:
+            self.ctx.tokens = None  # the course models' loss: each micro-batch's mean
         tp = grid.group("tp") if dims.tp > 1 else None
         cp = grid.group("cp") if dims.cp > 1 else None
+        # GPT-2's Conv1D weights are held as nn.Linear's (transposed): named for the edges
+        self.transposed = {
+            f"{n}.weight" for n, m in model.named_modules() if type(m).__name__ == "Conv1D"
+        }
+        self.tied_copy, self.chunks = {}, []
         stages = self.p * self.v
-        self.transposed, self.tied_copy = [], {}
-        self.chunks = []
-        if self.hf:
-            self._hf_chunks(model, sizes, tp, cp, recompute)
-        plan = plan or (None if self.hf else GPT_PLAN if family(model) == "gpt" else LLAMA_PLAN)
-        for c in range(0 if self.hf else self.v):
+        for c in range(self.v):
             vs = virtual_stage(self.kind, self.stage_index, c, self.p)
-            held = stage_layers(sizes["layers"], stages)[vs]  # 1. the pipeline split
-            chunk = Chunk(model, held, vs == 0, vs == stages - 1, self.ctx)
+            stage = split_model(model, stages, vs, self.ctx)  # 1. the pipeline split
+            conv1d_to_linear(stage.model)
             if tp is not None:  # 2. tensor and sequence parallelism
-                chunk_plan = plan
-                if chunk.kind == "llama" and chunk.last and plan.get("lm_head") == "colwise":
-                    # the untied head: column-parallel over the vocabulary padded to a
-                    # multiple of tp (as the embedding's rows), the padding masked in the loss
-                    chunk.lm_head = vocab_head(chunk.lm_head, tp)
-                    chunk_plan = {k: v for k, v in plan.items() if k != "lm_head"}
-                apply_plan(chunk, chunk_plan, tp, dims.sp, required=False)
-                if chunk.kind == "gpt" and chunk.first and chunk.last:
-                    chunk.lm_head = chunk.tok_emb  # re-tie to the vocab-parallel embedding
-                chunk.tp_group, chunk.sequence_parallel = tp, dims.sp
-                chunk.tp_size, chunk.tp_rank = dims.tp, grid.rank_in("tp")
-            for layer in chunk.layers():  # 3. attention; 4. experts; 5. recompute
-                self._attention(layer, sizes, tp, cp)
-                if tp is not None:  # 2. the tp entry once per module input
-                    enter_once(layer, tp, dims.sp)
-                if isinstance(getattr(layer, "mlp", None), MoEMLP) and dims.ep > 1:
-                    layer.mlp = MoEMLP(
-                        ExpertParallelMoE(
-                            layer.mlp.moe,
-                            grid.group("ep"),
-                            grid.group("expert_dp"),
-                            pad_to_capacity,
-                            world=grid.group("dp_cp"),  # the ranks of this stage and tp rank
-                        ),
-                        None,
-                    )
-                if recompute:
-                    recompute_module(layer)
-            self.chunks.append(chunk)
+                apply_tensor_parallel(stage, tp, dims.sp, sizes)
+            if cp is not None:  # 3. ring attention over cp, as the attention's kernel
+                apply_context_parallel(stage, cp, seq)
+            if dims.ep > 1:  # 4. experts over ep (the course MoE: within each tp rank)
+                groups = (grid.group("expert_dp"), grid.group("dp_cp"), pad_to_capacity)
+                apply_expert_parallel(stage.model, sizes["experts"], grid.group("ep"), *groups)
+            if recompute:  # 5. (non-reentrant: HF's layers take keyword arguments)
+                for layer in stage.layers():
+                    recompute_module(layer, use_reentrant=False)
+            if stage.tied and stage.last and not stage.first:
+                emb = getattr(find_parts(model).base, stage.parts.token)
+                self.tied_copy[f"{stage.parts.head}.weight"] = next(
+                    n for n, p in model.named_parameters() if p is emb.weight
+                )
+            self.chunks.append(stage)
         self.module = self.chunks[0] if self.v == 1 else nn.ModuleList(self.chunks)
         self.steps = schedule(self.kind, self.p, microbatches, dims.virtual)[self.stage_index]
         last = [ch for ch in self.chunks if ch.last]
@@ -183,39 +164,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         if precision == "bf16":  # 8. after the float32 master copies were taken
             for chunk in self.chunks:
                 chunk.to(torch.bfloat16)
-                chunk.dtype = torch.bfloat16
             self.ctx.dtype = torch.bfloat16
-
-    def _hf_chunks(self, model: nn.Module, sizes: dict, tp, cp, recompute: bool) -> None:
-        """Steps 1-5 on a transformers model: each chunk a copy of it, edited in place."""
-        seq = sizes["seq_len"]
-        self.ctx = StageContext(self.ctx.positions, seq)
-        # GPT-2's Conv1D weights are held as nn.Linear's (transposed): named for the edges
-        self.transposed = {
-            f"{n}.weight" for n, m in model.named_modules() if type(m).__name__ == "Conv1D"
-        }
-        stages = self.p * self.v
-        for c in range(self.v):
-            vs = virtual_stage(self.kind, self.stage_index, c, self.p)
-            stage = split_model(model, stages, vs, self.ctx)  # 1. the pipeline split
-            conv1d_to_linear(stage.model)
-            if tp is not None:  # 2. tensor and sequence parallelism
-                apply_tensor_parallel(stage, tp, self.dims.sp, sizes)
-            if cp is not None:  # 3. ring attention over cp
-                apply_context_parallel(stage, cp, seq)
-            if self.dims.ep > 1:  # 4. experts over ep
-                apply_expert_parallel(stage.model, sizes["experts"], self.grid.group("ep"))
-            if recompute:  # 5. (non-reentrant: HF's layers take keyword arguments)
-                for layer in stage.layers():
-                    recompute_module(layer, use_reentrant=False)
-            if stage.tied and stage.last and not stage.first:
-                head = f"{stage.parts.head}.weight"
-                emb = model.get_input_embeddings()
-                self.tied_copy[head] = next(
-                    n for n, p in model.named_parameters() if p is emb.weight
-                )
-            stage.kind = "hf"
-            self.chunks.append(stage)
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Lesson 09's step; for a transformers model the loss is the model's: the mean over
@@ -252,24 +201,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
         self.ctx.tokens, self.ctx.scale = max(float(count), 1.0), float(self.m * d)
         return batch
 
-    def _attention(self, layer: nn.Module, sizes: dict, tp, cp) -> None:
-        attr = "attn" if hasattr(layer, "attn") else "self_attn"
-        heads, kv = sizes["heads"], sizes["kv_heads"]
-        setattr(
-            layer,
-            attr,
-            ComposedAttention(
-                getattr(layer, attr),
-                self.ctx,
-                heads,
-                kv,
-                sizes["hidden"] // heads,
-                sizes["rope_theta"],
-                tp,
-                cp,
-            ),
-        )
-
     def _named(self) -> dict[str, torch.Tensor]:
         """{one-process name: parameter} of every chunk (experts renumbered; the GPT's last
         chunk's copy of the tied embedding under its own name, `lm_head.weight`)."""
@@ -279,14 +210,14 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 out[self._reference_name(chunk, n)] = p
         return out
 
-    def _reference_name(self, chunk: Chunk, name: str) -> str:
-        if self.hf:
-            return name.removeprefix("model.")
-        if ".experts." in name and self.dims.ep > 1:
+    def _reference_name(self, chunk: Stage, name: str) -> str:
+        """The one-process name of `chunk`'s parameter `name` (the course MoE's experts
+        renumbered from the rank's first)."""
+        if ".experts." in name and self.dims.ep > 1 and not self.hf:
             head, rest = name.split(".experts.", 1)
             i, tail = rest.split(".", 1)
-            return f"{head}.experts.{chunk.get_submodule(head).first + int(i)}.{tail}"
-        return name
+            name = f"{head}.experts.{chunk.get_submodule(head).first + int(i)}.{tail}"
+        return name.removeprefix("model.")
 
     def _optimizers(self, optim: OptimizerConfig) -> None:
         """ZeRO-1 over each group; its inner Adam/AdamW decays only ndim ≥ 2 (`optim.py`)."""
@@ -317,11 +248,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
         last = next((c for c in self.chunks if c.last), None)
         if not self.chunks[0].tied or self.p * self.v == 1:
             return
-        if self.hf:
-            embedding = lambda c: c.model.get_input_embeddings()  # noqa: E731
-            head = lambda c: getattr(c.model, c.parts.head)  # noqa: E731
-        else:
-            embedding, head = (lambda c: c.tok_emb), (lambda c: c.lm_head)
+        embedding = lambda c: getattr(c.parts.base, c.parts.token)  # noqa: E731
+        head = lambda c: getattr(c.model, c.parts.head)  # noqa: E731
         if first is not None and last is not None:
             a, b = embedding(first).weight, head(last).weight
             a.grad += b.grad

@@ -6,22 +6,25 @@ which the layers it does not hold are removed (`HeldLayers` keeps the held ones 
 indices in the whole model, so their names stay the one-process names) and the parts that
 belong elsewhere are made **absent** (`Absent`: no parameters, returns zeros of the shape the
 forward expects):
-- a stage that is not the first: the embeddings (token, GPT-2's positions); the activation
+- a stage that is not the first: the embeddings (token, learned positions); the activation
   it receives enters at its first layer (a forward pre-hook replaces the layer's hidden-state
   argument), so everything the model computes from the input's shape (the causal or
   sliding-window mask, rotary cos/sin, Gemma's embedding scale) is computed as in one
   process, on a zero tensor where it does not matter;
 - a stage that is not the last: the final norm and the head; what leaves the stage is its
-  last layer's output (a forward hook keeps it).
-`Stage.forward(x)` calls the model with `input_ids` (the first stage: the rank's tokens; the
-others: zeros of that shape), the tokens' **global** `position_ids` (under context
-parallelism a rank holds zig-zag chunks of the sequence) and `use_cache=False`: the model's
-keyword arguments (masks, position embeddings) reach each layer as the model passes them.
+  last layer's output (a forward hook keeps it). A tied head (the course GPT's, GPT-2's) on
+  a last stage without the first keeps its own copy of the embedding as `lm_head`.
+`Stage.forward(x)` calls the model with the ids (the first stage: the rank's tokens; the
+others: zeros of that shape) and the tokens' **global** `position_ids` (under context
+parallelism a rank holds zig-zag chunks of the sequence), a transformers model also with
+`use_cache=False`: the model's keyword arguments (masks, position embeddings) reach each
+layer as the model passes them.
 
-`Stage.loss` is the sum of the valid tokens' cross entropy (targets -100 ignored) divided by
-the step's count of valid tokens over the global batch (`StageContext.tokens`), so the sum
-over micro-batches and data ranks is the global batch's token mean, the model's own loss;
-vocab-parallel under tensor parallelism (lesson 07).
+`Stage.loss`, for a transformers model, is the sum of the valid tokens' cross entropy
+(targets -100 ignored) divided by the step's count of valid tokens over the global batch
+(`StageContext.tokens`), so the sum over micro-batches and data ranks is the global batch's
+token mean, the model's own loss; for the course models (`tokens` None) it is their
+`lm_loss`, the micro-batch's mean. Vocab-parallel under tensor parallelism (lesson 07).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch.nn.functional as F
 
 from ..megatron.layers import vocab_parallel_cross_entropy
 from ..three_d.theory import stage_layers
-from .model_parts import Parts, find_parts
+from .model_parts import Parts, find_parts, is_hf, takes_positions
 
 
 class StageContext:
@@ -46,7 +49,9 @@ class StageContext:
         self.received: torch.Tensor | None = None
         self.kept: torch.Tensor | None = None
         self.masks: list[torch.Tensor] | None = None  # per micro-batch, or None
-        self.tokens = 1.0  # valid tokens of the global batch this step (set by the engine)
+        # valid tokens of the global batch this step (set by the engine); None: the course
+        # models' loss, the mean over each micro-batch
+        self.tokens: float | None = 1.0
         self.scale = 1.0  # data ranks: the engine averages the ranks' gradients
         self.dtype = torch.float32
 
@@ -70,15 +75,17 @@ class HeldLayers(nn.ModuleList):
 
 class Absent(nn.Module):
     """A part the stage does not hold: zeros [batch, local sequence, width] in the compute
-    dtype, whatever it is given (token ids, or a hidden state of a sequence block)."""
+    dtype, whatever it is given (token ids, or a hidden state of a sequence block); given
+    positions [s] (the course GPT's learned positions), zeros [local sequence, width]."""
 
     def __init__(self, ctx: StageContext, width: int):
         super().__init__()
         self.ctx, self.width = ctx, width
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        lead = x.shape[:1] if x.dim() > 1 else ()
         n = self.ctx.positions.numel()
-        return torch.zeros(x.shape[0], n, self.width, dtype=self.ctx.dtype, device=x.device)
+        return torch.zeros(*lead, n, self.width, dtype=self.ctx.dtype, device=x.device)
 
 
 def _hidden_arg(args, kwargs):
@@ -111,12 +118,13 @@ class Stage(nn.Module):
         super().__init__()
         self.first, self.last, self.ctx = first, last, ctx
         self.parts = parts = parts or find_parts(model)
+        self.hf, self.takes_positions = is_hf(model), takes_positions(model)
         self.tp_group, self.vocab_start, self.vocab_size = None, 0, None
         self.seen = 0  # micro-batches run this step (they run in order on every stage)
         layers = getattr(parts.base, parts.layers_name)
         kept = HeldLayers({i: layers[i] for i in held})
         setattr(parts.base, parts.layers_name, kept)
-        hidden = getattr(parts.base, parts.embeddings[0]).embedding_dim
+        hidden = getattr(parts.base, parts.token).embedding_dim
         if not first:
             for name in parts.embeddings:
                 setattr(parts.base, name, Absent(ctx, hidden))
@@ -148,11 +156,13 @@ class Stage(nn.Module):
             ids = torch.zeros(x.shape[0], n, dtype=torch.long, device=x.device)
             ctx.received = x
         positions = ctx.positions.to(ids.device).unsqueeze(0).expand(ids.shape[0], -1)
-        extra = {}
+        extra = {"use_cache": False} if self.hf else {}
+        if self.takes_positions:  # a forward without them numbers its tokens itself (cp = 1 only)
+            extra["position_ids"] = positions
         if ctx.masks is not None:  # the schedule runs each stage's micro-batches in order
             extra["attention_mask"] = ctx.masks[self.seen % len(ctx.masks)]
             self.seen += 1
-        out = self.model(input_ids=ids, position_ids=positions, use_cache=False, **extra)
+        out = self.model(ids, **extra)
         ctx.received = None
         if not self.last:
             h, ctx.kept = ctx.kept, None
@@ -160,16 +170,19 @@ class Stage(nn.Module):
         return (out.logits if hasattr(out, "logits") else _first_output(out)).float()
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """This micro-batch's share of the global batch's mean over valid tokens."""
+        """This micro-batch's share of the global batch's mean over valid tokens (the course
+        models: the micro-batch's mean, their `lm_loss`)."""
+        mean = self.ctx.tokens is None
+        reduction = "mean" if mean else "sum"
         if self.tp_group is None:
             total = F.cross_entropy(
-                logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+                logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction=reduction
             )
         else:
             total = vocab_parallel_cross_entropy(
-                logits, targets, self.tp_group, self.vocab_start, self.vocab_size, reduction="sum"
+                logits, targets, self.tp_group, self.vocab_start, self.vocab_size, reduction
             )
-        return total * (self.ctx.scale / self.ctx.tokens)
+        return total if mean else total * (self.ctx.scale / self.ctx.tokens)
 
 
 def split_model(model: nn.Module, stages: int, index: int, ctx: StageContext) -> Stage:

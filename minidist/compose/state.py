@@ -29,9 +29,7 @@ class StatePieces:
 
     def _tied_copies(self) -> dict[str, str]:
         """{the last stage's copy of a tied embedding: the embedding's name}."""
-        if self.chunks[0].kind == "hf":
-            return self.tied_copy
-        return {"lm_head.weight": "tok_emb.weight"} if self.chunks[0].kind == "gpt" else {}
+        return self.tied_copy
 
     def _param_pieces(self, which: str) -> list[Piece]:
         named, out = self._named(), []
@@ -97,7 +95,7 @@ class StatePieces:
         """A transformers model's persistent buffers (state the model trains without a
         gradient, e.g. DeepSeek-V3's routing bias), whole on every rank of the stage that
         holds them; owned by the stage's first rank."""
-        if self.chunks[0].kind != "hf":
+        if not self.hf:
             return []
         owner, out = self.grid.rank_in("stage") == 0, []
         for chunk in self.chunks:

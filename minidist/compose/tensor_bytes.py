@@ -8,32 +8,34 @@ import torch.nn as nn
 
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
-from .holdings import _kv_split, _owner, _sizes, _split, _style, chunks
-from .stage import family
+from .holdings import _owner, _sizes, _split, _style, chunks
+from .model_parts import family
 
 
 def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):
     """([(op, phase, elements per token, in a layer)], partial) for one micro-batch of one
     chunk on the tp group, from the plan's styles (lessons 07 and 14): the input a layer's
-    column-parallel projections share (q, k, v; gate, up) enters once (`enter_once`):
+    column-parallel projections share (q, k, v; gate, up) enters their module once
+    (`apply_tensor_parallel`), and so does the head's input (the final norm's output):
     all-reduced in backward (f) or, under sequence parallelism, all-gathered in forward and
-    its gradient reduce-scattered; the head's input outside the layers, under sp, is also
-    gathered again in backward (lesson 14's `linear_with_sequence_gather`); a row-parallel
-    output is all-reduced in forward (g) or reduce-scattered (all-gathered in backward); the
-    vocabulary-parallel embedding like a row output, the head like a column input; the loss's
-    three float32 all-reduces per token (max, sum of exponentials, target logit). `partial`:
-    elements of the gradients every tp rank holds a partial sum of, all-reduced after each
-    micro-batch (replicated K/V; under sp every parameter tensor parallelism does not cut)."""
+    its gradient reduce-scattered (the gathered input is what the projections save, so
+    nothing is gathered again); a row-parallel output is all-reduced in forward (g) or
+    reduce-scattered (all-gathered in backward); the vocabulary-parallel embedding like a
+    row output; the loss's three float32 all-reduces per token (max, sum of exponentials,
+    target logit). `partial`: elements of the gradients every tp rank holds a partial sum
+    of, all-reduced after each micro-batch (replicated K/V; under sp every parameter tensor
+    parallelism does not cut)."""
     kind, sizes = family(model), _sizes(model)
     plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
     h, sp = sizes["hidden"], dims.sp
     enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
-    column = [("all_gather", "B")] + enter if sp else enter
     row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
     calls, entered = [], set()
     for name, module in model.named_modules():
         style = _style(plan, name)
         if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
+            continue
+        if name == "lm_head":  # the head's input (below)
             continue
         in_layer = name.split(".")[0] == "blocks" or name.startswith("model.layers.")
         if in_layer and style in ("colwise", "colwise_qkv", "colwise_kv"):
@@ -42,20 +44,19 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
                 continue
             entered.add(region)
             ops, width = enter, module.in_features  # the gathered input is saved: no re-gather
-        elif style == "colwise_kv" and not _kv_split(model, name, dims.tp):
-            ops, width = enter, h  # a replicated K/V: its input enters the region
-        elif style in ("colwise", "colwise_qkv", "colwise_kv"):
-            ops, width = column, module.in_features
         elif style == "rowwise":
             ops, width = row, module.out_features
-        elif style == "vocab" and name != "lm_head" and first:
+        elif style == "vocab" and first:
             ops, width = row, h
         else:
             continue
         calls += [(op, phase, width, in_layer) for op, phase in ops]
     if last:
-        if kind == "gpt":  # the tied head's input enters the region (`Chunk.forward`)
-            calls += [(op, phase, h, False) for op, phase in enter]
+        # the final norm's output enters the head's region (`apply_tensor_parallel`): under sp
+        # gathered once and saved whole by the head, so its backward re-gathers nothing (the
+        # Llama's untied head re-gathered it, Korthikanti §4.2.2's extra all-gather, while
+        # it was lesson 07's `vocab_head` with the sequence-parallel linear)
+        calls += [(op, phase, h, False) for op, phase in enter]
         calls += [("all_reduce", "loss", 1, False)] * 3
     partial = 0
     for name, p in model.named_parameters():

@@ -11,6 +11,8 @@ Hugging Face decoder uses; torchtitan writes the same plan for its Llama):
 | `q_b_proj`, `kv_b_proj` (latent attention's heads) | column-parallel; its latents whole |
 | `gate_up_proj` (fused gate and up)                 | column-parallel per half           |
 | `o_proj`, `down_proj`, `c_proj`                    | row-parallel                       |
+| the course GPT's `attn.qkv`; `mlp.0`               | column-parallel (per section)      |
+| its `attn.proj`, `mlp.2`                           | row-parallel                       |
 | the token embedding / the head                     | vocab-parallel                     |
 
 Communication happens where Megatron-LM puts it (Shoeybi et al. 2019 §3; Korthikanti et al.
@@ -18,17 +20,22 @@ Communication happens where Megatron-LM puts it (Shoeybi et al. 2019 §3; Korthi
 attention, the MLP) receives its input through f (sequence parallelism: one all-gather of
 the sequence), its projections then run on it without communication, and each row-parallel
 output is all-reduced (g; or reduce-scattered to this rank's sequence block). Under sequence
-parallelism the first layer's input is cut to this rank's block and the final norm's output
-gathered. The attention module keeps its own forward: its head counts (`num_heads`,
-`num_key_value_heads`, `num_key_value_groups`, GPT-2's `split_size`, its config's) are set to
-the rank's. GPT-2's Conv1D projections become `nn.Linear` (the weight transposed), so one set
-of layers serves both; `transposed` names them for the edges (export, comparison).
+parallelism the final norm's output is gathered; a transformers model's first layer cuts its
+input to this rank's block (the embedding all-reduced: the model builds its masks from the
+embedding's length), a course model's embedding reduce-scatters (Korthikanti's ḡ) and its
+learned positions keep the block's rows. The attention module keeps its own forward: its
+head counts (`num_heads`, `num_key_value_heads`, `num_key_value_groups`, GPT-2's
+`split_size`, its config's) are set to the rank's (the course attentions read theirs from
+the projections' width). GPT-2's Conv1D projections become `nn.Linear` (the weight
+transposed), so one set of layers serves both; `transposed` names them for the edges
+(export, comparison).
 
 Gradients of replicated parameters that see only part of the work are summed over tp: under
-sequence parallelism everything the layers and the final norm hold whole (norms, row
-biases); K/V kept whole because t does not divide the KV heads (each rank uses the heads its
-queries need). Not composed (refused in one line): a fused Q, K, V with fewer KV heads than
-query heads (sections of unequal size); experts under tp.
+sequence parallelism everything the layers, the final norm and learned positions hold whole
+(norms, row biases); K/V kept whole because t does not divide the KV heads (each rank uses
+the heads its queries need). Not composed (refused in one line): a fused Q, K, V with fewer
+KV heads than query heads (sections of unequal size); a transformers model's experts under
+tp (the course MoE's stay whole on every tp rank).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from ..megatron.sequence import (
     gather_from_sequence,
     scatter_to_sequence,
 )
+from .model_parts import is_hf
 from .split import Stage, _hidden_arg, _with_hidden
 
 HF_PLAN = {
@@ -71,6 +79,10 @@ HF_PLAN = {
     "*.o_proj": "rowwise",
     "*.down_proj": "rowwise",
     "*.c_proj": "rowwise",
+    "*.attn.qkv": "colwise_qkv",  # the course GPT (`minidist.models`): fused Q, K, V
+    "*.attn.proj": "rowwise",
+    "*.mlp.0": "colwise",  # its MLP, an nn.Sequential (Linear, GELU, Linear)
+    "*.mlp.2": "rowwise",
 }
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
 # latent attention's projections to its latents, kept whole on every tp rank (DeepSeek-V2
@@ -153,49 +165,39 @@ class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
         return out * torch.as_tensor(self.embed_scale, dtype=out.dtype, device=out.device)
 
 
-def enter_once(layer: nn.Module, group, sp: bool) -> None:
-    """The column-parallel projections of each module of `layer` that share one input (q, k,
-    v; gate, up) take the tp entry once for it, not once each: Megatron's fused projections,
-    torchtitan's `PrepareModuleInput`. Under sequence parallelism the gathered input is what
-    the projections save for backward, so backward reduce-scatters its gradient once and
-    re-gathers nothing (Korthikanti et al. 2022, section 4.2.2: 4 all-gathers and 4
-    reduce-scatters per layer). The projections see the entry through a hook of their own,
-    so the module that holds them need not be called (a user's layer may call them itself)."""
-    for module in list(layer.modules()):
-        projections = [m for m in module.children() if hasattr(m, "entered")]
-        if projections:
-            entry = _SharedEntry(group, sp)
-            for m in projections:
-                m.entered = True
-                m.register_forward_pre_hook(entry)
-
-
-class _SharedEntry:
-    """f (or the sequence all-gather) of an input once for every projection it feeds: the
-    entered form is reused while the same input tensor comes back (weak references, so
-    nothing outlives the step; without autograd keeping it, it is entered again)."""
+class _Region:
+    """The tp entry of a module's input (f, or under sequence parallelism the all-gather of
+    the sequence), once per call of the module; its column-parallel projections then run on
+    it without communication. A projection called while the module is not running (a
+    layer that calls its MLP's projections itself) enters its own input, once for the
+    projections that share that input tensor (weak references: nothing outlives the step)."""
 
     def __init__(self, group, sp: bool):
         self.enter, self.group = gather_from_sequence if sp else copy_to_tp, group
+        self.running = 0
         self.last = (lambda: None, lambda: None)
 
-    def __call__(self, module, args):
+    def attach(self, module: nn.Module, projections: list[nn.Module]) -> None:
+        module.register_forward_pre_hook(self._module_in, with_kwargs=True)
+        module.register_forward_hook(self._module_out, always_call=True)
+        for p in projections:
+            p.register_forward_pre_hook(self._projection_in)
+
+    def _module_in(self, module, args, kwargs):
+        self.running += 1
+        return _with_hidden(args, kwargs, self.enter(_hidden_arg(args, kwargs), self.group))
+
+    def _module_out(self, module, args, out):
+        self.running -= 1
+
+    def _projection_in(self, module, args):
+        if self.running:
+            return None
         x, (seen, out) = args[0], (r() for r in self.last)
         if seen is not x or out is None:
             out = self.enter(x, self.group)
             self.last = (weakref.ref(x), weakref.ref(out))
         return (out, *args[1:])
-
-
-def _enter_region(group, sp: bool):
-    """A forward pre-hook: the module's input enters the tp region once (f, or under
-    sequence parallelism the all-gather of the sequence)."""
-    enter = gather_from_sequence if sp else copy_to_tp
-
-    def hook(module, args, kwargs):
-        return _with_hidden(args, kwargs, enter(_hidden_arg(args, kwargs), group))
-
-    return hook
 
 
 def _localize(attn: nn.Module, sizes: dict, t: int, kv_whole: bool) -> None:
@@ -227,7 +229,8 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
     model, parts = stage.model, stage.parts
     layers = getattr(parts.base, parts.layers_name)
     matched: dict[str, list[str]] = {}
-    regions, attentions = set(), set()
+    regions: dict[nn.Module, list[nn.Module]] = {}  # a module: its projections entered once
+    attentions = set()
     for lname, layer in layers.named_children():
         for name, module in list(layer.named_modules()):
             styles = [s for p, s in HF_PLAN.items() if fnmatchcase(f".{name}", p)]
@@ -262,7 +265,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
                 new = ColumnParallelLinear(module, group, blocks=blocks)
                 new.entered = True
             setattr(parent, attr, new)
-            regions.add(parent)
+            regions.setdefault(parent, []).extend([] if style == "rowwise" else [new])
             if style in ("colwise_qkv", "colwise_kv") or attr in ("q_proj", "q_b_proj"):
                 attentions.add(parent)
             if attr == "kv_b_proj":  # the latents and the shared rotary key: whole per rank
@@ -275,22 +278,33 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
             f"parallelize: tp={t} found no projection of {type(model).__name__} "
             f"to split (patterns: {sorted(HF_PLAN)})"
         )
-    for module in regions:
-        module.register_forward_pre_hook(_enter_region(group, sp), with_kwargs=True)
+    for module, projections in regions.items():
+        _Region(group, sp).attach(module, projections)
     for attn in attentions:
         _localize(attn, sizes, t, kv_whole)
-    _vocab(stage, group)
-    if sp:
-        first = next(iter(layers))
-        if stage.first:  # the embedding's output, whole on every rank: keep this rank's block
-            first.register_forward_pre_hook(
-                lambda m, a, k: _with_hidden(a, k, scatter_to_sequence(_hidden_arg(a, k), group)),
-                with_kwargs=True,
-            )
+    emb = _vocab(stage, group)
+    positions = []  # under sp, learned position embeddings kept at this rank's block
+    if sp and stage.first and is_hf(model):
+        # transformers builds its masks and cache positions from the embedding output's
+        # length: the whole sequence (the embedding all-reduced) enters the first layer,
+        # which keeps this rank's block (no communication; its gradient all-gathered)
+        next(iter(layers)).register_forward_pre_hook(
+            lambda m, a, k: _with_hidden(a, k, scatter_to_sequence(_hidden_arg(a, k), group)),
+            with_kwargs=True,
+        )
+    elif sp and stage.first:
+        # a course model reads the length from its ids: the embedding reduce-scatters into
+        # this rank's block (Korthikanti's ḡ, half an all-reduce's bytes), and a learned
+        # position embedding (replicated) keeps its rows of the block
+        emb.sequence_parallel = True
+        positions = [getattr(parts.base, n) for n in parts.embeddings if n != parts.token]
+        for module in positions:
+            module.register_forward_hook(lambda m, a, out: out.chunk(t, dim=-2)[r])
     if stage.last and parts.norm is not None:
         leave = gather_from_sequence if sp else copy_to_tp
         getattr(parts.base, parts.norm).register_forward_hook(lambda m, a, out: leave(out, group))
     region = [layers] + ([getattr(parts.base, parts.norm)] if stage.last and parts.norm else [])
+    region += positions
     for part in region:
         for p in part.parameters():
             if p.requires_grad and not hasattr(p, "tp_split"):
@@ -300,22 +314,23 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
     return matched
 
 
-def _vocab(stage: Stage, group) -> None:
-    """The token embedding and the head split over the vocabulary (tied: one slice)."""
+def _vocab(stage: Stage, group) -> VocabParallelEmbedding | None:
+    """The token embedding and the head split over the vocabulary (tied: one slice); the
+    embedding (None where the stage does not hold it)."""
     model, parts = stage.model, stage.parts
     emb = None
     if stage.first:
-        dense = model.get_input_embeddings()
+        dense = getattr(parts.base, parts.token)
         kind = (
             ScaledVocabParallelEmbedding
             if hasattr(dense, "embed_scale")
             else VocabParallelEmbedding
         )
         emb = kind(dense, group)
-        name = next(n for n in parts.embeddings if getattr(parts.base, n) is dense)
-        setattr(parts.base, name, emb)
+        setattr(parts.base, parts.token, emb)
     if stage.last and parts.head is not None:
         dense = getattr(model, parts.head)
         head = VocabParallelHead(dense, group, emb.weight if parts.tied and emb else None)
         setattr(model, parts.head, head)
         stage.vocab_start, stage.vocab_size = head.start, head.vocab_size
+    return emb

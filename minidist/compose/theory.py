@@ -3,7 +3,8 @@
 Every term is one lesson's, applied to what the rank holds after `parallelize`'s steps:
 - the rank's chunks (`pipeline.schedules.virtual_stage`: one, `virtual` interleaved, or two
   in the V of ZB-V, DualPipeV) and in them the tensor-parallel share of each parameter, from
-  the same plan (`megatron.plan`) the engine applies: split styles keep 1/t (a row-parallel
+  lesson 07's plans (`megatron.plan`, the splits the engine's `compose.tensor_parallel`
+  applies by module name): split styles keep 1/t (a row-parallel
   bias whole), K and V of grouped-query attention 1/t when t divides their heads, else
   whole; experts E/ep of them (lesson 16);
 - model states: the parameters and gradients in the compute type, and ZeRO-1 over
@@ -31,7 +32,7 @@ from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
 from ..pipeline.schedules import virtual_stage
 from ..zero import theory as zero_theory
 from .holdings import _owner, _sizes, chunks, local_numel
-from .stage import family
+from .model_parts import family
 from .tensor_bytes import tp_bytes  # noqa: F401 (the tp group's count, planned here too)
 
 

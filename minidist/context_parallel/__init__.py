@@ -11,6 +11,8 @@ ring-flash-attention (`zigzag_ring_flash_attn_func`).
   each block's transfer overlapped with its computation), `block_attention` and the
   online-softmax `merge`
 - `timeline.py`: when each rank computed and when its blocks travelled (the overlap)
+- `kernel.py`: ring attention as an attention kernel (transformers' attention interface),
+  the one call of a model's attention that context parallelism swaps
 - `model.py`: `ContextParallelGPT`, the course GPT on 1/c of every sequence
 - `theory.py`: bytes per layer and step, causal work per rank and its imbalance
 - `fixture.py`, `plots.py`, `check/`, `lesson.py`: the rank functions, figures, exercise

@@ -1,9 +1,11 @@
 """The course GPT with its sequence split over a context-parallel group (lesson 15).
 
 Every rank holds the whole model and 1/c of every sequence's tokens (`split.positions`:
-contiguous or zig-zag). Everything but attention acts on each token alone, so it runs on the
-rank's tokens as it is; attention is `ring_attention`, the rank's queries against every
-rank's keys and values passed around the ring (Liu et al. 2023, "Ring Attention", section 3).
+contiguous or zig-zag). Everything but attention acts on each token alone, so the model's
+own forward runs on the rank's tokens at their global positions (`position_ids`); only the
+attention's kernel call is swapped for `ring_attention` (`kernel.py`), the rank's queries
+against every rank's keys and values passed around the ring (Liu et al. 2023, "Ring
+Attention", section 3).
 Each rank's gradients come from its own tokens only: `finish_gradient_sync` sums them over
 the group in one all-reduce (Megatron-LM reduces them over the data × context ranks), and
 the loss is the mean over every token of the batch, its value all-reduced.
@@ -18,30 +20,13 @@ import copy
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..models import GPT, require_course_gpt
+from ..models import ATTENTION_FUNCTIONS, GPT, require_course_gpt
 from ..parallel import ParallelModule, broadcast_parameters, verify_same_model
-from .ring import ring_attention
+from .kernel import NAME, ring_attention_kernel
 from .split import check_split, positions
-
-
-class RingSelfAttention(nn.Module):
-    """The dense layer's Q, K, V and output projection; the attention itself on the ring."""
-
-    def __init__(self, dense, group, layout: str, seq: int):
-        super().__init__()
-        self.heads, self.qkv, self.proj = dense.heads, dense.qkv, dense.proj
-        self.group, self.layout, self.seq = group, layout, seq
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).split(h, dim=2)
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = ring_attention(q, k, v, self.group, self.layout, self.seq)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
 
 
 class ContextParallelGPT(ParallelModule):
@@ -61,8 +46,10 @@ class ContextParallelGPT(ParallelModule):
         verify_same_model(dense, group, "ContextParallelGPT", {"layout": layout})
         broadcast_parameters(dense, group)  # ranks seeded differently still cut one model
         self.module = copy.deepcopy(dense)
-        for block in self.module.blocks:
-            block.attn = RingSelfAttention(block.attn, group, layout, cfg.seq_len)
+        ATTENTION_FUNCTIONS[NAME] = ring_attention_kernel
+        for block in self.module.blocks:  # only the attention's kernel call is swapped
+            block.attn.attn_implementation = NAME
+            block.attn.cp_ring = (group, layout, cfg.seq_len)
         self.group, self.layout, self.c = group, layout, c
         self.rank = dist.get_rank(group)
 
@@ -78,12 +65,8 @@ class ContextParallelGPT(ParallelModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the logits, [batch, s/c, V], from the whole batch of ids
         (a data loader for context parallelism would hand each rank only its tokens)."""
-        m = self.module
         pos = self.positions(idx.shape[1], idx.device)
-        x = m.tok_emb(idx[:, pos]) + m.pos_emb(pos)
-        for block in m.blocks:
-            x = block(x)
-        return m.lm_head(m.ln_f(x))
+        return self.module(idx[:, pos], position_ids=pos)  # the model's own forward
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross entropy over every token of the batch: this rank's sum over its

@@ -608,8 +608,8 @@ MUTANTS = [
     (
         "context_parallel",
         "context_parallel/model.py",
-        "x = m.tok_emb(idx[:, pos]) + m.pos_emb(pos)",
-        "x = m.tok_emb(idx[:, pos]) + m.pos_emb(torch.arange(len(pos), device=idx.device))",
+        "return self.module(idx[:, pos], position_ids=pos)",
+        "return self.module(idx[:, pos], position_ids=torch.arange(len(pos), device=idx.device))",
         "position embedding of the local index, not the global position",
     ),
     (

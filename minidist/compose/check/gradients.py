@@ -1,24 +1,24 @@
 """Lesson 17's checker, exercise 2: over which group each parameter's gradient is summed.
 
 The learner's `reduced_over(model_name, name, dims)` returns a set of group kinds (keys of
-`grid_groups(dims)`: "dp_cp", "tp", "embedding", "expert_dp", ...). Two answers are the
-same when they sum over the same ranks, so each is compared as the set of ranks every rank
-sums with (`{"dp_replicate", "dp_shard", "cp"}` is `{"dp_cp"}`, and a kind of one rank adds
-nothing). The right answer is `parallelize.py`'s table, read from the engine's own plan
-(`megatron.plan`) and rules: dense weights over dp_cp; under sp the parameters tensor
-parallelism does not split also over tp; K/V also over tp when t does not divide the KV
-heads; the GPT's tied embedding also over the first and last stage; an expert (ep > 1) over
-expert_dp. Every parameter of the GPT, its MoE form and the Llama model is asked on sampled
-layouts (1 to 16 ranks, sp on and off, ep 1 to 4, interleaved stages, replicated K/V). Every
-parameter is asked first; a catalogued slip (`READINGS`) is named only when it gives the
-learner's ranks on every parameter and layout the learner got wrong: cp, dp_shard or
-dp_replicate forgotten, a plan pattern matched against the parameter's name (nothing
-matches), sp's norms not summed over tp, a split weight or a replicated one without sp
-summed over tp, replicated K/V not summed over tp, the tied embedding without its two
-stages, the Llama model's embedding taken as tied, pp added, experts summed over all of dp,
-the ep group or ep_shard alone, the router taken for an expert. Otherwise the message shows
-the first wrong answer and the ranks it sums with against the ranks holding a copy.
-"""
+`grid_groups(dims)`: "dp_cp", "tp", "embedding", "expert_dp", ...). Two answers are the same
+when they sum over the same ranks, so each is compared as the set of ranks every rank sums
+with (`{"dp_replicate", "dp_shard", "cp"}` is `{"dp_cp"}`, and a kind of one rank adds
+nothing). The right answer is `parallelize.py`'s table, read from lesson 07's plans
+(`megatron.plan`, the splits the engine applies) and rules: dense weights over dp_cp; under
+sp the parameters tensor parallelism does not split also over tp; K/V also over tp when t
+does not divide the KV heads; the GPT's tied embedding also over the first and last stage;
+an expert (ep > 1) over expert_dp. Every parameter of the GPT, its MoE form and the Llama
+model is asked on sampled layouts (1 to 16 ranks, sp on and off, ep 1 to 4, interleaved
+stages, replicated K/V). Every parameter is asked first; a catalogued slip (`READINGS`) is
+named only when it gives the learner's ranks on every parameter and layout the learner got
+wrong: cp, dp_shard or dp_replicate forgotten, a plan pattern matched against the
+parameter's name (nothing matches), sp's norms not summed over tp, a split weight or a
+replicated one without sp summed over tp, replicated K/V not summed over tp, the tied
+embedding without its two stages, the Llama model's embedding taken as tied, pp added,
+experts summed over all of dp, the ep group or ep_shard alone, the router taken for an
+expert. Otherwise the message shows the first wrong answer and the ranks it sums with
+against the ranks holding a copy."""
 
 from __future__ import annotations
 
