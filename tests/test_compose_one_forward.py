@@ -7,7 +7,8 @@ calls, registered on the model before `parallelize` (the copies keep them), show
 step calls the model's forward once per micro-batch and chunk, and each attention and MLP
 once per micro-batch and layer held (twice under recomputation): a chunk that re-walked the
 model's forward, or an attention written again, would not call them (or call them as
-another class). Layouts with pp (1F1B, interleaved), tp with sp, cp, ep, and recompute.
+another class). Layouts with pp (1F1B, interleaved, ZB-V), tp with sp, cp, ep, and
+recompute; and lesson 15's `ContextParallelGPT`, which swaps the same kernel call.
 """
 
 import minidist
@@ -85,3 +86,29 @@ def test_the_course_models_own_forward_runs_once_per_micro_batch_on_every_layout
             assert got["mlp"] == times * m * got["held"], (name, dims, got)
             assert got["types"]["model"] == [model_cls] * got["chunks"], (name, dims)
             assert got["types"]["attention"] == [attention_cls] * got["held"], (name, dims)
+
+
+def count_context_parallel_calls(layout: str) -> dict:
+    """Lesson 15's `ContextParallelGPT`, a thin use of the same kernel swap: the GPT's own
+    forward and attentions run, once per step and layer."""
+    from minidist.context_parallel import ContextParallelGPT
+
+    model, batches = build("gpt", steps=1)
+    calls = {"model": 0, "attention": 0}
+    model.register_forward_hook(lambda m, a, o: calls.__setitem__("model", calls["model"] + 1))
+    for block in model.blocks:
+        block.attn.register_forward_hook(
+            lambda m, a, o: calls.__setitem__("attention", calls["attention"] + 1)
+        )
+    cp = ContextParallelGPT(model, None, layout)
+    x, y = batches[0]
+    cp.loss(cp(x), y).backward()
+    types = [type(b.attn) for b in cp.module.blocks]
+    return {**calls, "types": types, "layers": len(cp.module.blocks)}
+
+
+def test_lesson_15s_context_parallel_gpt_runs_the_gpts_own_forward():
+    for layout in ("zigzag", "contiguous"):
+        for got in minidist.launch(count_context_parallel_calls, 2, layout):
+            assert got["model"] == 1 and got["attention"] == got["layers"], got
+            assert got["types"] == [CausalSelfAttention] * got["layers"], got
