@@ -1,0 +1,87 @@
+"""Lesson 17's dp_shard as ZeRO-2 and ZeRO-3 (FSDP) per layer (`compose/fsdp.py`) equals one
+process, and its plan: the same tolerances as tests/test_compose.py (float32: losses 1e-5,
+parameters 1e-3, Adam's moments 1e-5; the gradient's mean is reduced in other orders) and,
+in bf16 against the float32 model, tests/test_compose_layouts.py's (losses 1e-2, parameters
+2·steps·lr = 6e-2, moments 1e-2: bf16 keeps 8 bits). A unit reduced twice, or a micro-batch
+or a W step's gradients left out, moves the second loss by far more than 1e-5."""
+
+import pytest
+from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
+
+import minidist
+from minidist.compose import parallelize, theory
+from minidist.compose.dims import ParallelDims
+from minidist.compose.fixture import build, run_rank
+from minidist.ledger import ring_bytes as ring
+from minidist.training import max_abs_diff
+
+FSDP = dict(dp_shard_mode="optim_grads_params")
+ZERO2 = dict(dp_shard_mode="optim_grads")
+BF16_TOLS = (1e-2, 6e-2, 1e-2)
+
+LAYOUTS_8 = [
+    ("gpt", dict(tp=2, cp=2, pp=2), FSDP),  # sharded over cp alone
+    ("gpt", dict(dp_shard=2, tp=2, sp=True, cp=2), FSDP),
+    ("llama", dict(dp_shard=2, cp=2, pp=2, schedule="zb-v"), FSDP),
+    ("gpt", dict(dp_shard=2, tp=2, pp=2, schedule="zb-h1"), {**FSDP, "recompute": True}),
+    ("moe", dict(dp_shard=4, ep=2, pp=2), FSDP),  # experts over ep_shard (2), dense over 4
+    ("gpt", dict(dp_replicate=2, dp_shard=2, tp=2), FSDP),  # HSDP
+    ("llama", dict(dp_shard=4, pp=2, schedule="interleaved", virtual=2), ZERO2),
+    ("llama", dict(dp_shard=2, tp=2, pp=2), {**FSDP, "reshard_after_forward": False}),
+    ("gpt", dict(dp_shard=2, tp=2, cp=2), {**FSDP, "precision": "bf16"}),
+]
+
+
+def _runs(layouts):
+    return [run_rank(name, dims, **kw) for name, dims, kw in layouts]
+
+
+def test_fsdp_and_zero2_layouts_of_8_ranks_equal_one_process_and_their_plan():
+    results = minidist.launch(_runs, 8, LAYOUTS_8, timeout_s=900)
+    for i, (name, dims, kw) in enumerate(LAYOUTS_8):
+        got, want = results[0][i], ref(name)
+        loss_tol, param_tol, optim_tol = (
+            BF16_TOLS if "precision" in kw else (LOSS_TOL, PARAM_TOL, OPTIM_TOL)
+        )
+        assert got["losses"] == pytest.approx(want["losses"], abs=loss_tol), (name, dims, kw)
+        assert max_abs_diff(got["params"], want["params"]) < param_tol, (name, dims, kw)
+        assert max_abs_diff(got["optim"], want["optim"]) < optim_tol, (name, dims, kw)
+        for rank in results[1:]:
+            assert rank[i]["losses"] == got["losses"]
+        if name != "moe":  # an expert no token reached is reduced at the step's end instead
+            plan = _planned(name, dims, kw)
+            measured = {k: v for k, v in got["memory"].items() if k != "activations"}
+            assert measured == plan["memory"], (name, dims, kw)
+            assert got["bytes"]["dp"] == plan["bytes"]["dp"], (name, dims, kw)
+
+
+def _planned(name, dims, kw):
+    """Rank 0's plan (pipeline rank 0), as tests/test_compose_theory.py's."""
+    model, _ = build(name)
+    d, precision, mode = ParallelDims(**dims), kw.get("precision", "fp32"), kw["dp_shard_mode"]
+    m = 8 // (d.dp_replicate * d.dp_shard)
+    raf = kw.get("reshard_after_forward", True)
+    return {
+        "memory": theory.model_state_bytes(model, d, precision, 0, mode),
+        "bytes": {"dp": theory.dp_bytes(model, d, precision, 0, mode, m, raf)},
+    }
+
+
+def test_fsdp_sends_two_gathers_and_one_reduce_scatter_per_unit_and_micro_batch():
+    """dp_shard 4, no pipeline, 2 micro-batches: every layer gathered in each forward and
+    again in each backward, reduced once per micro-batch; the root once per step."""
+    model, _ = build("gpt")
+    dims = ParallelDims(dp_shard=4)
+    want = 0.0
+    for _, n, g, layer in theory.units(model, dims):
+        padded = -(-n // g) * g
+        reduces, gathers = (2, 4) if layer else (1, 1)  # m = 8 / dp_shard = 2
+        want += reduces * ring("reduce_scatter", 4 * padded, g)
+        want += gathers * ring("all_gather", 4 * padded, g)
+    assert theory.dp_bytes(model, dims, mode="optim_grads_params", microbatches=2) == want
+
+
+def test_a_bad_mode_is_refused_before_any_rank_starts():
+    model, _ = build("gpt")
+    with pytest.raises(ValueError, match="--dp-shard-mode='zero3' must be one of"):
+        parallelize(model, ParallelDims(), dp_shard_mode="zero3")
