@@ -13,6 +13,7 @@ from minidist.compose import parallelize, theory
 from minidist.compose.dims import ParallelDims
 from minidist.compose.fixture import build, run_rank
 from minidist.ledger import ring_bytes as ring
+from minidist.trainer.cli import parse
 from minidist.training import max_abs_diff
 
 FSDP = dict(dp_shard_mode="optim_grads_params")
@@ -85,3 +86,10 @@ def test_a_bad_mode_is_refused_before_any_rank_starts():
     model, _ = build("gpt")
     with pytest.raises(ValueError, match="--dp-shard-mode='zero3' must be one of"):
         parallelize(model, ParallelDims(), dp_shard_mode="zero3")
+
+
+def test_the_cli_refuses_a_bad_mode_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--dp-shard", "2", "--dp-shard-mode", "zero3"])
+    assert exit_.value.code == 2
+    assert "--dp-shard-mode: invalid choice: 'zero3'" in capsys.readouterr().err

@@ -55,6 +55,7 @@ import torch.distributed as dist
 from ..cli_checks import positive_int
 from ..compose.dims import SCHEDULES, ParallelDims
 from ..compose.fixture import MODELS
+from ..compose.fsdp import MODES as DP_SHARD_MODES
 from . import options
 
 
@@ -73,6 +74,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual", type=int, default=1, help="chunks per rank (interleaved)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", action="store_true")
+    p.add_argument(
+        "--dp-shard-mode",
+        choices=DP_SHARD_MODES,
+        default="optim",
+        help="what dp_shard shards (Megatron-core's data_parallel_sharding_strategy): optim "
+        "(ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3, FSDP per layer)",
+    )
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="FSDP: keep a layer's parameters from its forward to its backward (torchtitan's "
+        "reshard_after_forward=False)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=1)
@@ -312,6 +326,8 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
         args.micro_batch,
         args.precision,
         args.recompute,
+        args.dp_shard_mode,
+        not args.no_reshard_after_forward,
     )
 
 
