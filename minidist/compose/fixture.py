@@ -120,10 +120,11 @@ def memory_by_kind(engine) -> dict[str, int]:
     params = list(engine.module.parameters())
     shards = [opt.shard for _, opt in engine.optimizers]
     sharded = getattr(engine, "data_parallel", None)
-    held = [p for p in params if p.untyped_storage().size()]  # FSDP's freed ones: none
     grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    if sharded is not None:  # FSDP's freed parameters hold no storage
+        params = [p for p in params if p.untyped_storage().size()]
     return {
-        "params": sum(p.numel() * p.element_size() for p in held),
+        "params": sum(p.numel() * p.element_size() for p in params),
         # ZeRO-2/3: what the step's end found (the root's full gradients, the units' chunks)
         "grads": sharded.grad_bytes if sharded is not None else grads,
         "master": sum(s.numel() * 4 for s in shards),

@@ -9,6 +9,10 @@ Every term is one lesson's, applied to what the rank holds after `parallelize`'s
 - model states: the parameters and gradients in the compute type, and ZeRO-1 over
   dp_shard × cp (lesson 02's flat, padded to a multiple of the group): a float32 master
   chunk and Adam's two moments per element of it (`zero.theory.padded_numel`);
+  under `dp_shard_mode` ZeRO-2 or FSDP (`fsdp.py`) one such flat per unit (`units`: each
+  layer's dense part, its experts', each chunk's root), a layer's parameters not held
+  between steps under FSDP, and each unit's gathers and reduce-scatters replayed on the
+  rank's schedule (`unit_collectives`);
 - bytes per group kind, each collective's ring bytes (`comm.ring_bytes`): dp, ZeRO's
   reduce-scatter and all-gather of the float32 flat, HSDP's all-reduce of the gradients
   over dp_replicate; pp, one float32 activation per micro-batch and chunk edge that crosses
