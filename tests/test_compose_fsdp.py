@@ -7,11 +7,12 @@ or a W step's gradients left out, moves the second loss by far more than 1e-5.""
 
 import pytest
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
+from test_compose_optim import CFG, STEPS
 
 import minidist
 from minidist.compose import parallelize, theory
 from minidist.compose.dims import ParallelDims
-from minidist.compose.fixture import build, run_rank
+from minidist.compose.fixture import build, reference, run_rank
 from minidist.ledger import ring_bytes as ring
 from minidist.trainer.cli import parse
 from minidist.training import max_abs_diff
@@ -93,3 +94,49 @@ def test_the_cli_refuses_a_bad_mode_with_exit_2(capsys):
         parse(["--dp-shard", "2", "--dp-shard-mode", "zero3"])
     assert exit_.value.code == 2
     assert "--dp-shard-mode: invalid choice: 'zero3'" in capsys.readouterr().err
+
+
+HF_RUNS_4 = [
+    ("llama", dict(dp_shard=2, tp=2, sp=True), FSDP),
+    ("mixtral", dict(dp_shard=4, ep=2), FSDP),
+    ("qwen2", dict(dp_shard=2, pp=2, schedule="zb-v"), {**FSDP, "recompute": True}),
+    ("gpt2", dict(dp_replicate=2, dp_shard=2), FSDP),  # the tied head in the root
+    ("mistral", dict(dp_shard=2, cp=2), ZERO2),
+    ("llama", dict(dp_shard=2, tp=2), {**FSDP, "precision": "bf16"}),
+]
+
+
+def test_transformers_models_under_fsdp_and_zero2_equal_one_process():
+    pytest.importorskip("transformers")
+    import hf_runs
+
+    results = minidist.launch(hf_runs.several, 4, HF_RUNS_4, timeout_s=900)
+    for i, (name, dims, kw) in enumerate(HF_RUNS_4):
+        got, want = results[0][i], hf_runs.reference(name)
+        loss_tol, param_tol, optim_tol = (
+            BF16_TOLS if "precision" in kw else (LOSS_TOL, PARAM_TOL, OPTIM_TOL)
+        )
+        assert got["losses"] == pytest.approx(want["losses"], abs=loss_tol), (name, dims, kw)
+        assert max_abs_diff(got["params"], want["params"]) < param_tol, (name, dims, kw)
+        assert max_abs_diff(got["optim"], want["optim"]) < optim_tol, (name, dims, kw)
+
+
+OPTIM_LAYOUTS = [  # 4 ranks: clipped AdamW with decay and a schedule (tests/test_compose_optim)
+    ("llama", dict(dp_shard=2, tp=2, sp=True), FSDP),
+    ("moe", dict(dp_shard=4, ep=2), FSDP),
+    ("gpt", dict(dp_replicate=2, dp_shard=2), ZERO2),
+]
+
+
+def _optim_runs():
+    return [run_rank(m, dims, STEPS, 8, optim=CFG, **kw) for m, dims, kw in OPTIM_LAYOUTS]
+
+
+def test_clipped_adamw_with_a_schedule_under_fsdp_and_zero2_equals_torchs():
+    """Tolerances as tests/test_compose_optim.py's in float32 (the norm within 1e-5 relative)."""
+    runs = minidist.launch(_optim_runs, 4, timeout_s=600)[0]
+    for (model, dims, _), got in zip(OPTIM_LAYOUTS, runs):
+        want = reference(model, STEPS, 8, optim=CFG)
+        assert got["losses"] == pytest.approx(want["losses"], abs=LOSS_TOL), dims
+        assert got["norms"] == pytest.approx(want["norms"], rel=1e-5), dims
+        assert max_abs_diff(got["params"], want["params"]) < PARAM_TOL, dims
