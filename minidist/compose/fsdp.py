@@ -26,7 +26,11 @@ through the step.
 - HSDP: the reduced chunks are all-reduced over dp_replicate at the step's end (Zhao et al.
   section 3.2.2), then Adam/AdamW steps each chunk (`optim.py`'s `ShardAdam`).
 
-Not here: prefetching (each gather waits), CPU offload of the step (lesson 05).
+- Prefetch (lesson 03's, PyTorch FSDP's forward and backward prefetch): as a layer starts,
+  the gather of the one that runs next in its chunk (after it in forward, before it in
+  backward) is started, so it runs while this layer computes; at most one in flight.
+
+Not here: CPU offload of the step (lesson 05).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ class ShardedUnit(ZeroRedundancyOptimizer):
     def __init__(self, params, group, divide: int, sharded: bool, index: int):
         super().__init__(params, torch.optim.Adam, group=group)
         self.divide, self.sharded, self.index = divide, sharded, index
-        self.gathered = True
+        self.gathered, self.in_flight = True, None
         self.pending = 0  # backwards begun whose gradients are not all reduced yet (W)
         self.accumulated: set[int] = set()
 
@@ -75,14 +79,33 @@ class ShardedUnit(ZeroRedundancyOptimizer):
             p.grad = None
 
     @torch.no_grad()
-    def unshard(self) -> None:
-        if self.gathered:
+    def unshard(self, async_op: bool = False) -> None:
+        """Gather the parameters (in the compute dtype: the cast before the gather); with
+        `async_op`, only start it (a prefetch: the unit's own use waits)."""
+        if self.gathered or self.in_flight is not None:
+            if not async_op:
+                self.wait()
             return
-        dtype = self.params[0].dtype  # the compute dtype: the cast before the gather
+        dtype = self.params[0].dtype
         full = self.shard.new_empty(self.layout.padded, dtype=dtype)
-        comm.all_gather(
-            full, self.shard.detach().to(dtype), group=self.group, tag=f"fsdp-params{self.index}"
+        work = comm.all_gather(
+            full,
+            self.shard.detach().to(dtype),
+            group=self.group,
+            async_op=True,
+            tag=f"fsdp-params{self.index}",
         )
+        self.in_flight = (work, full)
+        if not async_op:
+            self.wait()
+
+    @torch.no_grad()
+    def wait(self) -> None:
+        if self.in_flight is None:
+            return
+        work, full = self.in_flight
+        work.wait()
+        self.in_flight = None
         for p, view in zip(self.params, self.layout.views(full)):
             p.data.untyped_storage().resize_(p.numel() * p.element_size())
             p.data.copy_(view)  # `.data`: no version bump, what autograd saved stays valid
@@ -101,6 +124,7 @@ class ShardedUnit(ZeroRedundancyOptimizer):
         if not self.sharded:
             super().gather()
             return
+        self.wait()
         self.pending, self.gathered = 0, True
         self.reshard()
 
@@ -114,7 +138,7 @@ class ShardedUnit(ZeroRedundancyOptimizer):
             self.reshard()
 
     def begin_backward(self) -> None:
-        self.unshard()
+        self.unshard()  # or wait for the prefetch
         self.accumulated.clear()
         self.pending += 1
 
@@ -124,19 +148,26 @@ class ShardedDataParallel:
     per chunk, each layer's dense parameters over dp_shard × cp and its experts over
     ep_shard, then the chunk's rest (the root, never resharded within a step)."""
 
-    def __init__(self, engine, mode: str, reshard_after_forward: bool = True):
+    def __init__(
+        self, engine, mode: str, reshard_after_forward: bool = True, prefetch: bool = True
+    ):
         self.engine, self.mode = engine, mode
         self.reshard_after_forward = reshard_after_forward
         named = engine._named()
         by_id = {id(p): n for n, p in named.items() if p.requires_grad}
         self.units: list[tuple[list[str], ShardedUnit]] = []
-        self.layers: list[tuple[nn.Module, list[ShardedUnit]]] = []
+        self.layers: list[tuple[nn.Module, list, list, list]] = []  # units, next's, previous'
         for chunk in engine.chunks:
             seen: set[str] = set()
+            mine = []  # (layer, its units) in the chunk's order
             for layer in chunk.layers():
                 names = [by_id[id(p)] for p in layer.parameters() if id(p) in by_id]
                 seen.update(names)
-                self.layers.append((layer, self._add(named, names, layer=True)))
+                mine.append((layer, self._add(named, names, layer=True)))
+            for k, (layer, units) in enumerate(mine):  # whom each layer prefetches
+                after = mine[k + 1][1] if prefetch and k + 1 < len(mine) else []
+                before = mine[k - 1][1] if prefetch and k > 0 else []
+                self.layers.append((layer, units, after, before))
             rest = [by_id[id(p)] for p in chunk.parameters() if id(p) in by_id]
             self._add(named, [n for n in rest if n not in seen], layer=False)
 
@@ -157,21 +188,23 @@ class ShardedDataParallel:
     def install(self) -> None:
         """Hooks on every layer and parameter (after the parameters took their compute
         dtype); the sharded layers' parameters freed."""
-        for layer, units in self.layers:
+        for layer, units, after, before in self.layers:
             for unit in units:  # the root's wait for the step's end
                 for p in unit.params:
                     p.register_post_accumulate_grad_hook(unit.done)
-            layer.register_forward_pre_hook(lambda *_, units=units: _each(units, "unshard"))
-            layer.register_forward_hook(self._after_forward(units))
+            layer.register_forward_pre_hook(
+                lambda *_, units=units, after=after: _start(units, after)
+            )
+            layer.register_forward_hook(self._after_forward(units, before))
         for _, unit in self.units:
             unit.reshard()
 
-    def _after_forward(self, units: list[ShardedUnit]):
+    def _after_forward(self, units: list[ShardedUnit], before: list[ShardedUnit]):
         def hook(module, args, output):
             out = _first_grad_tensor(output)
             if out is not None and torch.is_grad_enabled():
                 # its gradient arrives just before the layer's backward (B, or W's)
-                out.register_hook(lambda grad: _each(units, "begin_backward"))
+                out.register_hook(lambda grad: _start(units, before, "begin_backward"))
             if self.reshard_after_forward or not torch.is_grad_enabled():
                 _each(units, "reshard")
 
@@ -204,6 +237,14 @@ class ShardedDataParallel:
         for _, unit in self.units:
             unit.shard.grad = None
             unit.accumulated.clear()
+
+
+def _start(units: list[ShardedUnit], prefetch: list[ShardedUnit], how: str = "unshard"):
+    """`units` gathered (waited for), then the gathers of `prefetch` (the layer that runs
+    next: after it in forward, before it in backward) started: one in flight at a time."""
+    _each(units, how)
+    for unit in prefetch:
+        unit.unshard(async_op=True)
 
 
 def _each(units: list[ShardedUnit], method: str) -> None:
