@@ -95,6 +95,8 @@ def test_the_cli_refuses_a_bad_mode_with_exit_2(capsys):
         parse(["--dp-shard", "2", "--dp-shard-mode", "zero3"])
     assert exit_.value.code == 2
     assert "--dp-shard-mode: invalid choice: 'zero3'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--no-reshard-after-forward needs --dp-shard-mode"):
+        parse(["--dp-shard", "2", "--no-reshard-after-forward"])
 
 
 HF_RUNS_4 = [

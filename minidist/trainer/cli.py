@@ -144,6 +144,11 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
+    if args.no_reshard_after_forward and args.dp_shard_mode != "optim_grads_params":
+        raise ValueError(
+            "--no-reshard-after-forward needs --dp-shard-mode optim_grads_params (only FSDP "
+            "frees a layer's parameters)"
+        )
     speed = args.moe_bias_update_speed
     if not (math.isfinite(speed) and speed >= 0):
         raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
