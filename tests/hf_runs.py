@@ -62,6 +62,7 @@ def composed(
     micro_batch: int = 1,
     precision: str = "fp32",
     recompute: bool = False,
+    dp_shard_mode: str = "optim",
     **extra,
 ) -> dict:
     """On every rank of a world of `dims`' size: the same run, composed."""
@@ -78,6 +79,7 @@ def composed(
         lr=LR,
         precision=precision,
         recompute=recompute,
+        dp_shard_mode=dp_shard_mode,
     )
     rows = list(data_rows(grid, BATCH))
     losses = []

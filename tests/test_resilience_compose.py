@@ -88,6 +88,16 @@ CHANGES = {
         ["--cp", "2", "--tp", "2", "--precision", "bf16"],
         ["--dp-shard", "2", "--precision", "bf16"],
     ),
+    "ZeRO-1 with tp 2 to FSDP with cp 2": (
+        "gpt",
+        ["--dp-shard", "2", "--tp", "2"],
+        ["--dp-shard", "2", "--cp", "2", "--dp-shard-mode", "optim_grads_params"],
+    ),
+    "FSDP with ep 2 to ZeRO-2 with pp 2": (
+        "moe",
+        ["--dp-shard", "4", "--ep", "2", "--dp-shard-mode", "optim_grads_params"],
+        ["--dp-shard", "2", "--pp", "2", "--dp-shard-mode", "optim_grads"],
+    ),
 }
 
 

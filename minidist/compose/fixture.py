@@ -64,6 +64,7 @@ def reference(
     global_batch: int = 8,
     seed: int = 0,
     optim: OptimizerConfig | None = None,
+    **engine_kw,
 ) -> dict:
     """The one-process run of `build(name)`'s model and batches (`train_one_process`); by
     default Adam at `LR`."""
@@ -118,9 +119,14 @@ def memory_by_kind(engine) -> dict[str, int]:
     optimizer states, saved activations (peak, when measured)."""
     params = list(engine.module.parameters())
     shards = [opt.shard for _, opt in engine.optimizers]
+    sharded = getattr(engine, "data_parallel", None)
+    grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    if sharded is not None:  # FSDP's freed parameters hold no storage
+        params = [p for p in params if p.untyped_storage().size()]
     return {
         "params": sum(p.numel() * p.element_size() for p in params),
-        "grads": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        # ZeRO-2/3: what the step's end found (the root's full gradients, the units' chunks)
+        "grads": sharded.grad_bytes if sharded is not None else grads,
         "master": sum(s.numel() * 4 for s in shards),
         "optimizer": sum(2 * s.numel() * 4 for s in shards),
         "activations": engine.peak_saved_bytes,
@@ -144,6 +150,8 @@ BYTE_KINDS = {
 
 TAGS = {
     "zero1": "dp",
+    "zero2": "dp",
+    "fsdp": "dp",
     "clip": "dp",
     "hsdp": "dp",
     "pp": "pp",
@@ -244,6 +252,7 @@ def run_rank(
     measure: bool = False,
     progress=None,
     optim: OptimizerConfig | None = None,
+    **engine_kw,
 ) -> dict:
     """On every rank of a world of `dims`' size: train, return the curve and the state
     (`optim`: as `reference`'s)."""
@@ -266,6 +275,7 @@ def run_rank(
         precision=precision,
         recompute=recompute,
         **engine_options(optim),
+        **engine_kw,
     )
     engine.measure_activations = measure
     losses, times, ledgers, norms = [], [], [], []

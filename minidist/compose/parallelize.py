@@ -24,7 +24,8 @@ each later step works on what the earlier ones left):
    padded exchange; a transformers model's stacked experts);
 5. recomputation of every layer (lesson 08's `recompute`, non-reentrant);
 6. ZeRO-1 over dp_shard × cp (lesson 10's `ZeroRedundancyOptimizer`: the reduce-scatter of
-   the gradients, Adam on this rank's chunk of a float32 copy, the all-gather);
+   the gradients, Adam on this rank's chunk of a float32 copy, the all-gather), or with
+   `dp_shard_mode` ZeRO-2 or ZeRO-3 (FSDP) per layer (`fsdp.py`);
 7. replication over dp_replicate (HSDP: the gradients all-reduced across the replicas
    before the reduce-scatter, Zhao et al. 2023 "PyTorch FSDP" section 3.2.2);
 8. mixed precision (lesson 12's rule): bf16 parameters and compute, float32 master weights,
@@ -48,6 +49,7 @@ from ..zero.optimizer import ZeroRedundancyOptimizer
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel
+from .fsdp import ShardedDataParallel, check_mode
 from .layout_check import check_course_layout, check_layout, model_sizes
 from .model_parts import family, find_parts
 from .optim import OptimizerConfig, shard_optimizer
@@ -98,8 +100,12 @@ class ComposedParallel(StatePieces, PipelineParallel):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        dp_shard_mode: str = "optim",
+        reshard_after_forward: bool = True,
     ):
         ParallelModule.__init__(self)
+        self.dp_shard_mode = check_mode(dp_shard_mode)
+        self.reshard_after_forward = reshard_after_forward
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"parallelize: precision={precision!r} must be 'fp32' or 'bf16'")
         optim = OptimizerConfig(optimizer, lr, weight_decay, tuple(betas), eps).check(1)
@@ -165,6 +171,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
             for chunk in self.chunks:
                 chunk.to(torch.bfloat16)
             self.ctx.dtype = torch.bfloat16
+        if self.data_parallel is not None:  # 6. the units' hooks, on the compute dtype
+            self.data_parallel.install()
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         """Lesson 09's step; for a transformers model the loss is the model's: the mean over
@@ -220,26 +228,33 @@ class ComposedParallel(StatePieces, PipelineParallel):
         return name.removeprefix("model.")
 
     def _optimizers(self, optim: OptimizerConfig) -> None:
-        """ZeRO-1 over each group; its inner Adam/AdamW decays only ndim ≥ 2 (`optim.py`)."""
+        """ZeRO-1 over each group, or per layer unit (`fsdp.py`: ZeRO-2, ZeRO-3); the inner
+        Adam/AdamW decays only ndim ≥ 2 (`optim.py`)."""
         named = self._named()
         expert = {n for n in named if self.dims.ep > 1 and is_expert(n)}
         self.dense_names = [n for n in named if n not in expert and named[n].requires_grad]
         self.expert_names = [n for n in named if n in expert and named[n].requires_grad]
-        self.optimizers = []
+        self.optimizers, self.data_parallel = [], None
+        if self.dp_shard_mode != "optim":
+            self.data_parallel = ShardedDataParallel(
+                self, self.dp_shard_mode, self.reshard_after_forward
+            )
+            self.optimizers = self.data_parallel.units
         for names, kind in ((self.dense_names, "dp_shard_cp"), (self.expert_names, "ep_shard")):
-            if names:
+            if names and self.data_parallel is None:
                 opt = ZeroRedundancyOptimizer(
                     [named[n] for n in names],
                     torch.optim.Adam,
                     group=self.grid.group(kind),
                     lr=optim.lr,
                 )
-                opt.inner = shard_optimizer(opt, optim)
-                state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
-                state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
-                state["exp_avg"] = torch.zeros_like(opt.shard)
-                state["exp_avg_sq"] = torch.zeros_like(opt.shard)
                 self.optimizers.append((names, opt))
+        for _, opt in self.optimizers:
+            opt.inner = shard_optimizer(opt, optim)
+            state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
+            state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
+            state["exp_avg"] = torch.zeros_like(opt.shard)
+            state["exp_avg_sq"] = torch.zeros_like(opt.shard)
 
     @torch.no_grad()
     def _sync_gradients(self) -> None:
@@ -265,12 +280,17 @@ class ComposedParallel(StatePieces, PipelineParallel):
     def zero_grad(self) -> None:
         for p in self.module.parameters():
             p.grad = None
+        if self.data_parallel is not None:
+            self.data_parallel.zero_grad()
 
     @torch.no_grad()
     def finish_gradient_sync(self) -> None:
         """HSDP's all-reduce over dp_replicate, then ZeRO's reduce-scatter (the mean over
         dp_shard × cp; experts scaled by 1/ep first: their gradient already sums their
-        ep group's ranks' losses)."""
+        ep group's ranks' losses). ZeRO-2/3: the units' (`fsdp.py`)."""
+        if self.data_parallel is not None:
+            self.data_parallel.finish()
+            return
         named = self._named()
         for n in self.expert_names:
             if named[n].grad is not None:

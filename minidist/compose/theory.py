@@ -10,6 +10,10 @@ Every term is one lesson's, applied to what the rank holds after `parallelize`'s
 - model states: the parameters and gradients in the compute type, and ZeRO-1 over
   dp_shard × cp (lesson 02's flat, padded to a multiple of the group): a float32 master
   chunk and Adam's two moments per element of it (`zero.theory.padded_numel`);
+  under `dp_shard_mode` ZeRO-2 or FSDP (`fsdp.py`) one such flat per unit (`units`: each
+  layer's dense part, its experts', each chunk's root), a layer's parameters not held
+  between steps under FSDP, and each unit's gathers and reduce-scatters replayed on the
+  rank's schedule (`unit_collectives`);
 - bytes per group kind, each collective's ring bytes (`comm.ring_bytes`): dp, ZeRO's
   reduce-scatter and all-gather of the float32 flat, HSDP's all-reduce of the gradients
   over dp_replicate; pp, one float32 activation per micro-batch and chunk edge that crosses
@@ -29,7 +33,7 @@ from ..expert_parallel import theory as ep_theory
 from ..expert_parallel.gpt import is_expert
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
-from ..pipeline.schedules import virtual_stage
+from ..pipeline.schedules import SPLIT_BACKWARD, schedule, virtual_stage
 from ..zero import theory as zero_theory
 from .holdings import _owner, _sizes, chunks, local_numel
 from .model_parts import family
@@ -38,12 +42,21 @@ from .tensor_bytes import tp_bytes  # noqa: F401 (the tp group's count, planned 
 
 def rank_params(model: nn.Module, dims, pp_rank: int = 0, ep_rank: int = 0) -> dict:
     """{"dense": elements, "dense_trainable", "expert", "expert_trainable"} this rank holds."""
+    out = dict.fromkeys(("dense", "dense_trainable", "expert", "expert_trainable"), 0)
+    for _, _, key, n, trainable in _held(model, dims, pp_rank, ep_rank):
+        out[key] += n
+        out[key + "_trainable"] += n if trainable else 0
+    return out
+
+
+def _held(model: nn.Module, dims, pp_rank: int, ep_rank: int):
+    """(chunk, layer or None, "dense" | "expert", elements, trainable) of every parameter
+    this rank holds."""
     kind, sizes = family(model), _sizes(model)
     plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
-    out = dict.fromkeys(("dense", "dense_trainable", "expert", "expert_trainable"), 0)
     experts = sizes["experts"]
     per = experts // dims.ep if experts else 0
-    for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
+    for c, (_, layers, first, last) in enumerate(chunks(dims, pp_rank, sizes["layers"])):
         named = list(model.named_parameters())
         if kind == "gpt" and last and not first:  # the last chunk's copy of the embedding
             named.append(("lm_head.weight", model.tok_emb.weight))
@@ -62,18 +75,74 @@ def rank_params(model: nn.Module, dims, pp_rank: int = 0, ep_rank: int = 0) -> d
                 key = "expert" if dims.ep > 1 else "dense"
             else:
                 key = "dense"
-            out[key] += n
-            out[key + "_trainable"] += n if p.requires_grad else 0
-    return out
+            parts = name.split(".")
+            layer = int(parts[1]) if parts[0] == "blocks" else None
+            layer = int(parts[2]) if parts[:2] == ["model", "layers"] else layer
+            yield c, layer, key, n, p.requires_grad
+
+
+def units(model: nn.Module, dims, pp_rank: int = 0) -> list[tuple[int, int, int, bool]]:
+    """ZeRO-2/3's units on this rank (`fsdp.py`): (chunk, trainable elements, shard group
+    size, a layer's or the root's), each layer's dense and expert parts apart."""
+    groups = {"dense": dims.dp_shard * dims.cp, "expert": dims.dp_shard * dims.cp // dims.ep}
+    sums: dict = {}
+    for c, layer, key, n, trainable in _held(model, dims, pp_rank, 0):
+        if trainable:
+            at = (c, layer is None, -1 if layer is None else layer, key == "expert")
+            sums[at] = sums.get(at, 0) + n
+    return [
+        (c, n, groups["expert" if expert else "dense"], not root)
+        for (c, root, _, expert), n in sorted(sums.items())
+    ]
+
+
+def unit_collectives(dims, microbatches: int, pp_rank: int, chunk: int, reshard: bool):
+    """(all-gathers, reduce-scatters) of one layer unit of `chunk` in a step under ZeRO-3
+    (`fsdp.py`'s rules, replayed on the rank's schedule): gathered at a forward unless
+    held, freed after it (`reshard`) unless a W is still owed; gathered again at its
+    backward's start (B, or W for the first stage under a split backward, whose B is
+    empty), reduced and freed when W (or the whole backward) has accumulated its
+    gradients."""
+    steps = schedule(dims.schedule, dims.pp, microbatches, dims.virtual)[pp_rank]
+    split = dims.schedule in SPLIT_BACKWARD
+    first = virtual_stage(dims.schedule, pp_rank, chunk, dims.pp) == 0
+    gathered, pending, gathers, reduces = False, 0, 0, 0
+    for op, _, *c in steps:
+        if (c[0] if c else 0) != chunk:
+            continue
+        begins = op == "B" and not (split and first) or op == "W" and first
+        ends = op == "W" or op == "B" and not split
+        if op == "F":
+            gathers, gathered = gathers + (not gathered), True
+            gathered = gathered and not (reshard and pending == 0)
+        if begins:
+            gathers, gathered, pending = gathers + (not gathered), True, pending + 1
+        if ends:
+            reduces, pending = reduces + 1, pending - 1
+            gathered = gathered and pending > 0
+    return gathers, reduces
 
 
 def model_state_bytes(
-    model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0
+    model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0, mode: str = "optim"
 ) -> dict[str, int]:
     """{params, grads, master, optimizer}: bytes a rank of pipeline rank `pp_rank` keeps
-    between steps."""
+    between steps (grads: at the backward's end; ZeRO-2/3: the root's whole, every layer
+    unit's reduced chunk, as if every expert got a token)."""
     e = 2 if precision == "bf16" else 4
     held = rank_params(model, dims, pp_rank)
+    if mode != "optim":
+        mine = units(model, dims, pp_rank)
+        chunk = sum(zero_theory.padded_numel([n], g) // g for _, n, g, _ in mine)
+        freed = sum(n for _, n, _, layer in mine if layer) if mode == "optim_grads_params" else 0
+        root = sum(n for _, n, _, layer in mine if not layer)
+        layer_chunks = sum(zero_theory.padded_numel([n], g) // g for _, n, g, lr in mine if lr)
+        return {
+            "params": e * (held["dense"] + held["expert"] - freed),
+            "grads": e * root + 4 * layer_chunks,
+            "master": 4 * chunk,
+            "optimizer": 8 * chunk,
+        }
     groups = (
         (held["dense_trainable"], dims.dp_shard * dims.cp),
         (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
@@ -88,10 +157,39 @@ def model_state_bytes(
     }
 
 
-def dp_bytes(model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0) -> float:
+def dp_bytes(
+    model: nn.Module,
+    dims,
+    precision: str = "fp32",
+    pp_rank: int = 0,
+    mode: str = "optim",
+    microbatches: int = 1,
+    reshard_after_forward: bool = True,
+) -> float:
     """ZeRO-1's reduce-scatter and all-gather of the float32 flats (dense over dp_shard × cp,
-    experts over their shard group) and HSDP's all-reduce of every gradient."""
+    experts over their shard group) and HSDP's all-reduce of every gradient; ZeRO-2/3: per
+    unit (`units`), the float32 reduce-scatter of each micro-batch's gradients (the root's
+    once), ZeRO-2's float32 all-gather after the update, ZeRO-3's gathers in the compute
+    type (`unit_collectives`), HSDP's all-reduce of the float32 chunks."""
     e = 2 if precision == "bf16" else 4
+    if mode != "optim":
+        out, chunks_ = 0.0, 0
+        for c, n, g, layer in units(model, dims, pp_rank):
+            padded = zero_theory.padded_numel([n], g)
+            chunks_ += padded // g
+            if not layer:  # the root: one reduce-scatter, the update's all-gather
+                out += ring_bytes("reduce_scatter", 4 * padded, g)
+                out += ring_bytes("all_gather", 4 * padded, g)
+            elif mode == "optim_grads":
+                out += microbatches * ring_bytes("reduce_scatter", 4 * padded, g)
+                out += ring_bytes("all_gather", 4 * padded, g)
+            else:
+                gathers, reduces = unit_collectives(
+                    dims, microbatches, pp_rank, c, reshard_after_forward
+                )
+                out += reduces * ring_bytes("reduce_scatter", 4 * padded, g)
+                out += gathers * ring_bytes("all_gather", e * padded, g)
+        return out + ring_bytes("all_reduce", 4 * chunks_, dims.dp_replicate)
     held = rank_params(model, dims, pp_rank)
     out = 0.0
     for n, g in (
@@ -223,6 +321,8 @@ def planned(
     micro_batch: int,
     precision: str = "fp32",
     recompute: bool = False,
+    dp_shard_mode: str = "optim",
+    reshard_after_forward: bool = True,
 ) -> dict:
     """{"memory": {kind: bytes}, "bytes": {kind: bytes}}, the most over the pipeline ranks
     (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
@@ -230,9 +330,10 @@ def planned(
     m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
     memory, sent = {}, {}
     for r in range(dims.pp):
-        states = model_state_bytes(model, dims, precision, r)
+        states = model_state_bytes(model, dims, precision, r, dp_shard_mode)
         args = (model, dims, micro_batch, m, precision)
-        kinds = {"dp": dp_bytes(model, dims, precision, r), "pp": pp_bytes(*args, r)}
+        dp = dp_bytes(model, dims, precision, r, dp_shard_mode, m, reshard_after_forward)
+        kinds = {"dp": dp, "pp": pp_bytes(*args, r)}
         kinds.update(cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r))
         for k, v in states.items():
             memory[k] = max(memory.get(k, 0), v)

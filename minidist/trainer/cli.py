@@ -56,6 +56,7 @@ import torch.distributed as dist
 from ..cli_checks import positive_int, writable_file, writable_folder
 from ..compose.dims import SCHEDULES, ParallelDims
 from ..compose.fixture import MODELS
+from ..compose.fsdp import MODES as DP_SHARD_MODES
 from . import options
 
 
@@ -74,6 +75,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual", type=int, default=1, help="chunks per rank (interleaved)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", action="store_true")
+    p.add_argument(
+        "--dp-shard-mode",
+        choices=DP_SHARD_MODES,
+        default="optim",
+        help="what dp_shard shards (Megatron-core's data_parallel_sharding_strategy): optim "
+        "(ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3, FSDP per layer)",
+    )
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="FSDP: keep a layer's parameters from its forward to its backward (torchtitan's "
+        "reshard_after_forward=False)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=1)
@@ -131,6 +145,11 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
+    if args.no_reshard_after_forward and args.dp_shard_mode != "optim_grads_params":
+        raise ValueError(
+            "--no-reshard-after-forward needs --dp-shard-mode optim_grads_params (only FSDP "
+            "frees a layer's parameters)"
+        )
     speed = args.moe_bias_update_speed
     if not (math.isfinite(speed) and speed >= 0):
         raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
@@ -372,6 +391,8 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
         args.micro_batch,
         args.precision,
         args.recompute,
+        args.dp_shard_mode,
+        not args.no_reshard_after_forward,
     )
 
 

@@ -267,6 +267,8 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         precision=args.precision,
         microbatches=args.global_batch // (d * args.micro_batch),
         recompute=args.recompute,
+        dp_shard_mode=args.dp_shard_mode,
+        reshard_after_forward=not args.no_reshard_after_forward,
         seq_len=data.seq_len,
         **engine_options(optim),
     )
