@@ -1786,8 +1786,22 @@ MUTANTS = [
     ),
 ]
 
-# Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them).
+# Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
 TESTS = {
+    # lesson 17's tests start many worlds (tens of seconds each): the checks without a world
+    # first, then the fewest worlds that pin the package (clipping on 2 ranks, six optimizer
+    # layouts on 4, the theory's hard cases on 8, the transformers layouts on 4)
+    "compose": [
+        "tests/test_compose.py::test_grid_puts_tp_innermost_and_pp_outermost",
+        "tests/test_compose.py::test_bad_dims_are_refused_naming_the_argument",
+        "tests/test_compose.py::test_bad_sizes_for_the_model_or_world_are_refused",
+        "tests/test_compose.py::test_what_is_not_composed_is_refused_before_any_group_is_made",
+        "tests/test_compose_hf.py::test_what_cannot_be_composed_is_refused_in_the_parent_naming_the_feature",
+        "tests/test_compose_optim.py",
+        "tests/test_compose_theory.py",
+        "tests/test_compose_hf.py::test_layouts_of_4_ranks_equal_one_process",
+        "tests/test_compose.py",
+    ],
     "checkpoint_files": [
         "tests/test_checkpoint.py",
         "tests/test_checkpoint_data.py",
