@@ -12,6 +12,7 @@ is off by ≥ 1/√2: each failure is far outside the tolerance.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -94,3 +95,43 @@ def test_weight_decay_spares_norms_and_biases_in_one_process():
 def test_bad_optimizer_options_are_refused_naming_the_option(options, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         OptimizerConfig(**options).check(5)
+
+
+def _clip_two_ranks(max_norms: list[float]) -> list[tuple[float, list[float]]]:
+    """Rank 0 owns [3, 4], rank 1 owns [12]; both hold a piece [84] that only rank 0 owns
+    (a copy replicated over tp or dp_replicate): the whole gradient's norm is 85. One clip
+    per max_norm, each on fresh gradients (one world for all)."""
+    import torch.distributed as dist
+
+    from minidist.compose.optim import clip_grad_norm_
+
+    rank, out = dist.get_rank(), []
+    for max_norm in max_norms:
+        chunk = torch.tensor([3.0, 4.0]) if rank == 0 else torch.tensor([12.0])
+        shared = torch.tensor([84.0])
+        pieces = [
+            SimpleNamespace(owner=True, tensor=chunk),
+            SimpleNamespace(owner=rank == 0, tensor=shared),
+        ]
+        zero = SimpleNamespace(shard=SimpleNamespace(grad=chunk))
+        engine = SimpleNamespace(optimizers=[([], zero)], grad_pieces=lambda held=pieces: held)
+        out.append((clip_grad_norm_(engine, max_norm), chunk.tolist()))
+    return out
+
+
+def test_clipping_counts_each_piece_once_and_never_scales_up():
+    """torch's `clip_grad_norm_` on the same three gradients in one process: a replicated
+    piece counted on every rank that holds it gives 118.4, not 85; a norm below `max_norm`
+    (1000) leaves the gradient as it is (the factor is clamped at 1), one above (8.5) scales
+    it by 8.5 / 85."""
+    max_norms = [1000.0, 8.5]
+    ranks = minidist.launch(_clip_two_ranks, 2, max_norms, timeout_s=120)
+    for i, max_norm in enumerate(max_norms):
+        grads = [torch.tensor([3.0, 4.0]), torch.tensor([12.0]), torch.tensor([84.0])]
+        params = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        want = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        assert [rank[i][0] for rank in ranks] == pytest.approx([want, want], rel=1e-6)
+        assert ranks[0][i][1] == pytest.approx(params[0].grad.tolist(), rel=1e-6), max_norm
+        assert ranks[1][i][1] == pytest.approx(params[1].grad.tolist(), rel=1e-6), max_norm

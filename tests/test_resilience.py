@@ -156,6 +156,32 @@ def fsdp_same_layout(path, resume: bool):
     return first.losses + rest.losses, fsdp.full_parameters(), draw
 
 
+def streams_on_another_layout(path):
+    """2 ranks save their random streams under {"fsdp": 2}; loaded back under the same layout
+    and under another one of the same world size."""
+    rank = dist.get_rank()
+    model, _, _ = build("gpt")
+    fsdp = FullyShardedDataParallel(model, wrap=UNITS["gpt"])
+    opt = torch.optim.Adam(fsdp.sharded_parameters(), **ADAM)
+    materialize_optimizer_state(opt)
+    torch.manual_seed(1234 + rank)
+    streams = TrainingState(1, 8, rng=minidist.resilience.capture_rng())
+    save(path, fsdp_pieces(fsdp, opt), streams, {"fsdp": 2})
+    same = load(path, fsdp_pieces(fsdp, opt), {"fsdp": 2})
+    other = load(path, fsdp_pieces(fsdp, opt), {"zero": 2})
+    return same.rng_restored, sorted(same.state.rng), other.rng_restored, other.state.rng
+
+
+def test_random_streams_come_back_only_on_the_layout_that_saved_them(tmp_path):
+    """A rank's streams belong to its place in the saved layout: another layout of as many
+    ranks gets none (its rank r is another shard of another grid), not rank r's."""
+    for same, names, other, streams in minidist.launch(
+        streams_on_another_layout, 2, tmp_path / "ck"
+    ):
+        assert same and names
+        assert not other and streams == {}
+
+
 # -- resharding ---------------------------------------------------------------------------------
 def test_zero1_on_4_ranks_resumes_as_fsdp_on_2_and_in_one_process(tmp_path):
     path = tmp_path / "ck"

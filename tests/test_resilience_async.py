@@ -134,3 +134,52 @@ def test_loads_close_every_file_they_pin(tmp_path):
     minidist.launch(save_in_background_and_train_on, 2, tmp_path / "ck")
     before, after = minidist.launch(loads_in_a_row, 1, tmp_path / "ck", 20)[0]
     assert after == before
+
+
+def saved_then_changed(path):
+    """One rank: an asynchronous save whose background write is held until the live tensors
+    have changed (deterministically what a write slower than the next step sees); then a
+    save whose write fails. (the values saved, the values after, wait()'s error)."""
+    from minidist.resilience import async_save
+
+    model, _, _ = build("gpt")
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
+    materialize_optimizer_state(opt)
+    changed, real = threading.Event(), async_save.write
+
+    def held_write(where, chunks, group=None):
+        changed.wait(60)
+        real(where, chunks, group)
+
+    def failing_write(where, chunks, group=None):
+        raise OSError("no space left on device")
+
+    saver = AsyncSaver()
+    async_save.write = held_write
+    saver.save(path, module_pieces(model, opt), TrainingState(step=1, samples=8))
+    at_save = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next step, while the write has not started
+    changed.set()
+    saver.wait()
+    async_save.write = failing_write
+    saver.save(path.parent / "failed", module_pieces(model, opt), TrainingState(step=2))
+    try:
+        saver.wait()
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    async_save.write = real
+    saver.close()
+    return at_save, error
+
+
+def test_the_background_write_holds_a_copy_and_its_failure_is_raised(tmp_path):
+    """The write runs on a copy taken in `save` (on a CPU too, where `.to("cpu")` would hand
+    over the live tensor itself): a step taken before the write starts does not leak into
+    the checkpoint. A write that fails is raised by the next `wait`, never reported saved."""
+    at_save, error = minidist.launch(saved_then_changed, 1, tmp_path / "ck", timeout_s=120)[0]
+    state, _ = minidist.launch(one_process, 1, tmp_path / "ck")[0]
+    assert all(torch.equal(state[k], at_save[k]) for k in at_save)
+    assert error is not None and "no space left on device" in error

@@ -7,6 +7,11 @@ restores them after each bug):
     git worktree add /tmp/minidist-sweep HEAD
     cd /tmp/minidist-sweep && PYTHONPATH=$PWD python tests/mutants/sweep.py [package ...]
 
+On a machine others share, `MINIDIST_SWEEP_LOCK=FILE` runs each pytest (one per bug, and
+each package's baseline) under `flock FILE`, so the sweep holds the lock a bug at a time.
+`MINIDIST_SWEEP_ONLY=TEXT` plants only the bugs whose description contains TEXT, and
+`MINIDIST_SWEEP_NO_BASELINE=1` skips the baseline runs (when they passed in a run before).
+
 First each package's tests run once without a bug (a failing or hanging suite would
 "catch" everything): a package whose tests fail then is reported and skipped. Per bug it
 prints caught or SURVIVED; at the end caught/total per package. A bug whose text is not in
@@ -71,6 +76,9 @@ def run(package: str) -> bool:
         "no:cacheprovider",
         *tests_of(package),
     ]
+    lock = os.environ.get("MINIDIST_SWEEP_LOCK")
+    if lock:
+        cmd = ["flock", lock, *cmd]
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT_S)
@@ -82,11 +90,13 @@ def run(package: str) -> bool:
 def main(packages: list[str]) -> None:
     score: dict[str, list[int]] = {}
     baseline: dict[str, bool] = {}
+    only = os.environ.get("MINIDIST_SWEEP_ONLY", "")
+    skip_baseline = bool(os.environ.get("MINIDIST_SWEEP_NO_BASELINE"))  # run once already
     for package, path, old, new, what in MUTANTS:
-        if packages and package not in packages:
+        if (packages and package not in packages) or only not in what:
             continue
         if package not in baseline:
-            baseline[package] = not run(package)
+            baseline[package] = skip_baseline or not run(package)
             if not baseline[package]:
                 print(f"baseline  {package:17} its tests fail without any bug: skipped")
         if not baseline[package]:
