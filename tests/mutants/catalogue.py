@@ -1526,8 +1526,8 @@ MUTANTS = [
     (
         "compose",
         "compose/split.py",
-        "        return total * (self.ctx.scale / self.ctx.tokens)",
-        "        return total / self.ctx.tokens",
+        "        return total if mean else total * (self.ctx.scale / self.ctx.tokens)",
+        "        return total if mean else total / self.ctx.tokens",
         "the loss not scaled by micro-batches × data ranks (each rank's share of the mean)",
     ),
     (
