@@ -34,12 +34,15 @@ def _error(capsys, argv: list[str]) -> str:
 
 
 LAYOUTS = [  # 4, 6 and 8 ranks: experts under tp, an odd data group with ZB-V on 5 layers,
-    # cp with sp and HSDP in bf16 with recomputation
+    # cp with sp and HSDP in bf16 with recomputation, FSDP with tp and pp, ZeRO-2
     ["--model", "moe", "--dp-shard", "2", "--ep", "2", "--tp", "2", "--recompute"],
     ["--model", "llama", "--dp-shard", "3", "--pp", "2", "--schedule", "zb-v", "--layers", "5",
      "--global-batch", "6"],
     ["--model", "gpt", "--dp-replicate", "2", "--cp", "2", "--tp", "2", "--sp", "--precision",
      "bf16", "--recompute"],
+    ["--model", "llama", "--dp-shard", "2", "--tp", "2", "--pp", "2", "--dp-shard-mode",
+     "optim_grads_params"],  # FSDP per layer
+    ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads"],  # ZeRO-2
 ]  # fmt: skip
 
 
