@@ -159,6 +159,7 @@ TAGS = {
     "tp": "tp",
     "sp": "tp",
     "ep": "ep",
+    "loss-tokens": "dp",  # the valid targets' count, over the data ranks
 }
 
 
@@ -176,7 +177,8 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
       loss's broadcast over the pipeline and the tied embedding's all-reduce;
     - cp: ring attention's K/V passes (forward and backward) and the dK/dV accumulators';
     - ep: the counts, dispatch and combine all-to-alls (forward and backward).
-    - dp also: the clipping norm's one float64 all-reduce over the world (`--clip-grad`).
+    - dp also: the clipping norm's one float64 all-reduce over the world (`--clip-grad`),
+      and under the valid-token mean the count's float64 all-reduce over the data ranks.
     Left out: the loss's mean over the data ranks and the comparison contract's gathers."""
     out = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
     for r in ledger.records:

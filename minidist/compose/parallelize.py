@@ -102,6 +102,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         eps: float = 1e-8,
         dp_shard_mode: str = "optim",
         reshard_after_forward: bool = True,
+        valid_token_mean: bool | None = None,
     ):
         ParallelModule.__init__(self)
         self.dp_shard_mode = check_mode(dp_shard_mode)
@@ -127,8 +128,12 @@ class ComposedParallel(StatePieces, PipelineParallel):
         seq = sizes["seq_len"]
         where = torch.device(next(model.parameters()).device)
         self.ctx = StageContext(positions(seq, dims.cp, grid.coord["cp"], "zigzag", where), seq)
-        if not self.hf:
-            self.ctx.tokens = None  # the course models' loss: each micro-batch's mean
+        # the loss: the mean over the global batch's targets ≠ -100 (their count all-reduced
+        # each step: 8 bytes over dp_cp), a transformers model's always; the course models'
+        # only when asked (targets that may be -100), else each micro-batch's plain mean
+        self.count_tokens = self.hf if valid_token_mean is None else bool(valid_token_mean)
+        if not self.count_tokens:
+            self.ctx.tokens = None
         tp = grid.group("tp") if dims.tp > 1 else None
         cp = grid.group("cp") if dims.cp > 1 else None
         # GPT-2's Conv1D weights are held as nn.Linear's (transposed): named for the edges
@@ -185,9 +190,9 @@ class ComposedParallel(StatePieces, PipelineParallel):
         return super().eval_step(self._count_targets(batch))
 
     def _count_targets(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, targets); for a transformers model, the step's valid targets counted over
-        the data ranks and its attention mask (a third tensor) handed to its stages."""
-        if not self.hf:
+        """(ids, targets); under the valid-token mean, the step's valid targets counted over
+        the data ranks and an attention mask (a third tensor) handed to its stages."""
+        if not self.count_tokens:
             return batch
         if len(batch) == 3:  # (ids, targets, attention mask): padding the model masks
             if self.dims.cp > 1:

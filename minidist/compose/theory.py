@@ -323,16 +323,20 @@ def planned(
     recompute: bool = False,
     dp_shard_mode: str = "optim",
     reshard_after_forward: bool = True,
+    valid_token_mean: bool = False,
 ) -> dict:
     """{"memory": {kind: bytes}, "bytes": {kind: bytes}}, the most over the pipeline ranks
     (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
-    train` prints them beside the measured ones."""
+    train` prints them beside the measured ones; `valid_token_mean`: the loss's count of
+    valid targets, one float64 all-reduced over the data ranks each step (dp)."""
     m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
     memory, sent = {}, {}
     for r in range(dims.pp):
         states = model_state_bytes(model, dims, precision, r, dp_shard_mode)
         args = (model, dims, micro_batch, m, precision)
         dp = dp_bytes(model, dims, precision, r, dp_shard_mode, m, reshard_after_forward)
+        if valid_token_mean:
+            dp += ring_bytes("all_reduce", 8, dims.dp_replicate * dims.dp_shard * dims.cp)
         kinds = {"dp": dp, "pp": pp_bytes(*args, r)}
         kinds.update(cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r))
         for k, v in states.items():

@@ -380,6 +380,7 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
     sends, by kind (the experts' all-to-all depends on the routing and the activations on
     the schedule's walk: measured only)."""
     from ..compose.theory import planned
+    from .loop import prepare
     from .models import build_model
 
     if config["model"] in ("hf", "factory"):  # the theory plans the course's models
@@ -393,6 +394,7 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
         args.recompute,
         args.dp_shard_mode,
         not args.no_reshard_after_forward,
+        valid_token_mean=prepare(args)[0].ignores,
     )
 
 

@@ -44,6 +44,12 @@ class TokenData:
         self.vocab, self.max_id, self.what, self.cycle = vocab, max_id, what, cycle
         self.n_eval, self.order = 0, None
 
+    @property
+    def ignores(self) -> bool:
+        """Whether targets may be -100 (an .npz's labels; its rows' last target always is),
+        so the loss must be the mean over the global batch's valid tokens."""
+        return self.what.get("kind") == "npz"
+
     def split(self, global_batch: int, eval_batches: int) -> None:
         """Hold out the last `eval_batches`·`global_batch` rows for evaluation."""
         self.global_batch, self.n_eval = global_batch, eval_batches * global_batch

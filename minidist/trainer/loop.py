@@ -270,6 +270,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         dp_shard_mode=args.dp_shard_mode,
         reshard_after_forward=not args.no_reshard_after_forward,
         seq_len=data.seq_len,
+        valid_token_mean=data.ignores or None,  # -100 targets: a transformers model's loss
         **engine_options(optim),
     )
     engine.measure_activations = True
