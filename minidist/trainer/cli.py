@@ -410,10 +410,21 @@ def print_lines(lines: dict) -> None:
         )
 
 
+def ep_bound(args: argparse.Namespace, config: dict) -> dict:
+    """{"planned_bytes_ep_bound": bytes} for the MoE model (else {})."""
+    from ..compose.theory import ep_bytes_bound
+    from .models import build_model
+
+    if config["model"] != "moe":
+        return {}
+    model = build_model(config, args.seed)
+    dims = ParallelDims(**dims_of(args))
+    bound = ep_bytes_bound(model, dims, args.global_batch, args.micro_batch, args.precision)
+    return {"planned_bytes_ep_bound": bound}
+
+
 def run_train(args: argparse.Namespace) -> int:
     import minidist
-
-    from .plan import ep_bound
 
     config = check_run(args)
     resolved = options.resolved_toml(args)

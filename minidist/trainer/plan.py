@@ -38,25 +38,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def ep_bound(args: argparse.Namespace, config: dict) -> dict:
-    """{"planned_bytes_ep_bound": bytes} for the MoE model (else {})."""
-    from ..compose.dims import ParallelDims
-    from ..compose.theory import ep_bytes_bound
-    from .cli import dims_of
-    from .models import build_model
-
-    if config["model"] != "moe":
-        return {}
-    model = build_model(config, args.seed)
-    dims = ParallelDims(**dims_of(args))
-    bound = ep_bytes_bound(model, dims, args.global_batch, args.micro_batch, args.precision)
-    return {"planned_bytes_ep_bound": bound}
-
-
 def planned_lines(args: argparse.Namespace, config: dict) -> dict:
     """{name: value}: the world and the plan, in `train`'s names."""
     from ..compose.dims import ParallelDims
-    from .cli import _planned, dims_of
+    from .cli import _planned, dims_of, ep_bound
 
     lines: dict = {"world_size": ParallelDims(**dims_of(args)).world_size}
     plan = _planned(args, config)
