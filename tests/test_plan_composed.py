@@ -33,16 +33,18 @@ def _error(capsys, argv: list[str]) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-LAYOUTS = [  # 4, 6 and 8 ranks: experts under tp, an odd data group with ZB-V on 5 layers,
-    # cp with sp and HSDP in bf16 with recomputation, FSDP with tp and pp, ZeRO-2
+LAYOUTS = [  # 4, 6 and 8 ranks: experts under tp, an odd data group with ZB-V on 5 layers
+    # (offloaded), cp with sp and HSDP in bf16 with recomputation, FSDP with tp and pp, ZeRO-2
+    # (offloaded)
     ["--model", "moe", "--dp-shard", "2", "--ep", "2", "--tp", "2", "--recompute"],
     ["--model", "llama", "--dp-shard", "3", "--pp", "2", "--schedule", "zb-v", "--layers", "5",
-     "--global-batch", "6"],
+     "--global-batch", "6", "--optimizer-cpu-offload"],
     ["--model", "gpt", "--dp-replicate", "2", "--cp", "2", "--tp", "2", "--sp", "--precision",
      "bf16", "--recompute"],
     ["--model", "llama", "--dp-shard", "2", "--tp", "2", "--pp", "2", "--dp-shard-mode",
      "optim_grads_params"],  # FSDP per layer
-    ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads"],  # ZeRO-2
+    ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads",
+     "--optimizer-cpu-offload"],  # ZeRO-2
 ]  # fmt: skip
 
 

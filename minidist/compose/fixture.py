@@ -116,21 +116,31 @@ def train_one_process(
 
 def memory_by_kind(engine) -> dict[str, int]:
     """Bytes this rank holds per kind: parameters, gradients, float32 master weights,
-    optimizer states, saved activations (peak, when measured)."""
+    optimizer states, saved activations (peak, when measured); offloaded, the chunks' float32
+    copies, their reduced gradients and Adam's state as `host_*` (none on the device)."""
     params = list(engine.module.parameters())
     shards = [opt.shard for _, opt in engine.optimizers]
     sharded = getattr(engine, "data_parallel", None)
     grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     if sharded is not None:  # FSDP's freed parameters hold no storage
         params = [p for p in params if p.untyped_storage().size()]
-    return {
+    if sharded is not None:  # ZeRO-2/3: what the step's end found (the root's, the chunks)
+        grads = sharded.grad_bytes + (0 if engine.offload else sharded.chunk_grad_bytes)
+    out = {
         "params": sum(p.numel() * p.element_size() for p in params),
-        # ZeRO-2/3: what the step's end found (the root's full gradients, the units' chunks)
-        "grads": sharded.grad_bytes if sharded is not None else grads,
+        "grads": grads,
         "master": sum(s.numel() * 4 for s in shards),
         "optimizer": sum(2 * s.numel() * 4 for s in shards),
         "activations": engine.peak_saved_bytes,
     }
+    if engine.offload:  # lesson 05: the chunks, their gradients and Adam in host memory
+        chunk_grads = sum(
+            s.grad.numel() * s.grad.element_size() for s in shards if s.grad is not None
+        )
+        host_grads = sharded.chunk_grad_bytes if sharded is not None else chunk_grads
+        out.update(host_master=out["master"], host_optimizer=out["optimizer"])
+        out.update(host_grads=host_grads, master=0, optimizer=0)
+    return out
 
 
 BYTE_KINDS = {
@@ -284,9 +294,11 @@ def run_rank(
     for i, (x, y) in enumerate(batches):
         rows = data_rows(grid, global_batch)
         x, y = x[rows.start : rows.stop], y[rows.start : rows.stop]
+        before = engine.moved()
         loss, seconds, ledger, norm = one_step(
             engine, grid, x, y, optim.lr_at(i, steps), optim.clip_grad
         )
+        moved = {way: n - before[way] for way, n in engine.moved().items()}
         norms.append(norm)
         losses.append(loss)
         times.append(seconds)
@@ -298,7 +310,7 @@ def run_rank(
         "norms": norms if optim.clip_grad is not None else [],
         "params": engine.full_parameters(),
         "optim": engine.full_optimizer_state(),
-        "bytes": bytes_by_kind(ledgers[-1], grid),
+        "bytes": {**bytes_by_kind(ledgers[-1], grid), **(moved if engine.offload else {})},
         "memory": memory_by_kind(engine),
         "step_s": sorted(times)[len(times) // 2],
         "grid": grid.mine,

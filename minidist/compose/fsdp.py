@@ -30,7 +30,9 @@ through the step.
   the gather of the one that runs next in its chunk (after it in forward, before it in
   backward) is started, so it runs while this layer computes; at most one in flight.
 
-Not here: CPU offload of the step (lesson 05).
+- CPU offload (`offload()`, lesson 05): each unit's float32 chunk, its reduced gradient and
+  Adam's state live in host memory; a gather copies the chunk up (cast first), a reduce
+  copies the gradient chunk down (FSDP2's `CPUOffloadPolicy`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class ShardedUnit(ZeroRedundancyOptimizer):
         flat = self.layout.flatten([g.float() for g in grads]).div_(self.world * self.divide)
         chunk = flat.new_empty(self.layout.chunk)
         comm.reduce_scatter(chunk, flat, group=self.group, tag=f"zero2-grads-unit{self.index}")
+        chunk = self.to_host(chunk)  # offloaded: the chunk accumulates on the host
         self.shard.grad = chunk if self.shard.grad is None else self.shard.grad.add_(chunk)
         for p in self.params:
             p.grad = None
@@ -87,10 +90,10 @@ class ShardedUnit(ZeroRedundancyOptimizer):
                 self.wait()
             return
         dtype = self.params[0].dtype
-        full = self.shard.new_empty(self.layout.padded, dtype=dtype)
+        full = self.shard.new_empty(self.layout.padded, dtype=dtype, device=self.device)
         work = comm.all_gather(
             full,
-            self.shard.detach().to(dtype),
+            self.to_device(self.shard.detach(), dtype),  # cast before the gather
             group=self.group,
             async_op=True,
             tag=f"fsdp-params{self.index}",
@@ -215,23 +218,26 @@ class ShardedDataParallel:
         """What the backward left reduced (the root, incomplete units), a zero chunk where
         nothing was, then HSDP's all-reduce of the chunks over dp_replicate."""
         dims = self.engine.dims
-        self.grad_bytes = sum(
+        self.grad_bytes = sum(  # on the device: full gradients not yet reduced
             p.grad.numel() * p.grad.element_size()
             for _, u in self.units
             for p in u.params
             if p.grad is not None
-        ) + sum(u.shard.grad.numel() * 4 for _, u in self.units if u.shard.grad is not None)
+        )
+        self.chunk_grad_bytes = sum(  # the reduced chunks (on the host when offloaded)
+            u.shard.grad.numel() * 4 for _, u in self.units if u.shard.grad is not None
+        )
         for _, unit in self.units:
             unit.reduce_gradients()
             unit.accumulated.clear()
             unit.pending = 0
             if unit.shard.grad is None:
                 unit.shard.grad = torch.zeros_like(unit.shard)
-        if dims.dp_replicate > 1:
-            chunks = [u.shard.grad for _, u in self.units]
+        if dims.dp_replicate > 1:  # offloaded: up, all-reduced, down again
+            chunks = [u.to_device(u.shard.grad) for _, u in self.units]
             all_reduce_flat(chunks, self.engine.grid.group("dp_replicate"), "hsdp-chunks")
-            for g in chunks:
-                g.div_(dims.dp_replicate)
+            for (_, u), g in zip(self.units, chunks):
+                u.shard.grad = u.to_host(g.div_(dims.dp_replicate))
 
     def zero_grad(self) -> None:
         for _, unit in self.units:

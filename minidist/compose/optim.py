@@ -148,11 +148,11 @@ def clip_grad_norm_(engine, max_norm: float) -> float:
     """After `finish_gradient_sync`: the whole gradient's 2-norm (every rank gets it), and
     each rank's chunk scaled by min(1, max_norm / (norm + 1e-6)), as torch's."""
     chunks = [opt.shard.grad for _, opt in engine.optimizers if opt.shard.grad is not None]
-    device = chunks[0].device if chunks else comm.group_device(None)
+    device = comm.group_device(None)  # the chunks may be on the host (offloaded)
     squares = torch.zeros((), dtype=torch.float64, device=device)
     for q in engine.grad_pieces():
         if q.owner:
-            squares += q.tensor.double().pow(2).sum()
+            squares += q.tensor.double().pow(2).sum().to(device)
     comm.all_reduce(squares, tag="clip-grad-norm")  # over the world: every kind of share
     norm = squares.sqrt().float()
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -25,7 +25,9 @@ each later step works on what the earlier ones left):
 5. recomputation of every layer (lesson 08's `recompute`, non-reentrant);
 6. ZeRO-1 over dp_shard × cp (lesson 10's `ZeroRedundancyOptimizer`: the reduce-scatter of
    the gradients, Adam on this rank's chunk of a float32 copy, the all-gather), or with
-   `dp_shard_mode` ZeRO-2 or ZeRO-3 (FSDP) per layer (`fsdp.py`);
+   `dp_shard_mode` ZeRO-2 or ZeRO-3 (FSDP) per layer (`fsdp.py`); with
+   `optimizer_cpu_offload` (Megatron-core's name) the chunks and Adam's state in host memory
+   and the step on the host (lesson 05, ZeRO-Offload: gradients down, the chunk up);
 7. replication over dp_replicate (HSDP: the gradients all-reduced across the replicas
    before the reduce-scatter, Zhao et al. 2023 "PyTorch FSDP" section 3.2.2);
 8. mixed precision (lesson 12's rule): bf16 parameters and compute, float32 master weights,
@@ -103,8 +105,10 @@ class ComposedParallel(StatePieces, PipelineParallel):
         dp_shard_mode: str = "optim",
         reshard_after_forward: bool = True,
         valid_token_mean: bool | None = None,
+        optimizer_cpu_offload: bool = False,
     ):
         ParallelModule.__init__(self)
+        self.offload = bool(optimizer_cpu_offload)
         self.dp_shard_mode = check_mode(dp_shard_mode)
         self.reshard_after_forward = reshard_after_forward
         if precision not in ("fp32", "bf16"):
@@ -255,6 +259,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
                 )
                 self.optimizers.append((names, opt))
         for _, opt in self.optimizers:
+            if self.offload:  # lesson 05: the chunk and Adam's state in host memory
+                opt.offload()
             opt.inner = shard_optimizer(opt, optim)
             state = opt.inner.state[opt.shard]  # made now, so pieces exist before step 1
             state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
@@ -311,6 +317,14 @@ class ComposedParallel(StatePieces, PipelineParallel):
     def step(self) -> None:
         for _, opt in self.optimizers:
             opt.update()
+
+    def moved(self) -> dict[str, int]:
+        """Bytes copied between the device and the host so far (offloaded chunks)."""
+        out = {"device_to_host": 0, "host_to_device": 0}
+        for _, opt in self.optimizers:
+            for way, n in opt.moved.items():
+                out[way] += n
+        return out
 
     def _edges(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole tensors in the model's own layout (GPT-2's Conv1D weights transposed back)."""

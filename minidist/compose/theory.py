@@ -124,11 +124,18 @@ def unit_collectives(dims, microbatches: int, pp_rank: int, chunk: int, reshard:
 
 
 def model_state_bytes(
-    model: nn.Module, dims, precision: str = "fp32", pp_rank: int = 0, mode: str = "optim"
+    model: nn.Module,
+    dims,
+    precision: str = "fp32",
+    pp_rank: int = 0,
+    mode: str = "optim",
+    offload: bool = False,
 ) -> dict[str, int]:
     """{params, grads, master, optimizer}: bytes a rank of pipeline rank `pp_rank` keeps
     between steps (grads: at the backward's end; ZeRO-2/3: the root's whole, every layer
-    unit's reduced chunk, as if every expert got a token)."""
+    unit's reduced chunk, as if every expert got a token). `offload` (lesson 05): the
+    float32 chunks, their reduced gradients and Adam's state as `host_*`, none on the
+    device."""
     e = 2 if precision == "bf16" else 4
     held = rank_params(model, dims, pp_rank)
     if mode != "optim":
@@ -137,24 +144,73 @@ def model_state_bytes(
         freed = sum(n for _, n, _, layer in mine if layer) if mode == "optim_grads_params" else 0
         root = sum(n for _, n, _, layer in mine if not layer)
         layer_chunks = sum(zero_theory.padded_numel([n], g) // g for _, n, g, lr in mine if lr)
-        return {
+        out = {
             "params": e * (held["dense"] + held["expert"] - freed),
             "grads": e * root + 4 * layer_chunks,
             "master": 4 * chunk,
             "optimizer": 8 * chunk,
         }
-    groups = (
-        (held["dense_trainable"], dims.dp_shard * dims.cp),
-        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
-    )
-    chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
-    params = held["dense"] + held["expert"]
-    return {
-        "params": e * params,
-        "grads": e * (held["dense_trainable"] + held["expert_trainable"]),
-        "master": 4 * chunk,
-        "optimizer": 8 * chunk,
-    }
+        host_grads = 4 * layer_chunks  # the chunks the backward reduced (the root's: later)
+        device_grads = out["grads"] - host_grads
+    else:
+        groups = (
+            (held["dense_trainable"], dims.dp_shard * dims.cp),
+            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
+        )
+        chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
+        out = {
+            "params": e * (held["dense"] + held["expert"]),
+            "grads": e * (held["dense_trainable"] + held["expert_trainable"]),
+            "master": 4 * chunk,
+            "optimizer": 8 * chunk,
+        }
+        host_grads = 4 * chunk  # the reduced chunk, gone down in the step
+        device_grads = out["grads"]  # the full gradients the backward left
+    if offload:
+        out.update(host_master=out["master"], host_optimizer=out["optimizer"], master=0)
+        out.update(host_grads=host_grads, grads=device_grads, optimizer=0)
+    return out
+
+
+def offload_bytes(
+    model: nn.Module,
+    dims,
+    precision: str = "fp32",
+    pp_rank: int = 0,
+    mode: str = "optim",
+    microbatches: int = 1,
+    reshard_after_forward: bool = True,
+) -> dict[str, int]:
+    """Bytes a rank copies between the device and the host in one step with the optimizer
+    offloaded (lesson 05's bus, not the network): each reduced float32 gradient chunk down,
+    each chunk up for an all-gather (float32 after the update; FSDP's gathers in the compute
+    type, cast on the host), HSDP's chunks up and down around their all-reduce."""
+    e = 2 if precision == "bf16" else 4
+    down = up = 0
+    if mode == "optim":
+        held = rank_params(model, dims, pp_rank)
+        for n, g in (
+            (held["dense_trainable"], dims.dp_shard * dims.cp),
+            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
+        ):
+            if n:
+                c = zero_theory.padded_numel([n], g) // g
+                down, up = down + 4 * c, up + 4 * c
+        return {"device_to_host": down, "host_to_device": up}
+    for chunk, n, g, layer in units(model, dims, pp_rank):
+        c = zero_theory.padded_numel([n], g) // g
+        if dims.dp_replicate > 1:
+            down, up = down + 4 * c, up + 4 * c
+        if not layer:  # the root: reduced once, gathered after the update
+            down, up = down + 4 * c, up + 4 * c
+        elif mode == "optim_grads":
+            down, up = down + microbatches * 4 * c, up + 4 * c
+        else:
+            gathers, reduces = unit_collectives(
+                dims, microbatches, pp_rank, chunk, reshard_after_forward
+            )
+            down, up = down + reduces * 4 * c, up + gathers * e * c
+    return {"device_to_host": down, "host_to_device": up}
 
 
 def dp_bytes(
@@ -324,17 +380,23 @@ def planned(
     dp_shard_mode: str = "optim",
     reshard_after_forward: bool = True,
     valid_token_mean: bool = False,
+    offload: bool = False,
 ) -> dict:
     """{"memory": {kind: bytes}, "bytes": {kind: bytes}}, the most over the pipeline ranks
     (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
     train` prints them beside the measured ones; `valid_token_mean`: the loss's count of
-    valid targets, one float64 all-reduced over the data ranks each step (dp)."""
+    valid targets, one float64 all-reduced over the data ranks each step (dp); `offload`:
+    the host's states and the bus's bytes (`offload_bytes`)."""
     m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
     memory, sent = {}, {}
     for r in range(dims.pp):
-        states = model_state_bytes(model, dims, precision, r, dp_shard_mode)
+        states = model_state_bytes(model, dims, precision, r, dp_shard_mode, offload)
         args = (model, dims, micro_batch, m, precision)
         dp = dp_bytes(model, dims, precision, r, dp_shard_mode, m, reshard_after_forward)
+        if offload:  # the copies over the bus, beside the network's kinds
+            bus = (model, dims, precision, r, dp_shard_mode, m, reshard_after_forward)
+            for way, n in offload_bytes(*bus).items():
+                sent[way] = max(sent.get(way, 0), n)
         if valid_token_mean:
             dp += ring_bytes("all_reduce", 8, dims.dp_replicate * dims.dp_shard * dims.cp)
         kinds = {"dp": dp, "pp": pp_bytes(*args, r)}

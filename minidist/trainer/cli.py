@@ -88,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="FSDP: keep a layer's parameters from its forward to its backward (torchtitan's "
         "reshard_after_forward=False)",
     )
+    p.add_argument(
+        "--optimizer-cpu-offload",
+        action="store_true",
+        help="the float32 chunks and Adam's state in host memory, the step on the host "
+        "(lesson 05's ZeRO-Offload; Megatron-core's optimizer_cpu_offload)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=1)
@@ -395,6 +401,7 @@ def _planned(args: argparse.Namespace, config: dict) -> dict:
         args.dp_shard_mode,
         not args.no_reshard_after_forward,
         valid_token_mean=prepare(args)[0].ignores,
+        offload=args.optimizer_cpu_offload,
     )
 
 

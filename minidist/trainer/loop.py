@@ -271,6 +271,7 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         reshard_after_forward=not args.no_reshard_after_forward,
         seq_len=data.seq_len,
         valid_token_mean=data.ignores or None,  # -100 targets: a transformers model's loss
+        optimizer_cpu_offload=args.optimizer_cpu_offload,
         **engine_options(optim),
     )
     engine.measure_activations = True
@@ -287,11 +288,14 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
     # loop
     rows = data_rows(grid, args.global_batch)  # this data rank's rows of every batch
     losses, norms, times, ledgers, evals, samples = [], [], [], [], [], []
+    moved: dict[str, int] = {}  # the last step's copies over the bus (offloaded)
     while state.step < args.steps:
         index = state.samples // args.global_batch
         x, y = data.batch(index, rows, args.global_batch)
         lr = optim.lr_at(state.step, args.steps)
+        before = engine.moved()
         loss, seconds, ledger, norm = one_step(engine, grid, x, y, lr, optim.clip_grad)
+        moved = {way: n - before[way] for way, n in engine.moved().items()}
         if speed:
             update_routing_bias(engine, speed, load_group(engine))
         state = TrainingState(state.step + 1, state.samples + args.global_batch)
@@ -343,7 +347,10 @@ def train_rank(args, dims: dict, progress=None, after_step=None) -> dict:
         "buffers": buffers,
         "optim": engine.full_optimizer_state(),
         "params_sha256": params_sha256(params),
-        "bytes": bytes_by_kind(ledgers[-1], grid) if ledgers else {},
+        "bytes": {
+            **(bytes_by_kind(ledgers[-1], grid) if ledgers else {}),
+            **(moved if engine.offload else {}),
+        },
         "memory": memory_by_kind(engine),
         "step_s": sorted(times)[len(times) // 2] if times else float("nan"),
         "read": None if report is None else (report.bytes_read, report.shard_bytes),

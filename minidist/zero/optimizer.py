@@ -8,6 +8,11 @@ chunk), the inner optimizer steps this rank's chunk of an fp32 flat copy of the 
 (its state is 1/N of the model's), and the updated chunks are all-gathered back into every
 parameter. Use it where the gradient reduction must happen once per step in a loop of its
 own (pipeline micro-batches, 3D parallelism), instead of `ZeroDataParallel`'s hooks.
+
+`offload()` moves the chunk and the inner optimizer's state to host memory (lesson 05,
+ZeRO-Offload's placement for the sharded states; Megatron-core's `optimizer_cpu_offload`):
+each reduced gradient chunk is copied down, the step runs on the host, the updated chunk
+is copied up for the all-gather; `moved` counts the bytes of each copy.
 """
 
 from __future__ import annotations
@@ -33,6 +38,32 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
         flat = self.layout.flatten([p.detach().float() for p in self.params])
         self.shard = nn.Parameter(self.layout.own(flat).clone())
         self.inner = optimizer_class([self.shard], **defaults)
+        self.device = self.shard.device  # where the collectives run (the chunk may not)
+        self.offloaded = False
+        self.moved = {"device_to_host": 0, "host_to_device": 0}
+
+    def offload(self) -> None:
+        """The chunk (and a new inner optimizer's state) in host memory, pinned on a GPU
+        machine so that the copies are DMA transfers; call before the first step."""
+        pinned = self.device.type == "cuda"
+        host = torch.empty(self.shard.shape, device="cpu", pin_memory=pinned)
+        self.shard = nn.Parameter(host.copy_(self.shard.detach()))
+        self.inner = type(self.inner)([self.shard], **self.inner.defaults)
+        self.offloaded = True
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (on the device) where the chunk lives: a counted copy when offloaded."""
+        if not self.offloaded:
+            return t
+        self.moved["device_to_host"] += t.numel() * t.element_size()
+        return t.to("cpu", copy=True)
+
+    def to_device(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A copy of `t` (the chunk) on the device, in `dtype`: the collectives' send buffer."""
+        out = t.to(self.device, dtype or t.dtype, copy=True)
+        if self.offloaded:
+            self.moved["host_to_device"] += out.numel() * out.element_size()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -51,7 +82,7 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
         flat_grad = self.layout.flatten([g.float() for g in grads]).div_(self.world)
         chunk = flat_grad.new_empty(self.layout.chunk)
         comm.reduce_scatter(chunk, flat_grad, group=self.group, tag="zero1-grads")
-        self.shard.grad = chunk
+        self.shard.grad = self.to_host(chunk)
 
     @torch.no_grad()
     def update(self) -> None:
@@ -62,7 +93,9 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
     @torch.no_grad()
     def gather(self) -> None:
         """Every rank's chunk of the (float32) flat copy, written into the parameters."""
-        full = self.shard.new_empty(self.layout.padded)
-        comm.all_gather(full, self.shard.detach().clone(), group=self.group, tag="zero1-params")
+        full = self.shard.new_empty(self.layout.padded, device=self.device)
+        comm.all_gather(
+            full, self.to_device(self.shard.detach()), group=self.group, tag="zero1-params"
+        )
         for p, view in zip(self.params, self.layout.views(full)):
             p.copy_(view)
