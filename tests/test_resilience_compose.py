@@ -56,7 +56,9 @@ SAME_LAYOUTS = [  # 4 ranks each: every kind of parallelism in one of them
     ],
     ["--model", "gpt", "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16"],
     ["--model", "moe", "--dp-shard", "4", "--ep", "2"],
-]
+    ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads_params",
+     "--optimizer-cpu-offload"],  # the host's chunks saved and loaded
+]  # fmt: skip
 
 
 def _same_layouts(ck: str) -> list[tuple[dict, dict]]:
@@ -92,6 +94,19 @@ CHANGES = {
         "gpt",
         ["--dp-shard", "2", "--tp", "2"],
         ["--dp-shard", "2", "--cp", "2", "--dp-shard-mode", "optim_grads_params"],
+    ),
+    "ZeRO-1 with tp 2 to FSDP offloaded with pp 2": (
+        "llama",
+        ["--dp-shard", "2", "--tp", "2"],
+        [
+            "--dp-shard",
+            "2",
+            "--pp",
+            "2",
+            "--dp-shard-mode",
+            "optim_grads_params",
+            "--optimizer-cpu-offload",
+        ],
     ),
     "FSDP with ep 2 to ZeRO-2 with pp 2": (
         "moe",
