@@ -123,8 +123,8 @@ def test_what_is_not_composed_is_refused_before_any_group_is_made():
     from minidist.models import GPTConfig
 
     moe, _ = build("moe")
-    with pytest.raises(ValueError, match="an MoE model with tp=2 and sp"):
-        parallelize(moe, ParallelDims(tp=2, sp=True))
+    with pytest.raises(ValueError, match="ep=3 must divide dp_shard × cp"):
+        parallelize(moe, ParallelDims(dp_shard=2, ep=3))
     dropping = moe_gpt(GPTConfig(seq_len=16, layers=4, heads=4, hidden=32), experts=4)
     with pytest.raises(ValueError, match="capacity_factor=1.0 drops tokens"):
         parallelize(dropping, ParallelDims())
@@ -243,9 +243,12 @@ def test_zero_bubble_w_runs_no_collective_and_gives_1f1bs_gradients():
                 assert world == one_f_one_b, (name, dims, recompute, k)
 
 
-MOE_TP = [  # experts whole on every tp rank, reduced over expert_dp within it (parallelize)
+MOE_TP = [  # experts whole on every tp rank, reduced over expert_dp within it (parallelize);
+    # under sp each MoE layer gathers the whole sequence (`experts.sequence_parallel_moe`)
     ("moe", dict(tp=2, dp_shard=2, ep=2)),
     ("moe", dict(tp=2, pp=2)),
+    ("moe", dict(tp=2, sp=True, dp_shard=2, ep=2)),
+    ("moe", dict(tp=2, sp=True, pp=2, schedule="zb-v")),
 ]
 
 

@@ -94,7 +94,8 @@ def test_the_hard_cases_are_planned_to_the_byte():
     recomputation (B runs each collective and recomputation once, W none); HSDP in bf16
     with recomputation; the GPT's tied embedding across an interleaved pipeline and on one
     rank in DualPipeV's V; the MoE's experts sharded by ZeRO over their ep_shard group
-    (dp_shard · cp / ep = 2 ranks, not dp_shard · cp = 4)."""
+    (dp_shard · cp / ep = 2 ranks, not dp_shard · cp = 4); the MoE under tp with sp and
+    recomputation (its two whole-sequence all-gathers, the first twice)."""
     cases = [
         ("llama", dict(tp=4, cp=2, sp=True), {}),
         ("llama", dict(dp_shard=2, tp=2, sp=True, pp=2, schedule="zb-v"), {}),
@@ -107,5 +108,6 @@ def test_the_hard_cases_are_planned_to_the_byte():
         ("gpt", dict(tp=2, cp=2, pp=2, schedule="interleaved", virtual=2), {}),
         ("gpt", dict(dp_shard=2, tp=2, pp=2, schedule="dualpipev"), {}),
         ("moe", dict(dp_shard=4, ep=2, pp=2), {}),
+        ("moe", dict(dp_shard=2, ep=2, tp=2, sp=True, pp=2), dict(recompute=True)),
     ]
     _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])

@@ -68,7 +68,7 @@ def test_plan_prints_what_train_plans_and_measures(capsys, argv):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--model", "moe", "--tp", "2", "--sp"],
+        ["--model", "llama", "--cp", "3"],  # zig-zag: the sequence in 2·cp pieces
         ["--model", "llama", "--heads", "8", "--tp", "3"],
         ["--model", "llama", "--kv-heads", "3"],
         ["--model", "gpt", "--pp", "5"],  # more stages than lesson 17's 4 layers

@@ -458,7 +458,7 @@ def _main_error(capsys, argv: list[str]) -> str:
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--model", "moe", "--tp", "2", "--sp"], "an MoE model with tp=2 and sp: the course"),
+        (["--model", "moe", "--dp-shard", "2", "--ep", "3"], "ep=3 must divide dp_shard × cp"),
         (["--data", "missing.txt"], "--data missing.txt: no such file"),
         (["--data", "{empty}"], "empty (no tokens)"),
         (["--data", "{small}", "--seq-len", "64"], "--seq-len=64 is longer than the data"),

@@ -28,6 +28,7 @@ import torch.nn as nn
 from .. import comm
 from ..expert_parallel.gpt import MoEMLP
 from ..expert_parallel.parallel import ExpertParallelMoE, _AllToAll
+from ..megatron.sequence import gather_whole_sequence, scatter_to_sequence
 
 
 def expert_modules(model: nn.Module, experts: int) -> list[tuple[str, nn.Module]]:
@@ -89,6 +90,23 @@ def expert_parallel(module: nn.Module, experts: int, group) -> nn.Module:
     cls = type(module)
     module.__class__ = type(f"ExpertParallel{cls.__name__}", (cls,), {"forward": _ep_forward})
     return module
+
+
+def sequence_parallel_moe(model: nn.Module, group) -> None:
+    """The course MoE under tp with sp (before `apply_tensor_parallel`): each MoE layer
+    gathers the whole sequence (`gather_whole_sequence`: backward keeps the rank's block)
+    and hands back the rank's block (`scatter_to_sequence`: backward gathers the blocks'
+    gradients), so every tp rank routes the same tokens as without sp and computes the same
+    gradients; its parameters are marked `tp_whole` (not summed over tp). Two all-gathers of
+    s·b·h per MoE layer and micro-batch."""
+    for module in model.modules():
+        if isinstance(module, MoEMLP):
+            module.register_forward_pre_hook(
+                lambda m, args: (gather_whole_sequence(args[0], group), *args[1:])
+            )
+            module.register_forward_hook(lambda m, a, out: scatter_to_sequence(out, group))
+            for p in module.parameters():
+                p.tp_whole = True
 
 
 def apply_expert_parallel(

@@ -3,10 +3,8 @@ or a transformers model (`model_sizes`) and the one-line refusals of the layouts
 take (`check_layout`, `check_course_layout`), each naming the model's feature and the
 layout.
 
-Not composed (refused with the reason): the course MoE under tp with sp (each tp rank
-would route its own block of the sequence, so the aux loss's token groups would follow the
-layout); an MoE that drops tokens (its result would depend on the routing groups, so on the
-layout: lesson 16 shows each group equal).
+Not composed (refused with the reason): an MoE that drops tokens (its result would depend
+on the routing groups, so on the layout: lesson 16 shows each group equal).
 """
 
 from __future__ import annotations
@@ -95,11 +93,6 @@ def check_course_layout(model: nn.Module, dims: ParallelDims) -> None:
             "position_ids (a rank's tokens sit at their global positions)"
         )
     for moe in sizes["moes"]:
-        if dims.tp > 1 and dims.sp:
-            raise ValueError(
-                f"parallelize: an MoE model with tp={dims.tp} and sp: the course MoE's experts "
-                "inside tensor parallelism are not composed here (use ep over dp_shard, or tp = 1)"
-            )
         if moe.capacity_factor * moe.k < moe.num_experts:
             raise ValueError(
                 f"parallelize: capacity_factor={moe.capacity_factor} drops tokens (need "

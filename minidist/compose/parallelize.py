@@ -50,7 +50,7 @@ from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .context_parallel import apply_context_parallel
 from .dims import Grid, ParallelDims
-from .experts import apply_expert_parallel
+from .experts import apply_expert_parallel, sequence_parallel_moe
 from .fsdp import ShardedDataParallel, check_mode
 from .layout_check import check_course_layout, check_layout, model_sizes
 from .model_parts import family, find_parts
@@ -82,7 +82,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
     runs the layer on the same tokens (the block's input is whole on every tp rank), so the tp
     ranks compute the same expert gradients and an expert is reduced over expert_dp within its tp
     rank, never over tp (torchtitan's expert tensor parallel degree 1; the all-to-all runs within
-    each tp rank's slice of the ep group).
+    each tp rank's slice of the ep group). Under sp the MoE layer gathers the whole sequence
+    first and hands back the rank's block (`experts.sequence_parallel_moe`), so the same holds.
     """
 
     measure_activations = False  # the CLI turns it on to print the activations' peak
@@ -151,6 +152,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
             stage = split_model(model, stages, vs, self.ctx)  # 1. the pipeline split
             conv1d_to_linear(stage.model)
             if tp is not None:  # 2. tensor and sequence parallelism
+                if dims.sp:  # the course MoE sees whole sequences (`experts`)
+                    sequence_parallel_moe(stage.model, tp)
                 apply_tensor_parallel(stage, tp, dims.sp, sizes)
             if cp is not None:  # 3. ring attention over cp, as the attention's kernel
                 apply_context_parallel(stage, cp, seq)

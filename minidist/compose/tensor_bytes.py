@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from ..expert_parallel.gpt import MoEMLP
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
 from .holdings import _owner, _sizes, _split, _style, chunks
@@ -22,16 +23,25 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
     nothing is gathered again); a row-parallel output is all-reduced in forward (g) or
     reduce-scattered (all-gathered in backward); the vocabulary-parallel embedding like a
     row output; the loss's three float32 all-reduces per token (max, sum of exponentials,
-    target logit). `partial`: elements of the gradients every tp rank holds a partial sum
-    of, all-reduced after each micro-batch (replicated K/V; under sp every parameter tensor
-    parallelism does not cut)."""
+    target logit); under sp the course MoE's two all-gathers (it runs whole sequences).
+    `partial`: elements of the gradients every tp rank holds a partial sum of, all-reduced
+    after each micro-batch (replicated K/V; under sp every parameter tensor parallelism does
+    not cut, but the MoE's)."""
     kind, sizes = family(model), _sizes(model)
     plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
     h, sp = sizes["hidden"], dims.sp
     enter = [("all_gather", "F"), ("reduce_scatter", "B")] if sp else [("all_reduce", "B")]
     row = [("reduce_scatter", "F"), ("all_gather", "B")] if sp else [("all_reduce", "F")]
-    calls, entered = [], set()
+    calls, entered, whole = [], set(), []
     for name, module in model.named_modules():
+        if sp and isinstance(module, MoEMLP):
+            if not _owner(kind, name + ".x", first, last, chunk_layers):
+                continue
+            # the MoE runs whole sequences (`experts.sequence_parallel_moe`): gathered in
+            # forward, its output's gradient gathered in backward; its parameters not summed
+            calls += [("all_gather", "F", h, True), ("all_gather", "B", h, True)]
+            whole.append(name + ".")
+            continue
         style = _style(plan, name)
         if style is None or not _owner(kind, name + ".x", first, last, chunk_layers):
             continue
@@ -61,6 +71,8 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
     partial = 0
     for name, p in model.named_parameters():
         if not (p.requires_grad and _owner(kind, name, first, last, chunk_layers)):
+            continue
+        if any(name.startswith(w) for w in whole):
             continue
         module = name.rpartition(".")[0]
         if not _split(model, plan, name, dims.tp) and (sp or _style(plan, module) == "colwise_kv"):

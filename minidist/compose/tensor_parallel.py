@@ -307,7 +307,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
     region += positions
     for part in region:
         for p in part.parameters():
-            if p.requires_grad and not hasattr(p, "tp_split"):
+            if p.requires_grad and not hasattr(p, "tp_split") and not hasattr(p, "tp_whole"):
                 if sp or getattr(p, "tp_partial", False):
                     p.register_hook(lambda g: allreduce_replicated_grad(g, group))
     stage.tp_group = group

@@ -127,6 +127,25 @@ class _ScatterToSequence(torch.autograd.Function):  # into the region from a rep
         return gather_sequence(grad, ctx.group, "sp-scatter-backward"), None
 
 
+class _GatherWholeSequence(torch.autograd.Function):  # out of sp, for a replicated module
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return gather_sequence(x, group, "sp-whole-forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return split_sequence(grad, ctx.group), None
+
+
+def gather_whole_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """Out of the sequence-parallel region into a module every rank runs whole and alike:
+    all-gather forward; backward keeps this rank's block (every rank holds the same whole
+    gradient: nothing to sum; Megatron's `gather_from_sequence_parallel_region` with
+    `tensor_parallel_output_grad=False`)."""
+    return _GatherWholeSequence.apply(x, group)
+
+
 def scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
     """Into the sequence-parallel region from an `x` every rank holds whole: keep this
     rank's block, no communication; backward all-gathers the blocks' gradients."""

@@ -1400,8 +1400,8 @@ MUTANTS = [
     (
         "compose",
         "compose/theory.py",
-        '        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),\n    )\n    chunk =',
-        '        (held["expert_trainable"], dims.dp_shard * dims.cp),\n    )\n    chunk =',
+        '            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),\n        )\n        chunk =',
+        '            (held["expert_trainable"], dims.dp_shard * dims.cp),\n        )\n        chunk =',
         "the planned optimizer chunk of experts split over dp_shard × cp, not their ep_shard group",
     ),
     (
