@@ -6,8 +6,9 @@ alone in one process with the model's own loss; the layouts cover dp_shard, dp_r
 tp with and without sp (tp = 4 does not divide the 2 KV heads: K/V kept whole), pp (1F1B,
 interleaved, ZB-H1, ZB-V), cp (ring attention in the model's attention interface), ep (the
 model's experts module over ranks, its router kept; DeepSeek-V3's latent attention and
-shared expert too), recompute (with the zero-bubble
-schedules too), bf16, and their combinations.
+shared expert too; under tp the shared expert split as a dense MLP, the routed experts
+whole on each tp rank), recompute (with the zero-bubble schedules too), bf16, and their
+combinations.
 
 Tolerances as lesson 17's (tests/test_compose.py): losses 1e-5 (measured ≤ 1e-6),
 parameters 1e-3 (Adam's 1/√v magnifies summation-order noise where a gradient is near zero;
@@ -71,6 +72,7 @@ RUNS_2 = [
     ("llama", dict(pp=2, schedule="zb-h1"), {"recompute": True}),
     ("qwen2", dict(pp=2, schedule="zb-v"), {"recompute": True}),
     ("deepseek_v3", dict(dp_shard=2, ep=2), {}),
+    ("deepseek_v3", dict(tp=2), {}),  # the shared expert split as a dense MLP
 ]
 
 
@@ -95,6 +97,7 @@ RUNS_4 = [
     ("mixtral", dict(dp_shard=2, cp=2, ep=4), {}),
     ("mixtral", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),
     ("deepseek_v3", dict(cp=2, pp=2), {}),
+    ("deepseek_v3", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),  # routed per block under sp
 ]
 
 
@@ -121,7 +124,6 @@ REFUSED = [
     ("llama", dict(ep=2, dp_shard=2), "ep=2 needs a model with experts"),
     ("mixtral", dict(ep=3, dp_shard=3), "ep=3 must divide the experts=4"),
     ("llama", dict(cp=3), "sequence length 16 must divide by 2·cp"),
-    ("deepseek_v3", dict(tp=2), "experts with tp=2"),  # its shared expert's Linears
 ]
 
 

@@ -15,6 +15,7 @@ from ..expert_parallel.gpt import MoEMLP
 from .dims import ParallelDims
 from .experts import expert_modules
 from .model_parts import family, find_parts, hf_sizes, is_hf, takes_positions
+from .tensor_parallel import routed_expert
 
 
 def model_sizes(model: nn.Module) -> dict:
@@ -58,7 +59,8 @@ def check_layout(model: nn.Module, dims: ParallelDims, seq_len: int) -> dict:
                     f"{sorted(n for n in children if 'proj' in n)}, which tp does not split "
                     "here; use tp = 1 for this model"
                 )
-            if "expert" in name and isinstance(module, nn.Linear):
+            parent = model.get_submodule(name.rpartition(".")[0])
+            if isinstance(module, nn.Linear) and routed_expert(name, parent):
                 raise ValueError(
                     f"parallelize: experts with tp={dims.tp} are not composed "
                     f"here ({name}; use ep, or tp = 1)"

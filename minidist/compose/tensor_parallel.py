@@ -220,6 +220,16 @@ def _localize(attn: nn.Module, sizes: dict, t: int, kv_whole: bool) -> None:
         attn.config = config
 
 
+def routed_expert(name: str, parent: nn.Module) -> bool:
+    """Whether projection `name` belongs to a routed expert (kept whole per tp rank, or
+    refused as an `nn.Linear`); a shared expert (DeepSeek-V3's `shared_experts`, Qwen-MoE's
+    `shared_expert`) sees every token and is split like a dense MLP."""
+    if "shared_expert" in name:
+        return False
+    moe_block = type(parent).__name__.endswith(("MoeBlock", "MoE", "SparseMoeBlock"))
+    return moe_block or "expert" in name
+
+
 def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[str, list[str]]:
     """`stage`'s model made tensor parallel over `group` (sequence parallel if `sp`), in
     place; {style: module names}."""
@@ -239,9 +249,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
             style = styles[0]
             parent_name, _, attr = name.rpartition(".")
             parent = layer.get_submodule(parent_name)
-            if type(parent).__name__.endswith(("MoeBlock", "MoE", "SparseMoeBlock")) or (
-                "expert" in name
-            ):
+            if routed_expert(name, parent):
                 raise ValueError(
                     f"parallelize: experts with tp={t} are not composed here (use ep, or tp = 1)"
                 )
