@@ -49,6 +49,16 @@ def config(name: str, layers: int = 4, **extra):
             "mixtral": (t.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
             "gemma": (t.GemmaConfig, {"head_dim": 16}),
             "phi3": (t.Phi3Config, {}),
+            # routed experts beside a gated shared expert (Qwen1.5-MoE's block)
+            "qwen2_moe": (
+                t.Qwen2MoeConfig,
+                {
+                    "num_experts": 4,
+                    "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 16,
+                    "shared_expert_intermediate_size": 32,
+                },
+            ),
             # latent attention (q and K/V through low-rank latents, a shared rotary key) and
             # DeepSeekMoE (a shared expert beside 4 routed ones, sigmoid affinities)
             "deepseek_v3": (

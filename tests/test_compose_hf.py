@@ -73,6 +73,7 @@ RUNS_2 = [
     ("qwen2", dict(pp=2, schedule="zb-v"), {"recompute": True}),
     ("deepseek_v3", dict(dp_shard=2, ep=2), {}),
     ("deepseek_v3", dict(tp=2), {}),  # the shared expert split as a dense MLP
+    ("qwen2_moe", dict(tp=2), {}),  # and its gate kept whole
 ]
 
 
@@ -98,6 +99,7 @@ RUNS_4 = [
     ("mixtral", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),
     ("deepseek_v3", dict(cp=2, pp=2), {}),
     ("deepseek_v3", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),  # routed per block under sp
+    ("qwen2_moe", dict(dp_shard=2, ep=2, tp=2, sp=True), {}),
 ]
 
 

@@ -36,11 +36,17 @@ def check_sequence(seq: int, group) -> int:
     return seq // n
 
 
+def _dim(x: torch.Tensor) -> int:
+    """The sequence's dim: 1 of [b, s, h]; 0 of the [b·s, h] rows a module that flattens
+    the tokens passes on (Qwen-MoE's shared expert), whose blocks are this rank's rows."""
+    return 0 if x.dim() == 2 else 1
+
+
 def split_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """This rank's block of the sequence (dim 1) of `x`, contiguous."""
-    block = check_sequence(x.shape[1], group)
-    r = dist.get_rank(group)
-    return x[:, r * block : (r + 1) * block].contiguous()
+    """This rank's block of the sequence (dim 1, or the rows of a 2-d `x`), contiguous."""
+    d = _dim(x)
+    block = check_sequence(x.shape[d], group)
+    return x.narrow(d, dist.get_rank(group) * block, block).contiguous()
 
 
 def gather_sequence(x: torch.Tensor, group, tag: str) -> torch.Tensor:
@@ -49,14 +55,17 @@ def gather_sequence(x: torch.Tensor, group, tag: str) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
     comm.all_gather(out.view(-1), x.view(-1), group=group, tag=tag)
-    return torch.cat(out.unbind(0), dim=1)
+    return torch.cat(out.unbind(0), dim=_dim(x))
 
 
 def reduce_scatter_sequence(x: torch.Tensor, group, tag: str) -> torch.Tensor:
     """The sum over the ranks of `x`, of which this rank keeps its block: one reduce-scatter."""
-    block = check_sequence(x.shape[1], group)
-    flat = torch.cat([part.contiguous().view(-1) for part in x.split(block, dim=1)])
-    out = torch.empty((x.shape[0], block, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    d = _dim(x)
+    block = check_sequence(x.shape[d], group)
+    flat = torch.cat([part.contiguous().view(-1) for part in x.split(block, dim=d)])
+    shape = list(x.shape)
+    shape[d] = block
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
     comm.reduce_scatter(out.view(-1), flat, group=group, tag=tag)
     return out
 
