@@ -123,6 +123,16 @@ def unit_collectives(dims, microbatches: int, pp_rank: int, chunk: int, reshard:
     return gathers, reduces
 
 
+def zero1_flats(held: dict, dims) -> list[tuple[int, int]]:
+    """ZeRO-1's flats on a rank: (trainable elements, group size), the dense parameters'
+    over dp_shard × cp and the experts' over their ep_shard group (when the rank holds any)."""
+    flats = (
+        (held["dense_trainable"], dims.dp_shard * dims.cp),
+        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
+    )
+    return [(n, g) for n, g in flats if n]
+
+
 def model_state_bytes(
     model: nn.Module,
     dims,
@@ -153,11 +163,7 @@ def model_state_bytes(
         host_grads = 4 * layer_chunks  # the chunks the backward reduced (the root's: later)
         device_grads = out["grads"] - host_grads
     else:
-        groups = (
-            (held["dense_trainable"], dims.dp_shard * dims.cp),
-            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
-        )
-        chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in groups if n)
+        chunk = sum(zero_theory.padded_numel([n], g) // g for n, g in zero1_flats(held, dims))
         out = {
             "params": e * (held["dense"] + held["expert"]),
             "grads": e * (held["dense_trainable"] + held["expert_trainable"]),
@@ -188,14 +194,9 @@ def offload_bytes(
     e = 2 if precision == "bf16" else 4
     down = up = 0
     if mode == "optim":
-        held = rank_params(model, dims, pp_rank)
-        for n, g in (
-            (held["dense_trainable"], dims.dp_shard * dims.cp),
-            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
-        ):
-            if n:
-                c = zero_theory.padded_numel([n], g) // g
-                down, up = down + 4 * c, up + 4 * c
+        for n, g in zero1_flats(rank_params(model, dims, pp_rank), dims):
+            c = zero_theory.padded_numel([n], g) // g
+            down, up = down + 4 * c, up + 4 * c
         return {"device_to_host": down, "host_to_device": up}
     for chunk, n, g, layer in units(model, dims, pp_rank):
         c = zero_theory.padded_numel([n], g) // g
@@ -248,14 +249,10 @@ def dp_bytes(
         return out + ring_bytes("all_reduce", 4 * chunks_, dims.dp_replicate)
     held = rank_params(model, dims, pp_rank)
     out = 0.0
-    for n, g in (
-        (held["dense_trainable"], dims.dp_shard * dims.cp),
-        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),
-    ):
-        if n:
-            padded = zero_theory.padded_numel([n], g)
-            out += ring_bytes("reduce_scatter", 4 * padded, g)
-            out += ring_bytes("all_gather", 4 * padded, g)
+    for n, g in zero1_flats(held, dims):
+        padded = zero_theory.padded_numel([n], g)
+        out += ring_bytes("reduce_scatter", 4 * padded, g)
+        out += ring_bytes("all_gather", 4 * padded, g)
     trainable = held["dense_trainable"] + held["expert_trainable"]
     return out + ring_bytes("all_reduce", e * trainable, dims.dp_replicate)
 

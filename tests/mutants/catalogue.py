@@ -467,7 +467,7 @@ MUTANTS = [
     (
         "sequence_parallel",
         "megatron/sequence.py",
-        "flat = torch.cat([part.contiguous().view(-1) for part in x.split(block, dim=1)])",
+        "flat = torch.cat([part.contiguous().view(-1) for part in x.split(block, dim=d)])",
         "flat = x.contiguous().view(-1)",
         "reduce-scatter splits the flat tensor as if the sequence were dim 0 (right for batch 1 only)",
     ),
@@ -537,7 +537,7 @@ MUTANTS = [
     (
         "sequence_parallel",
         "megatron/sequence.py",
-        "return torch.cat(out.unbind(0), dim=1)",
+        "return torch.cat(out.unbind(0), dim=_dim(x))",
         "return out.view(x.shape[0], -1, *x.shape[2:])",
         "gathered blocks reinterpreted in place: right for batch 1 only",
     ),
@@ -1400,9 +1400,9 @@ MUTANTS = [
     (
         "compose",
         "compose/theory.py",
-        '            (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),\n        )\n        chunk =',
-        '            (held["expert_trainable"], dims.dp_shard * dims.cp),\n        )\n        chunk =',
-        "the planned optimizer chunk of experts split over dp_shard × cp, not their ep_shard group",
+        '        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),\n    )\n    return',
+        '        (held["expert_trainable"], dims.dp_shard * dims.cp),\n    )\n    return',
+        "the planned ZeRO-1 flat of experts split over dp_shard × cp, not their ep_shard group",
     ),
     (
         "compose",
