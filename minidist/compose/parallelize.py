@@ -41,9 +41,11 @@ from .. import comm
 from ..context_parallel.split import positions
 from ..expert_parallel.gpt import is_expert
 from ..expert_parallel.parallel import all_reduce_flat
+from ..model_parts import family, find_parts
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
 from ..pipeline.schedules import schedule, virtual_stage
+from ..pipeline.stages import Stage, StageContext
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .context_parallel import apply_context_parallel
@@ -51,9 +53,8 @@ from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel
 from .fsdp import ShardedDataParallel, check_mode
 from .layout_check import check_course_layout, check_layout, model_sizes
-from .model_parts import family, find_parts
 from .optim import OptimizerConfig, shard_optimizer
-from .split import Stage, StageContext, split_model
+from .split import split_model
 from .state import StatePieces
 from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
 

@@ -264,7 +264,7 @@ MUTANTS = [
     ),
     (
         "megatron",
-        "megatron/layers.py",
+        "models.py",  # the course attention's, which TensorParallelGPT runs
         "drop = self.dropout if self.training else 0.0",
         "drop = self.dropout",
         "dropout in eval()",
@@ -1525,7 +1525,7 @@ MUTANTS = [
     ),
     (
         "compose",
-        "compose/split.py",
+        "pipeline/stages.py",
         "        return total if mean else total * (self.ctx.scale / self.ctx.tokens)",
         "        return total if mean else total / self.ctx.tokens",
         "the loss not scaled by micro-batches × data ranks (each rank's share of the mean)",
