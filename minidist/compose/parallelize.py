@@ -262,23 +262,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
             state["exp_avg"] = torch.zeros_like(opt.shard)
             state["exp_avg_sq"] = torch.zeros_like(opt.shard)
 
-    @torch.no_grad()
-    def _sync_gradients(self) -> None:
-        """After the last micro-batch: the tied embedding's copies (GPT, > 1 chunk)."""
-        first = next((c for c in self.chunks if c.first), None)
-        last = next((c for c in self.chunks if c.last), None)
-        if not self.chunks[0].tied or self.p * self.v == 1:
-            return
-        embedding = lambda c: getattr(c.parts.base, c.parts.token)  # noqa: E731
-        head = lambda c: getattr(c.model, c.parts.head)  # noqa: E731
-        if first is not None and last is not None:
-            a, b = embedding(first).weight, head(last).weight
-            a.grad += b.grad
-            b.grad.copy_(a.grad)
-        elif first is not None or last is not None:
-            tied = embedding(first).weight if first is not None else head(last).weight
-            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
-
     def activation_shape(self, x: torch.Tensor) -> tuple[int, ...]:
         s = x.shape[1] // (self.dims.tp if self.dims.sp else 1)
         return (x.shape[0] // self.m, s, self.hidden)

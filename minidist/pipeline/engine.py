@@ -244,14 +244,16 @@ class PipelineParallel(ParallelModule):
     def _sync_gradients(self) -> None:
         first = next((c for c in self.chunks if c.first), None)
         last = next((c for c in self.chunks if c.last), None)
-        if first is not None and last is not None:  # both copies here (p = 1, or ZB-V)
+        # the tied embedding's two copies, unless one chunk holds both (one weight) or the
+        # head is its own (lesson 17's Llama)
+        tied = self.chunks[0].tied and first is not last
+        if tied and first is not None and last is not None:  # both copies here (ZB-V)
             a, b = first.embedding.weight, last.head.weight
-            if a is not b:
-                a.grad += b.grad
-                b.grad.copy_(a.grad)
-        elif first is not None or last is not None:  # the tied embedding's two copies
-            tied = first.embedding.weight if first is not None else last.head.weight
-            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
+            a.grad += b.grad
+            b.grad.copy_(a.grad)
+        elif tied:  # one of them here, the other on the embedding group's other rank
+            weight = first.embedding.weight if first is not None else last.head.weight
+            comm.all_reduce(weight.grad, group=self.embedding_group, tag="pp-tied-embedding")
         if self.dp_group is not None:  # once per step, after the last micro-batch
             n = dist.get_world_size(self.dp_group)
             for p in self._named().values():
