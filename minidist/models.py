@@ -90,9 +90,10 @@ class CausalSelfAttention(nn.Module):
         self.attn_implementation = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        # the heads read from the projection's width (a tensor-parallel rank holds some)
+        # the heads read from the projection's width (a tensor-parallel rank holds some), the
+        # sequence from its output (under sequence parallelism x is a block of it)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
+        b, s = q.shape[:2]
         q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         drop = self.dropout if self.training else 0.0
         y, _ = ATTENTION_FUNCTIONS[self.attn_implementation](self, q, k, v, None, dropout=drop)

@@ -223,7 +223,7 @@ def block_activation_rank(b: int, s: int):
     tp = TensorParallelGPT(model)
     x = torch.zeros(b, s, model.cfg.hidden, requires_grad=True)
     with SavedActivations(tp) as saved:
-        tp.blocks[0](x)
+        tp.module.blocks[0](x)
     return saved.bytes
 
 

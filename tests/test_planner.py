@@ -109,7 +109,7 @@ def _tp_all_reduce_bytes(recomputed: bool) -> tuple[int, float]:
     model, batches, _ = build_dense()
     tp = TensorParallelGPT(model, ParallelLayout(tp=dist.get_world_size()).group("tp"))
     if recomputed:
-        for block in tp.blocks:
+        for block in tp.module.blocks:
             recompute(block)
     x, y = batches[0]
     with comm.record() as ledger:

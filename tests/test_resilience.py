@@ -210,7 +210,7 @@ def tp_run(path, steps_after=0):
     train(tp, batches[:SAVED_AT], tp.loss, opt)
     save(
         path,
-        tensor_parallel_pieces(tp, opt),
+        tensor_parallel_pieces(tp.module, opt),
         TrainingState(step=SAVED_AT),
         {"tp": dist.get_world_size()},
     )
@@ -224,7 +224,7 @@ def tp_resume(path, steps_after=0):
     tp = TensorParallelGPT(model, None)
     opt = make_optimizer(tp.parameters())
     materialize_optimizer_state(opt)
-    load(path, tensor_parallel_pieces(tp, opt), {"tp": dist.get_world_size()})
+    load(path, tensor_parallel_pieces(tp.module, opt), {"tp": dist.get_world_size()})
     loaded = {k: v.clone() for k, v in tp.full_parameters().items()}
     _, batches, _ = build_dense()
     train(tp, batches[SAVED_AT : SAVED_AT + steps_after], tp.loss, opt)

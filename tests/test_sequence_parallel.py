@@ -145,7 +145,7 @@ def _eval_rank():
     dense.eval()
     idx = torch.randint(0, 30, (2, 16), generator=torch.Generator().manual_seed(3))
     logits = sp(idx)
-    start = sp.tok_emb.start
+    start = sp.module.tok_emb.start
     want = dense(idx)[..., start : start + logits.shape[-1]]
     return float((logits - want).abs().max())
 

@@ -76,8 +76,8 @@ def stage_blocks_rank(layer_counts):
         dense = build("gpt", layers=layers).model
         stage = split_tensor_parallel_gpt(dense, layout)
         out[layers] = dict(
-            three_d=[int(b) for b in stage.blocks],
-            pipeline=[int(b) for b in split_gpt(dense, 3, layout.pp_rank).blocks],
+            three_d=list(stage.held),
+            pipeline=list(split_gpt(dense, 3, layout.pp_rank).held),
             theory=list(theory.stage_layers(layers, 3)[layout.pp_rank]),
             params=sum(p.numel() for p in stage.parameters()),
         )

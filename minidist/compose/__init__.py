@@ -7,9 +7,10 @@ process. `python -m minidist train ...` runs a layout (`minidist.trainer`). Note
   `layout_check.py`: what a model cannot be composed into, refused before any rank starts
 - for any model (the course GPT, its MoE form and Llama, a transformers causal LM),
   functions that edit a copy of it in place, its own forward running once:
-  `model_parts.py` (which module is which), `split.py` (the pipeline stage running the
-  model's own forward), `tensor_parallel.py`, `context_parallel.py` (ring attention as its
-  attention kernel), `experts.py` (its experts over ep)
+  `split.py` (the model cut into lesson 09's stages, `pipeline.stages.Stage`, which find
+  which module is which with `minidist.model_parts`), `tensor_parallel.py`,
+  `context_parallel.py` (ring attention as its attention kernel), `experts.py` (its experts
+  over ep)
 - `state.py`: the training state as `minidist.pieces.Piece`s (lesson 18's contract)
 - `fixture.py`: the models, data and runs the tests and the notebook share; one step
 - `optim.py`: AdamW's decay on ndim ≥ 2, the learning-rate schedule, clipping by the

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ..context_parallel.kernel import NAME, ring_attention_kernel
 from ..models import ATTENTION_FUNCTIONS
-from .split import Stage
+from ..pipeline.stages import Stage
 
 
 def _register() -> None:

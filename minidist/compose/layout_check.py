@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..expert_parallel.gpt import MoEMLP
+from ..model_parts import family, find_parts, hf_sizes, is_hf, takes_positions
 from .dims import ParallelDims
 from .experts import expert_modules
-from .model_parts import family, find_parts, hf_sizes, is_hf, takes_positions
 from .tensor_parallel import routed_expert
 
 

@@ -43,9 +43,11 @@ from .. import comm
 from ..context_parallel.split import positions
 from ..expert_parallel.gpt import is_expert
 from ..expert_parallel.parallel import all_reduce_flat
+from ..model_parts import family, find_parts
 from ..parallel import ParallelModule
 from ..pipeline.engine import PipelineParallel
 from ..pipeline.schedules import schedule, virtual_stage
+from ..pipeline.stages import Stage, StageContext
 from ..recompute.checkpoint import recompute as recompute_module
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .context_parallel import apply_context_parallel
@@ -53,9 +55,8 @@ from .dims import Grid, ParallelDims
 from .experts import apply_expert_parallel, sequence_parallel_moe
 from .fsdp import ShardedDataParallel, check_mode
 from .layout_check import check_course_layout, check_layout, model_sizes
-from .model_parts import family, find_parts
 from .optim import OptimizerConfig, shard_optimizer
-from .split import Stage, StageContext, split_model
+from .split import split_model
 from .state import StatePieces
 from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
 
@@ -269,23 +270,6 @@ class ComposedParallel(StatePieces, PipelineParallel):
             state["step"] = torch.tensor(0.0, device="cpu")  # where torch keeps it
             state["exp_avg"] = torch.zeros_like(opt.shard)
             state["exp_avg_sq"] = torch.zeros_like(opt.shard)
-
-    @torch.no_grad()
-    def _sync_gradients(self) -> None:
-        """After the last micro-batch: the tied embedding's copies (GPT, > 1 chunk)."""
-        first = next((c for c in self.chunks if c.first), None)
-        last = next((c for c in self.chunks if c.last), None)
-        if not self.chunks[0].tied or self.p * self.v == 1:
-            return
-        embedding = lambda c: getattr(c.parts.base, c.parts.token)  # noqa: E731
-        head = lambda c: getattr(c.model, c.parts.head)  # noqa: E731
-        if first is not None and last is not None:
-            a, b = embedding(first).weight, head(last).weight
-            a.grad += b.grad
-            b.grad.copy_(a.grad)
-        elif first is not None or last is not None:
-            tied = embedding(first).weight if first is not None else head(last).weight
-            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
 
     def activation_shape(self, x: torch.Tensor) -> tuple[int, ...]:
         s = x.shape[1] // (self.dims.tp if self.dims.sp else 1)

@@ -9,8 +9,8 @@ import torch.nn as nn
 from ..expert_parallel.gpt import MoEMLP
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from ..model_parts import family
 from .holdings import _owner, _sizes, _split, _style, chunks
-from .model_parts import family
 
 
 def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: bool):

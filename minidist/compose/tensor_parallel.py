@@ -53,8 +53,7 @@ from ..megatron.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    _split,
-    vocab_slice,
+    VocabParallelHead,
 )
 from ..megatron.ops import copy_to_tp
 from ..megatron.sequence import (
@@ -62,8 +61,8 @@ from ..megatron.sequence import (
     gather_from_sequence,
     scatter_to_sequence,
 )
-from .model_parts import is_hf
-from .split import Stage, _hidden_arg, _with_hidden
+from ..model_parts import is_hf
+from ..pipeline.stages import Stage, _hidden_arg, _with_hidden
 
 HF_PLAN = {
     "*.q_proj": "colwise",
@@ -128,29 +127,6 @@ class ReplicatedKV(nn.Module):
         y = F.linear(x, self.weight, self.bias)
         heads = y.view(*y.shape[:-1], -1, self.head_dim).index_select(-2, self.index)
         return heads.flatten(-2)
-
-
-class VocabParallelHead(nn.Module):
-    """The head's rows of the (padded) vocabulary this rank's embedding slice holds:
-    logits for columns [start, start + V'/t), no communication (f ran before it)."""
-
-    def __init__(self, dense: nn.Linear, group, weight: nn.Parameter | None = None):
-        super().__init__()
-        vocab = dense.out_features
-        padded, self.start = vocab_slice(vocab, group)
-        self.vocab_size = vocab
-        if weight is None:  # not tied to an embedding slice held here
-            w = dense.weight.detach()
-            weight = nn.Parameter(_split(w, 0, 1, group, pad_to=padded), dense.weight.requires_grad)
-            weight.tp_split = (0, 1, vocab)
-        self.weight = weight
-        self.bias = None
-        if dense.bias is not None:
-            self.bias = nn.Parameter(_split(dense.bias.detach(), 0, 1, group, pad_to=padded))
-            self.bias.tp_split = (0, 1, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class ScaledVocabParallelEmbedding(VocabParallelEmbedding):
@@ -339,6 +315,7 @@ def _vocab(stage: Stage, group) -> VocabParallelEmbedding | None:
     if stage.last and parts.head is not None:
         dense = getattr(model, parts.head)
         head = VocabParallelHead(dense, group, emb.weight if parts.tied and emb else None)
+        head.entered = True  # its input, the final norm's output, entered above
         setattr(model, parts.head, head)
         stage.vocab_start, stage.vocab_size = head.start, head.vocab_size
     return emb

@@ -33,10 +33,10 @@ from ..expert_parallel import theory as ep_theory
 from ..expert_parallel.gpt import is_expert
 from ..ledger import ring_bytes
 from ..megatron.plan import GPT_PLAN, LLAMA_PLAN
+from ..model_parts import family
 from ..pipeline.schedules import SPLIT_BACKWARD, schedule, virtual_stage
 from ..zero import theory as zero_theory
 from .holdings import _owner, _sizes, chunks, local_numel
-from .model_parts import family
 from .tensor_bytes import tp_bytes  # noqa: F401 (the tp group's count, planned here too)
 
 

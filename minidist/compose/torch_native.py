@@ -26,9 +26,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..model_parts import find_parts, hf_sizes, is_hf
 from ..pipeline.schedules import V_SHAPED
-from .model_parts import find_parts, hf_sizes, is_hf
-from .split import Stage, StageContext, split_model
+from ..pipeline.stages import Stage, StageContext
+from .split import split_model
 from .tensor_parallel import _localize
 
 SCHEDULES = {

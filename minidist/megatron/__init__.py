@@ -11,9 +11,11 @@ one package.
 
 - `layout.py`: `parallel_groups(world_size, tp, pp)` and `ParallelLayout` (lesson 08)
 - `ops.py`: f, g, scatter and gather along the last dimension (autograd Functions)
-- `layers.py`: column/row-parallel Linear, parallel attention and MLP, vocab-parallel
-  embedding and cross entropy
-- `model.py`: `TensorParallelGPT`, the course GPT split over a tp group
+- `layers.py`: column/row-parallel Linear, the parallel MLP, vocab-parallel embedding, head
+  and cross entropy, the tp ranks' dropout streams
+- `plan.py`: `apply_plan`, a model's modules swapped for those layers by name (`GPT_PLAN`)
+- `model.py`: `tensor_parallel_gpt` (the plan applied to the course GPT in place, its own
+  forward running) and `TensorParallelGPT`, a copy of the GPT so split over a tp group
 - `theory.py`: all-reduces and bytes per step, parameters and memory per rank, the layout's
   bytes, the α-β time of TP and DP communication
 - `fixture.py`: the rank functions the notebooks, tests and tour run

@@ -113,10 +113,10 @@ def train_on_rank(**sizes) -> TPRun:
         trace = train(tp, batches, tp.loss, opt)
     replicated = {
         n: p.grad.clone()
-        for n, p in tp.named_parameters()
+        for n, p in tp.module.named_parameters()
         if p.grad is not None and not hasattr(p, "tp_split")
     }
-    emb = tp.tok_emb
+    emb = tp.module.tok_emb
     pad_rows = emb.weight.grad[max(0, emb.vocab_size - emb.start) :]
     return TPRun(
         trace=trace,
@@ -191,7 +191,8 @@ def ledger_by_part_on_rank(**sizes) -> list[tuple[str, str, str, int]]:
         def leave(*_):
             marks.append((len(ledger.records), None))
 
-        parts = [("embedding", tp.tok_emb)] + [(f"block {i}", b) for i, b in enumerate(tp.blocks)]
+        parts = [("embedding", tp.module.tok_emb)]
+        parts += [(f"block {i}", b) for i, b in enumerate(tp.module.blocks)]
         for name, module in parts:
             module.register_forward_pre_hook(enter(name))
             module.register_forward_hook(leave)

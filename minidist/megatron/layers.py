@@ -5,12 +5,14 @@ split by output rows: each rank computes its slice of the hidden units, no commu
 followed by a row-parallel Linear (weight split by input columns: each rank's partial
 output, summed by one all-reduce, g; the bias is added after the sum). Attention splits
 the heads the same way: Q, K, V column-parallel by heads, the output projection
-row-parallel. The input of each region passes f, whose backward all-reduces the input
-gradient: per layer 2 all-reduces of b·s·h in forward and 2 in backward.
+row-parallel; the attention's own forward then runs on this rank's heads (`model.py`). The
+input of each region passes f, whose backward all-reduces the input gradient: per layer 2
+all-reduces of b·s·h in forward and 2 in backward.
 
 The embedding splits the vocabulary: rank r holds rows [r·V/t, (r+1)·V/t) of the (padded)
 table, looks up the ids in its range, zeroes the others, and g sums the ranks' outputs.
-The output head reuses that slice (tied weights), so each rank has 1/t of the logits; the
+The output head (`VocabParallelHead`) reuses that slice (tied weights), so each rank has 1/t
+of the logits; the
 vocab-parallel cross entropy works on them without ever gathering the full logits: one
 all-reduce MAX for the stable softmax, one SUM of exp, one SUM of the target's logit.
 
@@ -29,9 +31,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..policy import module_device
 from .ops import copy_to_tp, reduce_from_tp
-from .sequence import linear_with_sequence_gather, reduce_scatter_to_sequence
+from .sequence import (
+    gather_from_sequence,
+    linear_with_sequence_gather,
+    reduce_scatter_to_sequence,
+)
 
 
 def _split(t: torch.Tensor, dim: int, blocks: int, group, pad_to: int | None = None):
@@ -164,30 +169,6 @@ class TensorParallelRNG:
             self.state = torch.get_rng_state()
 
 
-class ParallelAttention(nn.Module):
-    """Causal self-attention with the heads split over the tp ranks."""
-
-    def __init__(self, dense, group, seed: int = 0):
-        super().__init__()
-        n = dist.get_world_size(group)
-        if dense.heads % n:
-            raise ValueError(f"ParallelAttention: heads={dense.heads} not divisible by tp={n}")
-        self.heads, self.dropout = dense.heads // n, dense.dropout
-        self.rng = TensorParallelRNG(seed, group, module_device(dense))
-        self.qkv = ColumnParallelLinear(dense.qkv, group, blocks=3)
-        self.proj = RowParallelLinear(dense.proj, group)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local = self.qkv.weight.shape[0] // 3
-        q, k, v = self.qkv(x).split(local, dim=2)
-        b, s = q.shape[:2]  # the whole sequence, also when x is a block of it (lesson 14)
-        q, k, v = (t.view(b, s, self.heads, local // self.heads).transpose(1, 2) for t in (q, k, v))
-        drop = self.dropout if self.training else 0.0
-        with self.rng.fork():  # this rank's heads: this rank's dropout stream
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        return self.proj(y.transpose(1, 2).reshape(b, s, local))
-
-
 def parallel_mlp(dense: nn.Sequential, group) -> nn.Sequential:
     """Linear(h, 4h) column-parallel, GELU, Linear(4h, h) row-parallel: names kept."""
     return nn.Sequential(
@@ -216,6 +197,35 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         reduce = reduce_scatter_to_sequence if self.sequence_parallel else reduce_from_tp
         return reduce(out, self.group)
+
+
+class VocabParallelHead(nn.Module):
+    """The output head's rows of the (padded) vocabulary this rank's embedding slice holds:
+    logits for columns [start, start + V'/t) of f(x) (under sequence parallelism, of the
+    gathered sequence; `entered`: the input already entered the region). Tied to a
+    `VocabParallelEmbedding`, its `weight` is the embedding's (as the dense GPT ties them)."""
+
+    sequence_parallel = False  # lesson 14: all-gather the sequence instead of f
+    entered = False
+
+    def __init__(self, dense: nn.Linear, group, weight: nn.Parameter | None = None):
+        super().__init__()
+        self.group, vocab = group, dense.out_features
+        padded, self.start = vocab_slice(vocab, group)
+        self.vocab_size = vocab
+        if weight is None:  # not tied to an embedding slice held here
+            w = dense.weight.detach()
+            weight = _param(_split(w, 0, 1, group, pad_to=padded), dense.weight, (0, 1, vocab))
+        self.weight = weight
+        self.bias = None
+        if dense.bias is not None:
+            b = _split(dense.bias.detach(), 0, 1, group, pad_to=padded)
+            self.bias = _param(b, dense.bias, (0, 1, vocab))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.entered:
+            x = (gather_from_sequence if self.sequence_parallel else copy_to_tp)(x, self.group)
+        return F.linear(x, self.weight, self.bias)
 
 
 IGNORE_INDEX = -100  # the targets that count for nothing (padding), as in F.cross_entropy

@@ -12,7 +12,8 @@ Embedding modules to replace with lesson 07's layers, built from them so they st
   projection, uses the heads its query heads need, and its weight gradient (each rank's
   covers only its query heads) is summed over the tp group (`tp_partial`);
 - `rowwise`: `RowParallelLinear` (input columns split; g after it);
-- `vocab`: `VocabParallelEmbedding` (rows of the vocabulary split; g after the lookup);
+- `vocab`: `VocabParallelEmbedding` (rows of the vocabulary split; g after the lookup), or
+  for an output head's Linear `VocabParallelHead` (its logits' columns; f before it);
 - `sequence`: a module between the regions (norms): replicated, and under sequence
   parallelism (lesson 14) it runs on this rank's block of the sequence, so its parameters'
   gradients are partial sums, reduced over tp (`allreduce_replicated_grad`).
@@ -31,7 +32,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+)
 from .ops import copy_to_tp
 from .sequence import allreduce_replicated_grad, gather_from_sequence
 
@@ -45,7 +51,7 @@ GPT_PLAN = {
     "blocks.*.mlp.2": "rowwise",
     "blocks.*.ln[12]": "sequence",
     "ln_f": "sequence",
-    "lm_head": "vocab",  # a pipeline's last stage: its copy of the tied embedding
+    "lm_head": "vocab",  # tied to tok_emb's slice (a pipeline's last stage: its own copy)
 }
 LLAMA_PLAN = {  # Hugging Face's LlamaForCausalLM names
     "model.embed_tokens": "vocab",
@@ -87,9 +93,12 @@ class ReplicatedLinear(nn.Module):
 def _build(style: str, module: nn.Module, parent: nn.Module, group, name: str) -> nn.Module:
     n = dist.get_world_size(group)
     if style == "vocab":
+        if isinstance(module, nn.Linear):  # an output head: its own slice (tie it after)
+            return VocabParallelHead(module, group)
         if not isinstance(module, nn.Embedding):
             raise ValueError(
-                f"apply_plan: {name} is {type(module).__name__}; 'vocab' needs an nn.Embedding"
+                f"apply_plan: {name} is {type(module).__name__}; 'vocab' needs an nn.Embedding "
+                "or an output head's nn.Linear"
             )
         return VocabParallelEmbedding(module, group)
     if not isinstance(module, nn.Linear):

@@ -11,7 +11,8 @@ bidirectional form is lesson 19's, `deepseek/dualpipe.py`).
 - `simulate.py`: `simulate(steps, forward, backward, weight, latency, placement, paired)`
   -> Timeline
 - `theory.py`: bubble fractions and peak micro-batches alive
-- `stages.py`: `GPTStage`, `split_gpt`; `engine.py`: `PipelineParallel` (`timings`: step times)
+- `stages.py`: `Stage` (a copy of any decoder model holding some layers, its own forward
+  running), `GPTStage`, `split_gpt`; `engine.py`: `PipelineParallel` (`timings`: step times)
 - `backward.py`: the zero-bubble split of a stage's backward into B and W
 - `fixture.py`, `plots.py`, `check.py`, `lesson.py`: the course side (rank functions, Gantt
   charts, exercise checkers, the "pipeline 1F1B" tour row and the `pp` bench)

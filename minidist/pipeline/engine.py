@@ -1,7 +1,8 @@
 """Run a pipeline schedule on a world: stages of the GPT, activations passed point to point.
 
-Each rank of a pipeline group holds one stage (`GPTStage`: consecutive blocks, the first
-stage also the embeddings, the last the final norm and head) and executes its list from
+Each rank of a pipeline group holds one stage (`GPTStage`: a copy of the GPT holding
+consecutive blocks, the first stage also the embeddings, the last the final norm and head;
+the GPT's own forward runs) and executes its list from
 `schedules.schedule` step by step (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel
 DNN Training", section 3; Megatron-LM's `forward_backward_pipelining_without_interleaving`):
 
@@ -243,14 +244,16 @@ class PipelineParallel(ParallelModule):
     def _sync_gradients(self) -> None:
         first = next((c for c in self.chunks if c.first), None)
         last = next((c for c in self.chunks if c.last), None)
-        if first is not None and last is not None:  # both copies here (p = 1, or ZB-V)
-            a, b = first.tok_emb.weight, last.lm_head.weight
-            if a is not b:
-                a.grad += b.grad
-                b.grad.copy_(a.grad)
-        elif first is not None or last is not None:  # the tied embedding's two copies
-            tied = first.tok_emb.weight if first is not None else last.lm_head.weight
-            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")
+        # the tied embedding's two copies, unless one chunk holds both (one weight) or the
+        # head is its own (lesson 17's Llama)
+        tied = self.chunks[0].tied and first is not last
+        if tied and first is not None and last is not None:  # both copies here (ZB-V)
+            a, b = first.embedding.weight, last.head.weight
+            a.grad += b.grad
+            b.grad.copy_(a.grad)
+        elif tied:  # one of them here, the other on the embedding group's other rank
+            weight = first.embedding.weight if first is not None else last.head.weight
+            comm.all_reduce(weight.grad, group=self.embedding_group, tag="pp-tied-embedding")
         if self.dp_group is not None:  # once per step, after the last micro-batch
             n = dist.get_world_size(self.dp_group)
             for p in self._named().values():
@@ -268,8 +271,10 @@ class PipelineParallel(ParallelModule):
         return out
 
     def _named(self) -> dict[str, torch.Tensor]:
-        """Every chunk's parameters under the dense model's names."""
-        return {n: p for chunk in self.chunks for n, p in chunk.named_parameters()}
+        """Every chunk's parameters under the dense model's names (a stage's copy of the
+        model is its `model`)."""
+        named = (p for chunk in self.chunks for p in chunk.named_parameters())
+        return {n.removeprefix("model."): p for n, p in named}
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return self._gathered({n: p.detach().clone() for n, p in self._named().items()})

@@ -55,7 +55,7 @@ def pipeline_on_rank(kind: str, microbatches: int, pp: int, **sizes) -> dict:
             losses.append(pipe.train_step(shard_batch(batch, layout.dp_rank, layout.dp_size)))
             opt.step()
     stage = pipe.module
-    tied = stage.tok_emb.weight if stage.first else stage.lm_head.weight if stage.last else None
+    tied = stage.embedding if stage.first else stage.head  # a copy of the tied embedding, or None
     training = [r for r in ledger.records if r.tag not in CHECK_TAGS]
     by_tag: dict[str, float] = {}
     for r in training:
@@ -73,8 +73,8 @@ def pipeline_on_rank(kind: str, microbatches: int, pp: int, **sizes) -> dict:
         timings=pipe.timings,
         dp_per_step=sum(1 for r in training if r.tag == "dp-grads") / len(batches),
         trainable=sum(1 for p in pipe.module.parameters() if p.requires_grad),
-        tied=None if tied is None else tied.detach().clone(),
-        blocks=list(stage.blocks),
+        tied=None if tied is None else tied.weight.detach().clone(),
+        blocks=[str(k) for k in stage.held],
         first=stage.first,
         last=stage.last,
     )

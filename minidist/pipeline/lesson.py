@@ -99,9 +99,8 @@ BENCH_LOSS_ATOL = 1e-4
 
 
 def _tied_grad(stage) -> torch.Tensor | None:
-    if stage.first:
-        return stage.tok_emb.weight.grad
-    return stage.lm_head.weight.grad if stage.last else None
+    tied = stage.embedding if stage.first else stage.head
+    return None if tied is None else tied.weight.grad
 
 
 def _pp_bench_rank(rounds: int, steps: int) -> dict:

@@ -81,7 +81,7 @@ def layer_terms_on_rank(batch: int, sequence_parallel: bool = True) -> dict[str,
     model = build_dense().model
     s, h = model.cfg.seq_len, model.cfg.hidden
     tp = TensorParallelGPT(model, None, sequence_parallel=sequence_parallel)
-    block = tp.blocks[0]
+    block = tp.module.blocks[0]
     start, stop = sequence_block(s, None) if sequence_parallel else (0, s)
     g = torch.Generator().manual_seed(dist.get_rank() if sequence_parallel else 0)
     x = torch.randn(batch, stop - start, h, device="cpu", generator=g, requires_grad=True)

@@ -45,16 +45,16 @@ class ThreeDParallel(PipelineParallel):
 
     def _tp_full(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The stage's dense tensors: split ones gathered over the tp group."""
-        params, tp = dict(self.module.named_parameters()), self.layout.group("tp")
+        params, tp = self._named(), self.layout.group("tp")
         return {
             n: gather_split(t, params[n].tp_split, tp) if hasattr(params[n], "tp_split") else t
             for n, t in tensors.items()
         }
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        local = {n: p.detach().clone() for n, p in self.module.named_parameters()}
+        local = {n: p.detach().clone() for n, p in self._named().items()}
         return self._gathered(self._tp_full(local))
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        local = {n: p.grad.clone() for n, p in self.module.named_parameters() if p.grad is not None}
+        local = {n: p.grad.clone() for n, p in self._named().items() if p.grad is not None}
         return self._gathered(self._tp_full(local))

@@ -61,10 +61,10 @@ from ..compose.fixture import (
     one_step,
     train_one_process,
 )
-from ..compose.model_parts import hf_sizes
 from ..compose.optim import OptimizerConfig, engine_options
 from ..compose.parallelize import parallelize
 from ..deepseek.moe import count_expert_load, load_group, update_routing_bias
+from ..model_parts import hf_sizes
 from ..resilience.async_save import AsyncSaver
 from ..resilience.state import TrainingState, capture_rng, restore_rng
 from ..resilience.universal import CheckpointLayoutError, load, read_record, save

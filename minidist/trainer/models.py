@@ -79,7 +79,7 @@ def model_config(args, data) -> dict:
 def _hf_config(args, data) -> dict:
     from transformers import AutoConfig
 
-    from ..compose.model_parts import hf_sizes
+    from ..model_parts import hf_sizes
 
     for name in SIZE_OPTIONS:
         if getattr(args, name, None) is not None:
@@ -127,7 +127,7 @@ def factory(name: str):
 def _factory_config(args, data) -> dict:
     """`--model package.module:function`: a function of no arguments returning a
     transformers causal LM (its sizes are its config's)."""
-    from ..compose.model_parts import hf_sizes, is_hf
+    from ..model_parts import hf_sizes, is_hf
 
     for name in SIZE_OPTIONS:
         if getattr(args, name, None) is not None:

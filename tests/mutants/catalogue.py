@@ -264,7 +264,7 @@ MUTANTS = [
     ),
     (
         "megatron",
-        "megatron/layers.py",
+        "models.py",  # the course attention's, which TensorParallelGPT runs
         "drop = self.dropout if self.training else 0.0",
         "drop = self.dropout",
         "dropout in eval()",
@@ -1364,15 +1364,15 @@ MUTANTS = [
     ),
     (
         "compose",
-        "compose/parallelize.py",
+        "pipeline/engine.py",  # lesson 09's, which parallelize inherits
         "            a.grad += b.grad\n            b.grad.copy_(a.grad)",
         "            a.grad += b.grad",
         "the tied embedding's head copy keeps its own gradient when one rank holds both ends (ZB-V)",
     ),
     (
         "compose",
-        "compose/parallelize.py",
-        '            comm.all_reduce(tied.grad, group=self.embedding_group, tag="pp-tied-embedding")',
+        "pipeline/engine.py",  # lesson 09's, which parallelize inherits
+        '            comm.all_reduce(weight.grad, group=self.embedding_group, tag="pp-tied-embedding")',
         "            pass",
         "the tied embedding's copies on the first and last stage not summed",
     ),
@@ -1525,7 +1525,7 @@ MUTANTS = [
     ),
     (
         "compose",
-        "compose/split.py",
+        "pipeline/stages.py",
         "        return total if mean else total * (self.ctx.scale / self.ctx.tokens)",
         "        return total if mean else total / self.ctx.tokens",
         "the loss not scaled by micro-batches × data ranks (each rank's share of the mean)",

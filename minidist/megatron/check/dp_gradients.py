@@ -35,7 +35,7 @@ def _dp_rank(fns: list[Callable], tp_size: int) -> list[dict]:
     tp = TensorParallelGPT(model, layout.group("tp"))
     x, y = shard_batch(batches[0], layout.dp_rank, layout.dp_size)
     tp.loss(tp(x), y).backward()
-    named = [(n, p) for n, p in tp.named_parameters() if p.grad is not None]
+    named = [(n, p) for n, p in tp.module.named_parameters() if p.grad is not None]
     local = {n: p.grad.detach().clone() for n, p in named}
 
     def mean_over(group) -> dict:

@@ -1,9 +1,9 @@
 """Where a decoder model keeps its parts, found from its structure and config, not its class.
 
-The composition steps edit a model in place and then let its own forward run, so they only
-need to know which modules are which (torchtitan's `parallelize_llama` reads them from its
-own model; here any Hugging Face causal LM, `transformers` 4.x or 5.x, and the course's
-GPT, its MoE form and Llama):
+Lesson 09's pipeline stage and lesson 17's composition steps edit a model in place and then
+let its own forward run, so they only need to know which modules are which (torchtitan's
+`parallelize_llama` reads them from its own model; here any Hugging Face causal LM,
+`transformers` 4.x or 5.x, and the course's GPT, its MoE form and Llama):
 - the **layers**: the `nn.ModuleList` holding most of the parameters (`model.layers`,
   GPT-2's `transformer.h`); its parent is the base model;
 - the **embeddings**: the base model's `nn.Embedding` children (tokens; GPT-2's positions);
