@@ -11,8 +11,6 @@ contract can rebuild the dense state.
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from ..megatron.model import tensor_parallel_gpt
 from ..models import GPT
 from ..parallel import broadcast_parameters, verify_same_model
@@ -43,7 +41,3 @@ def split_tensor_parallel_gpt(dense: GPT, layout) -> TensorParallelStage:
     r = layout.pp_rank
     held = gpt_blocks(layers, p, r)
     return TensorParallelStage(dense, held, r == 0, r == p - 1, layout.group("tp"))
-
-
-def tp_size(layout) -> int:
-    return dist.get_world_size(layout.group("tp")) if layout.tp_size > 1 else 1
