@@ -1802,6 +1802,8 @@ TESTS = {
         "tests/test_compose_hf.py::test_layouts_of_4_ranks_equal_one_process",
         "tests/test_compose.py",
     ],
+    # lesson 18: the formulas and the checkers (no world) before the worlds
+    "resilience": ["tests/test_resilience_theory.py", "tests/test_check_resilience.py"],
     "checkpoint_files": [
         "tests/test_checkpoint.py",
         "tests/test_checkpoint_data.py",
