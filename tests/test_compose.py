@@ -97,6 +97,15 @@ def test_bad_sizes_for_the_model_or_world_are_refused():
     with pytest.raises(ValueError, match="need at least one layer each, more than the layers=4"):
         ParallelDims(pp=5).check_model(heads=4, layers=4, seq_len=16)
     ParallelDims(pp=3).check_model(heads=4, layers=4, seq_len=16)  # uneven: 2, 1, 1
+    # a rank of ZB-V or of interleaving holds 2 chunks: pp 2 needs 4 layers, not 2
+    for two_chunks in (dict(schedule="zb-v"), dict(schedule="interleaved", virtual=2)):
+        with pytest.raises(ValueError, match=r"2 × 2 stages need at least one layer each"):
+            ParallelDims(pp=2, **two_chunks).check_model(heads=4, layers=3, seq_len=16)
+    # zig-zag gives each cp rank 2 chunks: cp 2 needs a length divisible by 4, 6 is not
+    with pytest.raises(ValueError, match=r"length 6 must divide by 2·cp = 4"):
+        ParallelDims(cp=2).check_model(heads=4, layers=4, seq_len=6)
+    with pytest.raises(ValueError, match=r"length 12 must divide by 2·cp·tp \(sp\) = 8"):
+        ParallelDims(cp=2, tp=2, sp=True).check_model(heads=4, layers=4, seq_len=12)
     with pytest.raises(ValueError, match="must equal the world size 8"):
         ParallelDims(tp=2, pp=2).check_world(8)
 
@@ -119,6 +128,7 @@ def test_the_grid_picture_has_a_panel_per_kind_and_refuses_an_unknown_one():
 def test_what_is_not_composed_is_refused_before_any_group_is_made():
     from minidist.compose import parallelize
     from minidist.compose.fixture import build
+    from minidist.compose.layout_check import check_course_layout
     from minidist.expert_parallel.gpt import moe_gpt
     from minidist.models import GPTConfig
 
@@ -128,6 +138,11 @@ def test_what_is_not_composed_is_refused_before_any_group_is_made():
     dropping = moe_gpt(GPTConfig(seq_len=16, layers=4, heads=4, hidden=32), experts=4)
     with pytest.raises(ValueError, match="capacity_factor=1.0 drops tokens"):
         parallelize(dropping, ParallelDims())
+    # top-2 of 4 experts at capacity factor 2: capacity = 2·T·2/4 = T tokens, none dropped
+    cfg = GPTConfig(seq_len=16, layers=4, heads=4, hidden=32)
+    check_course_layout(moe_gpt(cfg, experts=4, k=2, capacity_factor=2.0), ParallelDims())
+    with pytest.raises(ValueError, match="capacity_factor=1.5 drops tokens"):
+        check_course_layout(moe_gpt(cfg, experts=4, k=2, capacity_factor=1.5), ParallelDims())
     gpt, _ = build("gpt")
     with pytest.raises(ValueError, match="precision='fp16' must be"):
         parallelize(gpt, ParallelDims(), precision="fp16")

@@ -446,6 +446,23 @@ def test_class_leaves_no_process(graded_class):
         assert alive == "", f"the learner's process {sleeper!r} outlived the grader: {alive}"
 
 
+def test_a_cell_calling_the_checker_before_the_check_cell_is_not_taken_for_it(tmp_path):
+    """A learner who tries the checker in the answer's cell (a call, not a mention) keeps the
+    unchanged check cell after it as the exercise's; the first calling cell is taken only
+    when the unchanged one is gone. Parent-side: the plan, no kernel."""
+    from minidist.course.grade_run import plan
+
+    released = _lab(tmp_path / "released").parent
+    tried = "from labcheck import check_add\n" + RIGHT + "\ncheck_add(add)  # trying it"
+    kept = _lab(tmp_path / "class" / "mia", (2, tried))
+    _, rows, by_released = plan(kept, released)
+    assert by_released
+    assert [(index, modified) for index, _, modified in rows] == [(3, False), (6, False)]
+    edited = _lab(tmp_path / "class" / "noah", (2, tried), (3, "check_add(add)"))
+    _, rows, _ = plan(edited, released)
+    assert [(index, modified) for index, _, modified in rows] == [(2, True), (6, False)]
+
+
 SANDBOX_CHECK = (
     "code",
     "import os, socket\n"

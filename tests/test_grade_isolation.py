@@ -17,7 +17,7 @@ import pytest
 from test_grade import CHECKER, LABCHECK, RIGHT, _json, _lab, _notebook, _rows
 
 from minidist.__main__ import main
-from minidist.course import grade, grade_kernel, grade_sandbox
+from minidist.course import grade, grade_kernel, grade_reap, grade_sandbox
 
 WRONG = "def add(a, b):\n    return a * b"  # add(1, 2) gives 2
 LATE_OK = (5, "def late():\n    pass")
@@ -215,6 +215,30 @@ def test_a_forking_chain_does_not_outlive_the_grader(tmp_path, capsys, sandbox):
     assert _json(capsys)[0]["message"] == "AssertionError: add(1, 2) gave 2, expected 3"
     time.sleep(0.5)
     left = _alive(tag)
+    for pid in (int(line.split()[0]) for line in left):  # the test's own clean-up
+        subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    assert left == [], left
+
+
+def test_without_the_subreaper_the_kernels_process_group_is_still_killed(tmp_path, monkeypatch):
+    """Elsewhere than on Linux the grader is no subreaper (`grade_reap`): an orphan left in
+    the kernel's process group, its environment (the run's marker) dropped and its parent
+    gone, is re-parented away from the grader, and only killing the kernel's group ends it."""
+    import shutil
+
+    monkeypatch.setattr(grade_reap, "_subreaper", lambda on: None)
+    seconds = f"4323.{os.getpid()}{time.monotonic_ns() % 1000:03d}"
+    orphan = [shutil.which("sh"), "-c", f"{shutil.which('sleep')} {seconds} &"]
+    nb = _notebook(
+        tmp_path / "orphan.ipynb",
+        CHECKER,
+        ("code", f"import subprocess\nsubprocess.run({orphan!r}, env={{}})"),
+        ("code", "check_add(lambda a, b: a + b)"),
+    )
+    rows = grade.grade_notebook(nb, released=None)
+    assert [r.status for r in rows] == ["PASS"]
+    time.sleep(0.5)
+    left = _alive(f"sleep\0{seconds}")
     for pid in (int(line.split()[0]) for line in left):  # the test's own clean-up
         subprocess.run(["kill", "-9", str(pid)], capture_output=True)
     assert left == [], left

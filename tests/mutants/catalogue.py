@@ -1802,17 +1802,20 @@ TESTS = {
         "tests/test_compose_hf.py::test_layouts_of_4_ranks_equal_one_process",
         "tests/test_compose.py",
     ],
+    # lesson 18: the formulas and the checkers (no world) before the worlds
+    "resilience": ["tests/test_resilience_theory.py", "tests/test_check_resilience.py"],
+    # the files and the pins: the races and the forged files first, the worlds that train after
     "checkpoint_files": [
-        "tests/test_checkpoint.py",
-        "tests/test_checkpoint_data.py",
         "tests/test_checkpoint_races.py",
+        "tests/test_checkpoint_data.py",
+        "tests/test_checkpoint.py",
         "tests/test_embedding_checkpoint.py",
         "tests/test_resilience_async.py",
     ],
     "fsdp_checkpoint": [
-        "tests/test_checkpoint.py",
         "tests/test_checkpoint_data.py",
         "tests/test_checkpoint_races.py",
+        "tests/test_checkpoint.py",
     ],
     "embedding_checkpoint": [
         "tests/test_checkpoint_data.py",
