@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 _FACTORIES = frozenset(
     getattr(torch, name)
@@ -79,7 +79,13 @@ class _NoImplicitDevice(TorchFunctionMode):
 
 @contextlib.contextmanager
 def no_implicit_device() -> Iterator[None]:
-    """Inside the block, a factory call from minidist's code without `device=` raises."""
+    """Inside the block, a factory call from minidist's code without `device=` raises.
+
+    Already inside one (a rank forked from a guarded process inherits its guard), it adds
+    none: a second would check nothing more and run every torch call through Python again."""
+    if any(isinstance(mode, _NoImplicitDevice) for mode in _get_current_function_mode_stack()):
+        yield
+        return
     with _NoImplicitDevice():
         yield
 

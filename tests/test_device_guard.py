@@ -62,6 +62,24 @@ def test_ranks_run_under_the_guard_when_asked(monkeypatch):
         minidist.launch(guarded_rank, 1, timeout_s=120, start_method="spawn")
 
 
+def guards_on_this_rank():
+    from torch.overrides import _get_current_function_mode_stack
+
+    return [type(mode).__name__ for mode in _get_current_function_mode_stack()]
+
+
+def test_a_rank_forked_from_a_guarded_process_runs_under_one_guard(monkeypatch):
+    """The rank inherits this process's guard (conftest.py) and asks for one: one, not two
+    (each would run every torch call of the rank through Python)."""
+    monkeypatch.setenv("MINIDIST_DEVICE_GUARD", "1")
+    with no_implicit_device(), no_implicit_device():
+        assert guards_on_this_rank() == ["_NoImplicitDevice"]
+        assert (
+            minidist.launch(guards_on_this_rank, 2, start_method="fork")
+            == [["_NoImplicitDevice"]] * 2
+        )
+
+
 def test_no_factory_call_in_minidist_omits_its_device():
     """Also the paths no test runs: every torch factory call names `device=`."""
     missing = []
