@@ -1399,14 +1399,14 @@ MUTANTS = [
     ),
     (
         "compose",
-        "compose/theory.py",
+        "compose/dp_theory.py",
         '        (held["expert_trainable"], dims.dp_shard * dims.cp // dims.ep),\n    )\n    return',
         '        (held["expert_trainable"], dims.dp_shard * dims.cp),\n    )\n    return',
         "the planned ZeRO-1 flat of experts split over dp_shard × cp, not their ep_shard group",
     ),
     (
         "compose",
-        "compose/theory.py",
+        "compose/dp_theory.py",
         '    return out + ring_bytes("all_reduce", e * trainable, dims.dp_replicate)',
         "    return out",
         "HSDP's all-reduce over dp_replicate missing from the planned dp bytes",
