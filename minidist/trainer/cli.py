@@ -43,21 +43,20 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import signal
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from ..cli_checks import positive_int, writable_file, writable_folder
+from ..cli_checks import positive_int
 from ..compose.dims import SCHEDULES, ParallelDims
 from ..compose.fixture import MODELS
 from ..compose.fsdp import MODES as DP_SHARD_MODES
 from . import options
+from .checks import check, check_run, dims_of  # noqa: F401 (the CLI's and `plan`'s)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -138,197 +137,6 @@ def model_name(value: str) -> str:
     raise argparse.ArgumentTypeError(
         f"{value!r} is neither a built-in model {MODELS} nor package.module:function"
     )
-
-
-def check(args: argparse.Namespace) -> argparse.Namespace:
-    """`args`, or a ValueError naming the option and the rule it broke (no rank started)."""
-    for name in ("steps", "global_batch"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    if args.save_every < 0 or (args.save_every and not args.save):
-        raise ValueError(f"--save-every={args.save_every} needs --save DIR and must be >= 0")
-    if args.keep_last < 0 or (args.keep_last and not args.save):
-        raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
-    if args.eval_every < 0:
-        raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
-    if args.no_reshard_after_forward and args.dp_shard_mode != "optim_grads_params":
-        raise ValueError(
-            "--no-reshard-after-forward needs --dp-shard-mode optim_grads_params (only FSDP "
-            "frees a layer's parameters)"
-        )
-    speed = args.moe_bias_update_speed
-    if not (math.isfinite(speed) and speed >= 0):
-        raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
-    if args.micro_batch < 1:
-        raise ValueError(f"--micro-batch={args.micro_batch} must be >= 1")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout={args.timeout} must be a finite number of seconds > 0")
-    if args.peak_flops is not None and not (math.isfinite(args.peak_flops) and args.peak_flops > 0):
-        raise ValueError(f"--peak-flops={args.peak_flops} must be a finite number > 0")
-    world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too
-    d = args.dp_replicate * args.dp_shard
-    if args.global_batch % (d * args.micro_batch):
-        raise ValueError(
-            f"--global-batch={args.global_batch} must divide by --dp-replicate·--dp-shard·"
-            f"--micro-batch = {args.dp_replicate}·{args.dp_shard}·{args.micro_batch}"
-        )
-    check_memory(args, world)
-    m = args.global_batch // (d * args.micro_batch)
-    if args.schedule == "dualpipev" and m < 2 * args.pp:
-        raise ValueError(
-            f"--schedule dualpipev needs micro-batches global_batch/(dp·"
-            f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
-            "pipelines filled)"
-        )
-    if args.die_at is not None and not 0 <= args.die_rank < world:
-        raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
-    return args
-
-
-def physical_memory() -> int:
-    """This machine's RAM in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_memory(args: argparse.Namespace, world: int) -> None:
-    """Sizes that cannot fit in this machine's memory, refused by arithmetic before anything
-    is built: every rank first builds the whole model in float32 (at least 12·L·h² weights
-    for L blocks of width h, Kaplan et al. 2020's count), and without --data the course's
-    text is cut into (steps + eval batches) · global batch rows of seq + 1 int64 tokens,
-    inputs and targets, up front."""
-    from ..planner.model_spec import MAX_LAYERS
-    from .models import DEFAULTS
-
-    ram = physical_memory()
-    hidden, layers = args.hidden or DEFAULTS["hidden"], args.layers or DEFAULTS["layers"]
-    if layers > MAX_LAYERS:  # built block by block: beyond this the build alone takes minutes
-        raise ValueError(f"--layers={layers} must be at most {MAX_LAYERS}")
-    weights = world * 4 * 12 * layers * hidden**2
-    if weights > ram:
-        raise ValueError(
-            f"--layers={layers} --hidden={hidden} on {world} rank(s): each rank builds the whole "
-            f"model, {world} x {4 * 12 * layers * hidden**2 / 1e9:.3g} GB of float32 weights at "
-            f"least, more than this machine's {ram / 1e9:.3g} GB"
-        )
-    if not args.data:
-        seq = args.seq_len or DEFAULTS["seq_len"]
-        rows = (args.steps + (args.eval_batches if args.eval_every else 0)) * args.global_batch
-        need = rows * 2 * (seq + 1) * 8
-        if need > ram // 2:
-            raise ValueError(
-                f"--steps={args.steps} x --global-batch={args.global_batch} of the course's "
-                f"text: {rows} rows of {seq} tokens would take {need / 1e9:.3g} GB, more than "
-                f"half this machine's {ram / 1e9:.3g} GB (give --data, or fewer steps)"
-            )
-
-
-def dims_of(args: argparse.Namespace) -> dict:
-    return dict(
-        dp_replicate=args.dp_replicate,
-        dp_shard=args.dp_shard,
-        cp=args.cp,
-        tp=args.tp,
-        sp=args.sp,
-        pp=args.pp,
-        schedule=args.schedule,
-        virtual=args.virtual,
-        ep=args.ep,
-    )
-
-
-def check_run(args: argparse.Namespace) -> dict:
-    """In the parent, before any rank starts: the options, the data, the model's sizes
-    against the layout, the optimizer, the export folder, a resume of another run -> the
-    model's configuration."""
-    from ..checkpoint_files import newest
-    from ..compose.layout_check import check_course_layout, check_layout
-    from .loop import layout_of, prepare, refuse_another_run
-    from .models import build_model, check_export, skeleton
-
-    check(args)
-    data, config, _ = prepare(args)
-    experts = config.get("experts", 4 if config["model"] == "moe" else 0)
-    ParallelDims(**dims_of(args)).check_model(
-        config["heads"], config["layers"], data.seq_len, experts
-    )
-    if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
-        check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
-    if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta
-        with torch.device("meta"):
-            model = build_model(config, args.seed)
-        check_course_layout(model, ParallelDims(**dims_of(args)))
-    if config["model"] == "factory":
-        check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)), data.seq_len)
-    if args.moe_bias_update_speed:
-        check_routers(config, args.seed)
-    if args.export_hf:
-        check_export(config, args.export_hf)
-    if args.save:
-        check_kept(args)
-    if args.log and (why := writable_file(Path(args.log))):
-        raise ValueError(f"--log {args.log}: {why}")
-    resume = newest(args.resume) if args.resume else None
-    if resume is not None:
-        refuse_another_run(resume, layout_of(args, dims_of(args), config, data.identity()))
-    return config
-
-
-def check_routers(config: dict, seed: int) -> None:
-    """--moe-bias-update-speed needs a model with DeepSeek-V3's biased routers."""
-    from ..deepseek.moe import routers
-    from .models import build_model, skeleton
-
-    kind = config["model"]
-    model = (
-        skeleton(config)
-        if kind == "hf"
-        else build_model(config, seed)
-        if kind == "factory"
-        else None
-    )
-    if model is None or not routers(model):
-        raise ValueError(
-            f"--moe-bias-update-speed: the {kind} model has no router with a "
-            "selection bias (DeepSeek-V3's e_score_correction_bias)"
-        )
-
-
-def check_kept(args: argparse.Namespace) -> None:
-    """--save DIR against what DIR holds: `--keep-last N` writes step_ folders into DIR, so
-    DIR must not be a checkpoint itself, and older step_ checkpoints there must be this run's
-    (`--resume DIR`: the newest N are kept, the rest removed); without it, DIR must not hold
-    step_ checkpoints (the save would replace DIR with all of them)."""
-    from ..checkpoint_files import is_complete, step_checkpoints
-
-    save = Path(args.save)
-    kept = step_checkpoints(save)
-    if args.keep_last and is_complete(save):
-        raise ValueError(
-            f"--keep-last={args.keep_last}: --save {save} is a checkpoint saved "
-            "without --keep-last; save into another folder"
-        )
-    if (
-        args.keep_last
-        and kept
-        and not (args.resume and Path(args.resume).resolve() == save.resolve())
-    ):
-        raise ValueError(
-            f"--keep-last={args.keep_last}: --save {save} holds checkpoints to "
-            f"{kept[-1][1].name} of another run: go on from them with --resume "
-            f"{save}, or save into another folder"
-        )
-    if not args.keep_last and kept:
-        raise ValueError(
-            f"--save {save} holds --keep-last checkpoints (to {kept[-1][1].name})"
-            ": pass --keep-last N, or save into another folder"
-        )
-    if not args.keep_last and save.exists() and not is_complete(save):
-        raise ValueError(  # the save would refuse it after training: a user's folder
-            f"--save {save} exists and is not a checkpoint: it would not be replaced; "
-            "save into a new folder"
-        )
-    if why := writable_folder(save if args.keep_last else save.parent):
-        raise ValueError(f"--save {save}: {why}")
 
 
 def show_progress(steps: int, tokens: int):
