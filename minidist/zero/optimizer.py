@@ -59,8 +59,9 @@ class ZeroRedundancyOptimizer(OptimizerWrapper):
         return t.to("cpu", copy=True)
 
     def to_device(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A copy of `t` (the chunk) on the device, in `dtype`: the collectives' send buffer."""
-        out = t.to(self.device, dtype or t.dtype, copy=True)
+        """`t` (the chunk) on the device, in `dtype`: the collectives' send buffer (a counted
+        copy when offloaded; else `t` itself when it is already there, nothing copied)."""
+        out = t.to(self.device, dtype or t.dtype, copy=self.offloaded)
         if self.offloaded:
             self.moved["host_to_device"] += out.numel() * out.element_size()
         return out
