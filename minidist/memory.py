@@ -12,7 +12,9 @@
 - `SavedActivations`: bytes autograd saves for backward during a forward, measured with
   `torch.autograd.graph.saved_tensors_hooks` (the activations that recomputation, Chen et
   al. 2016 "Training Deep Nets with Sublinear Memory Cost", trades for compute); a
-  wrapper's parameters, FSDP's gathered flat parameters included, are not activations.
+  wrapper's parameters, FSDP's gathered flat parameters included, are not activations;
+  `kept_for_backward` adds what a backward needs that autograd does not save (a
+  non-reentrant checkpoint's inputs, held by its closure).
 - `cuda_peak_bytes`: `torch.cuda.max_memory_allocated` where a GPU exists.
 
 Counting storages instead of reading an allocator makes memory per rank measurable on a
@@ -153,14 +155,28 @@ class SavedActivations:
     def __enter__(self) -> SavedActivations:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
+        _open.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        _open.remove(self)
         self._hooks.__exit__(*exc)
 
     @property
     def bytes(self) -> int:
         return sum(self._seen.values())
+
+
+_open: list[SavedActivations] = []  # the measurements running now, innermost last
+
+
+def kept_for_backward(tensors: Iterable[torch.Tensor]) -> None:
+    """Count `tensors` in every `SavedActivations` open now: what a backward needs that
+    autograd does not save (a non-reentrant checkpoint holds its segment's inputs in the
+    closure that recomputes it, under hooks of its own that hide them from the outer ones)."""
+    for measuring in _open:
+        for t in tensors:
+            measuring._pack(t)
 
 
 def cuda_peak_bytes(device: torch.device | int | None = None) -> int | None:

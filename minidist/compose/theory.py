@@ -34,6 +34,7 @@ from ..expert_parallel import theory as ep_theory
 from ..ledger import ring_bytes
 from ..model_parts import family
 from ..pipeline.schedules import virtual_stage
+from .activations import activation_bytes
 from .dp_theory import (  # noqa: F401 (the states and the dp group's bytes, planned here too)
     dp_bytes,
     model_state_bytes,
@@ -173,7 +174,8 @@ def planned(
     (every tp, cp and dp rank of a stage holds and sends as much), as `python -m minidist
     train` prints them beside the measured ones; `valid_token_mean`: the loss's count of
     valid targets, one float64 all-reduced over the data ranks each step (dp); `offload`:
-    the host's states and the bus's bytes (`offload_bytes`)."""
+    the host's states and the bus's bytes (`offload_bytes`); the activations' peak
+    (`activations.activation_bytes`) where it is planned."""
     m = global_batch // (dims.dp_replicate * dims.dp_shard * micro_batch)
     memory, sent = {}, {}
     for r in range(dims.pp):
@@ -188,6 +190,9 @@ def planned(
             dp += ring_bytes("all_reduce", 8, dims.dp_replicate * dims.dp_shard * dims.cp)
         kinds = {"dp": dp, "pp": pp_bytes(*args, r)}
         kinds.update(cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r))
+        acts = activation_bytes(model, dims, global_batch, micro_batch, precision, recompute, r)
+        if acts is not None:
+            states["activations"] = acts
         for k, v in states.items():
             memory[k] = max(memory.get(k, 0), v)
         for k, v in kinds.items():

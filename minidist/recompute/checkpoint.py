@@ -36,6 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from ..memory import kept_for_backward
 from ..policy import map_tensors, tree_tensors
 
 
@@ -142,6 +143,9 @@ def _checkpoint_non_reentrant(fn: Callable, args: tuple, kwargs: dict):
             return recomputed[i]
         return recomputed.pop(i)
 
+    # the inputs live until backward in `recompute`'s closure, not in autograd's saved
+    # tensors: counted where activations are measured (Chen et al.'s kept segment inputs)
+    kept_for_backward(tree_tensors((args, kwargs)))
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return fn(*args, **kwargs)
 

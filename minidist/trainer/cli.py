@@ -191,8 +191,8 @@ def command_rank(args: argparse.Namespace, dims: dict, progress: bool = True) ->
 
 def _planned(args: argparse.Namespace, config: dict) -> dict:
     """`compose.theory.planned` for this run (built-in models): the most any rank holds and
-    sends, by kind (the experts' all-to-all depends on the routing and the activations on
-    the schedule's walk: measured only)."""
+    sends, by kind, the activations' peak included (the experts' all-to-all, and with ep > 1
+    their activations, follow the routing: measured only)."""
     from ..compose.theory import planned
     from .loop import prepare
     from .models import build_model

@@ -10,8 +10,9 @@ For the MoE model it adds the experts' all-to-all bound (`planned_bytes_ep_bound
 rank padded to capacity, GShard's static shapes; the exact exchange sends at most that).
 Lesson 13's analytic planner (no `--model`) is `planner/cli.py`.
 
-Not planned: the activations (they follow the schedule's walk; `train` measures them), and
-a transformers model's figures (the theory plans the course's three models).
+The activations' peak (`planned_memory_activations`) is `compose.activations`' walk of the
+rank's schedule. Not planned: the MoE's activations with ep > 1 (its experts' rows follow the
+routing), and a transformers model's figures (the theory plans the course's three models).
 """
 
 from __future__ import annotations

@@ -1579,6 +1579,35 @@ MUTANTS = [
         "    gate = top_k_weights.reshape(-1).unsqueeze(1).to(back.dtype)",
         "the gates not sorted as the rows they weight",
     ),
+    # == issue 34: the activations' plan (compose/activations.py) and what it is measured by
+    (
+        "compose",
+        "compose/activations.py",
+        '    frees = "W" if dims.schedule in SPLIT_BACKWARD else "B"',
+        '    frees = "B"',
+        "the zero-bubble schedules' activations planned as freed at B, not at W",
+    ),
+    (
+        "compose",
+        "compose/activations.py",
+        "            attention += 2 * a * IDS",
+        "            attention += a * IDS",
+        "K and V kept whole under tp: one head index counted, not K's and V's",
+    ),
+    (
+        "compose",
+        "compose/activations.py",
+        "        return normed * h * e\n",
+        "        return tokens * h * e\n",
+        "a recomputed layer's kept input planned whole under sp, not as the rank's block",
+    ),
+    (
+        "compose",
+        "recompute/checkpoint.py",  # lesson 06's, which parallelize applies
+        "    kept_for_backward(tree_tensors((args, kwargs)))",
+        "    pass",
+        "a non-reentrant checkpoint's kept inputs not counted as activations",
+    ),
     # == issue 36 (helper h36): the grader, lesson 18's universal checkpoint and run; each
     # == caught by a test added for it (planted by hand and seen to fail) =================
     (
@@ -1799,6 +1828,7 @@ TESTS = {
         "tests/test_compose_hf.py::test_what_cannot_be_composed_is_refused_in_the_parent_naming_the_feature",
         "tests/test_compose_optim.py",
         "tests/test_compose_theory.py",
+        "tests/test_compose_activations.py",
         "tests/test_compose_hf.py::test_layouts_of_4_ranks_equal_one_process",
         "tests/test_compose.py",
     ],
