@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..model_parts import family
-from ..pipeline.schedules import SPLIT_BACKWARD, schedule
+from ..pipeline.schedules import schedule
+from ..pipeline.theory import peak_held
 from .holdings import _sizes, chunks
 
 IDS = 8  # int64 token ids, targets and positions
@@ -131,21 +132,11 @@ def activation_bytes(
     pp_rank: int = 0,
 ) -> int | None:
     """The most activation bytes pipeline rank `pp_rank` holds during a step: its schedule's
-    steps walked, a forward adding its chunk's `chunk_bytes`, the step that last needs them
-    (B; W where the schedule splits the backward) freeing them."""
+    steps walked with each chunk's `chunk_bytes` (lesson 09's `peak_held`: held from F to B,
+    or to W where the schedule splits the backward)."""
     rows = global_batch // (dims.dp_replicate * dims.dp_shard)
     held = chunk_bytes(model, dims, micro_batch, rows, precision, recompute, pp_rank)
     if held is None:
         return None
-    frees = "W" if dims.schedule in SPLIT_BACKWARD else "B"
-    alive = peak = 0
-    for op, _, *chunk in schedule(dims.schedule, dims.pp, rows // micro_batch, dims.virtual)[
-        pp_rank
-    ]:
-        c = chunk[0] if chunk else 0
-        if op == "F":
-            alive += held[c]
-            peak = max(peak, alive)
-        elif op == frees:
-            alive -= held[c]
-    return peak
+    steps = schedule(dims.schedule, dims.pp, rows // micro_batch, dims.virtual)[pp_rank]
+    return peak_held(steps, held)

@@ -60,6 +60,24 @@ def peak_microbatches(
     raise ValueError(f"peak_microbatches: no closed form for kind={kind!r}")
 
 
+def peak_held(steps: list[tuple], chunk_bytes: list[float]) -> float:
+    """The most bytes one rank holds while it walks `steps` (its list from
+    `schedules.schedule`): a forward adds its chunk's `chunk_bytes` (chunk 0 where a step
+    names none), the step that last needs them frees them, the backward or, where the
+    schedule splits it out (ZB-H1, ZB-V, DualPipeV), the W step. Lessons 13 and 17 plan
+    activations with it; the engine counts the same way."""
+    frees = "W" if any(step[0] == "W" for step in steps) else "B"
+    alive = peak = 0
+    for op, _, *chunk in steps:
+        c = chunk[0] if chunk else 0
+        if op == "F":
+            alive += chunk_bytes[c]
+            peak = max(peak, alive)
+        elif op == frees:
+            alive -= chunk_bytes[c]
+    return peak
+
+
 def postponed_weight_steps(stage: int, stages: int, microbatches: int) -> int:
     """ZB-H1: how many backward steps late stage `stage` runs each W, and so how many W
     steps it runs after its last B (Qi et al. 2024, section 2.1): r on stage r (all m if

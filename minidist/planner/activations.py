@@ -88,17 +88,9 @@ def peak_activation_bytes(layout: Layout, chunk_bytes: list[float]) -> float:
     if layout.pp == 1:
         return chunk_bytes[0]
     v = layout.virtual if layout.schedule == "interleaved" else 1
-    steps = schedule(layout.schedule, layout.pp, layout.microbatches, v)[0]
-    frees = "W" if any(step[0] == "W" for step in steps) else "B"
-    alive = peak = 0.0
-    for step in steps:
-        chunk = step[2] if len(step) > 2 else 0
-        if step[0] == "F":
-            alive += chunk_bytes[chunk]
-            peak = max(peak, alive)
-        elif step[0] == frees:
-            alive -= chunk_bytes[chunk]
-    return peak
+    return pp_theory.peak_held(
+        schedule(layout.schedule, layout.pp, layout.microbatches, v)[0], chunk_bytes
+    )
 
 
 def activations(model: ModelSpec, layout: Layout) -> float:

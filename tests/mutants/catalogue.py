@@ -1582,8 +1582,8 @@ MUTANTS = [
     # == issue 34: the activations' plan (compose/activations.py) and what it is measured by
     (
         "compose",
-        "compose/activations.py",
-        '    frees = "W" if dims.schedule in SPLIT_BACKWARD else "B"',
+        "pipeline/theory.py",  # lesson 09's walk, which lessons 13 and 17 plan with
+        '    frees = "W" if any(step[0] == "W" for step in steps) else "B"',
         '    frees = "B"',
         "the zero-bubble schedules' activations planned as freed at B, not at W",
     ),
