@@ -3,7 +3,7 @@ and measured (`SavedActivations` around each chunk's forward, the schedule walke
 `python -m minidist train`: equal to the byte on the course's GPT, Llama and MoE under tp,
 sp, cp, pp (every schedule, uneven stages), recomputation, bf16 and every dp_shard mode.
 Exact, no tolerance: both count the same tensors' bytes. Not planned (named in the module):
-the MoE with ep > 1, whose experts' rows follow the routing."""
+the MoE with ep > 1 and no recomputation, whose experts' rows follow the routing."""
 
 import pytest
 import torch
@@ -30,6 +30,7 @@ FOUR = [  # 4 ranks: every model, each term's branch, every schedule kind
     ["--model", "gpt", "--cp", "2", "--tp", "2", "--sp", "--precision", "bf16", "--recompute"],
     ["--model", "moe", "--tp", "2", "--sp", "--dp-shard", "2", "--precision", "bf16"],
     ["--model", "moe", "--pp", "2", "--dp-shard", "2", "--schedule", "dualpipev"],
+    ["--model", "moe", "--dp-shard", "4", "--ep", "2", "--recompute"],  # whatever the routing
     ["--model", "llama", "--pp", "4", "--schedule", "zb-h1", "--layers", "5"],
     ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads_params"],
     ["--model", "gpt", "--dp-replicate", "2", "--dp-shard", "2", "--global-batch", "16",

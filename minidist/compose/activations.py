@@ -19,8 +19,9 @@ Where the composition moves a term:
 - bf16 halves the compute-type tensors; log-sum-exps, RMSNorm's float32 statistics and the
   loss's log-probabilities stay float32.
 
-Not planned: the course MoE with ep > 1 or tp > 1 (how many tokens a rank's experts see
-follows the routing), transformers models (`None`: measured only).
+Not planned (`None`: measured only): the course MoE with ep > 1 unless recomputed (how many
+rows a rank's experts receive follows the routing; recomputed, a layer keeps only its
+input), transformers models.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def chunk_bytes(
     """Bytes each chunk of pipeline rank `pp_rank` saves per micro-batch; None where not
     planned (module docstring)."""
     kind = _kind(model)
-    if kind not in ("gpt", "llama", "moe") or (kind == "moe" and dims.ep > 1):
+    if kind not in ("gpt", "llama", "moe") or (kind == "moe" and dims.ep > 1 and not recompute):
         return None
     e = 2 if precision == "bf16" else 4
     layer = layer_bytes(model, dims, micro_batch, e, recompute)

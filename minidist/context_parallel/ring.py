@@ -136,8 +136,12 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, layout, seq, scale, window):
         ring = _Ring(group, seq, layout)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        o = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        # the blocks' products and their online-softmax merge in float32 at least (as
+        # FlashAttention's accumulators: a bf16 merge rounds at every block); K and V travel
+        # in their own type, the output is handed back in it
+        acc = torch.promote_types(q.dtype, torch.float32)
+        o = torch.zeros_like(q, dtype=acc)  # q's strides: a transpose of it is a view
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
         kv = torch.stack([k, v])
         pairs = 0
         for step in range(ring.c):
@@ -145,14 +149,14 @@ class _RingAttention(torch.autograd.Function):
             nxt = ring.post(kv, "cp-kv-forward") if step < ring.c - 1 else None
             computing = time.perf_counter()
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
-                blk, blk_lse = block_attention(
-                    q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], qp, kp, scale, window
-                )
+                kb, vb = kv[0][..., ks, :].to(acc), kv[1][..., ks, :].to(acc)
+                blk, blk_lse = block_attention(q[..., qs, :].to(acc), kb, vb, qp, kp, scale, window)
                 o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], blk, blk_lse)
                 pairs += 1
             _event("compute", computing)
             if nxt is not None:  # kv was only read meanwhile; the new block is a new buffer
                 kv = ring.wait(nxt)
+        o = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.ring, ctx.scale, ctx.window = ring, scale, window
         ctx.mark_non_differentiable(lse)
@@ -163,28 +167,31 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, grad_o, grad_lse):
         q, k, v, o, lse = ctx.saved_tensors
         ring, scale = ctx.ring, ctx.scale
-        delta = (grad_o * o).sum(-1)
-        dq = torch.zeros_like(q)
+        acc = lse.dtype  # forward's accumulators' type; dK, dV travel in k's
+        grad_o = grad_o.to(acc)
+        delta = (grad_o * o.to(acc)).sum(-1)
+        dq = torch.zeros_like(q, dtype=acc)
         kv, dkv = torch.stack([k, v]), torch.zeros(2, *k.shape, dtype=k.dtype, device=k.device)
         for step in range(ring.c):
             nxt = ring.post(kv, "cp-kv-backward") if step < ring.c - 1 else None
             computing = time.perf_counter()
             for qs, ks, qp, kp in _pairs(ring, step, q.device):
-                kb, vb = kv[0][..., ks, :], kv[1][..., ks, :]
-                scores = (q[..., qs, :] @ kb.transpose(-2, -1)) * scale
+                kb, vb = kv[0][..., ks, :].to(acc), kv[1][..., ks, :].to(acc)
+                qb = q[..., qs, :].to(acc)
+                scores = (qb @ kb.transpose(-2, -1)) * scale
                 scores = scores.masked_fill(hidden(qp, kp, ctx.window), float("-inf"))
                 p = torch.exp(scores - lse[..., qs].unsqueeze(-1))
                 do = grad_o[..., qs, :]
                 dkv[1][..., ks, :] += p.transpose(-2, -1) @ do
                 ds = p * (do @ vb.transpose(-2, -1) - delta[..., qs].unsqueeze(-1))
                 dq[..., qs, :] += (ds @ kb) * scale
-                dkv[0][..., ks, :] += (ds.transpose(-2, -1) @ q[..., qs, :]) * scale
+                dkv[0][..., ks, :] += (ds.transpose(-2, -1) @ qb) * scale
             _event("compute", computing)
             if nxt is not None:
                 kv = ring.wait(nxt)
             if ring.c > 1:  # the accumulator follows its block; after c hops it is home
                 dkv = ring.pass_on(dkv, "cp-dkv-backward")
-        return dq, dkv[0], dkv[1], None, None, None, None, None
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, None, None
 
 
 _WORK: list[int] = []  # chunk pairs computed by each forward on this rank (for the lesson)

@@ -587,7 +587,7 @@ MUTANTS = [
     (
         "context_parallel",
         "context_parallel/ring.py",
-        "delta = (grad_o * o).sum(-1)",
+        "delta = (grad_o * o.to(acc)).sum(-1)",
         "delta = grad_o.sum(-1)",
         "softmax backward's rowsum(dO·O) without O",
     ),
