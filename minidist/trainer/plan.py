@@ -11,8 +11,9 @@ rank padded to capacity, GShard's static shapes; the exact exchange sends at mos
 Lesson 13's analytic planner (no `--model`) is `planner/cli.py`.
 
 The activations' peak (`planned_memory_activations`) is `compose.activations`' walk of the
-rank's schedule. Not planned: the MoE's activations with ep > 1 and no recomputation (its experts' rows follow
-the routing), and a transformers model's figures (the theory plans the course's three models).
+rank's schedule. Not planned: the MoE's activations with ep > 1 and no recomputation (its
+experts' rows follow the routing), and a transformers model's figures (the theory plans the
+course's three models).
 """
 
 from __future__ import annotations
