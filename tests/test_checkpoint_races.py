@@ -25,7 +25,7 @@ from minidist.checkpoint_files import CHECKSUMS, CheckpointError, Staging
 from minidist.embedding import checkpoint as embedding_checkpoint
 from minidist.embedding.distributed import DistributedSlotSparseEmbeddingHash, key_owner
 from minidist.embedding.layers import HashEmbeddingBag
-from minidist.fsdp import FullyShardedDataParallel, checkpoint
+from minidist.fsdp import FullyShardedDataParallel, checkpoint, checkpoint_full
 from minidist.pieces import Piece
 from minidist.resilience import TrainingState, universal
 
@@ -299,6 +299,25 @@ def test_a_version_removed_while_it_is_pinned_is_pinned_again(tmp_path):
     with mock.patch.object(checkpoint_pin, "_open_in", open_during_a_save):
         assert fsdp_values(path) == {2.0}
     assert swapped
+
+
+def test_a_save_after_the_checks_leaves_the_pinned_version_to_read(tmp_path):
+    """Deterministic: a load pinned and verified version 1, then a save puts version 2 in
+    place and deletes version 1's files before DCP reads the tensors; DCP reads through the
+    held descriptors, so the load is version 1, whole (a reopen by name read version 2)."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(_a_version(tmp_path, 1), path)
+    newer, real = _a_version(tmp_path, 2), checkpoint_full.dcp_load
+
+    def save_then_read(*args, **kwargs):  # the save's renames and its removal, then DCP
+        path.rename(tmp_path / ".ckpt.replaced")
+        shutil.copytree(newer, path)
+        shutil.rmtree(tmp_path / ".ckpt.replaced")
+        return real(*args, **kwargs)
+
+    with mock.patch.object(checkpoint_full, "dcp_load", save_then_read):
+        assert fsdp_values(path) == {1.0}
+    assert fsdp_values(path) == {2.0}  # the save did replace it
 
 
 def test_a_swap_that_ends_after_a_load_found_the_path_missing_is_loaded(tmp_path):

@@ -13,8 +13,9 @@ each package's baseline) under `flock FILE`, so the sweep holds the lock a bug a
 `MINIDIST_SWEEP_NO_BASELINE=1` skips the baseline runs (when they passed in a run before).
 
 First each package's tests run once without a bug (a failing or hanging suite would
-"catch" everything): a package whose tests fail then is reported and skipped. Per bug it
-prints caught or SURVIVED; at the end caught/total per package. A bug whose text is not in
+"catch" everything): a package whose tests fail then is reported, with what failed, and
+skipped. Per bug it prints caught (and the test that failed) or SURVIVED; at the end
+caught/total per package. A bug whose text is not in
 its file exactly once is reported as "bad" and not counted.
 """
 
@@ -62,8 +63,9 @@ def tests_of(package: str) -> list[str]:
     return head + sorted(set(found) - set(head))
 
 
-def run(package: str) -> bool:
-    """True if the package's tests fail (the bug is caught)."""
+def run(package: str) -> tuple[bool, str]:
+    """(True if the package's tests fail (the bug is caught), what failed: pytest's FAILED or
+    ERROR line, else the output's last line)."""
     cmd = [
         sys.executable,
         "-m",
@@ -76,15 +78,17 @@ def run(package: str) -> bool:
         "no:cacheprovider",
         *tests_of(package),
     ]
+    cmd = ["timeout", "-k", "10", str(TIMEOUT_S), *cmd]  # a hang is a failure (launch's)
     lock = os.environ.get("MINIDIST_SWEEP_LOCK")
-    if lock:
+    if lock:  # the limit starts once the lock is held: a wait for it is no hang
         cmd = ["flock", lock, *cmd]
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
-    try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return True  # a hang is a failure the suite reports (launch's timeout)
-    return done.returncode != 0
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True)
+    if done.returncode in (124, 137):  # timeout's status for TERM, then KILL
+        return True, f"timed out after {TIMEOUT_S} s"
+    lines = done.stdout.decode(errors="replace").splitlines()
+    failed = [x for x in lines if x.startswith(("FAILED ", "ERROR "))]
+    return done.returncode != 0, (failed or lines or [""])[-1][:300]
 
 
 def main(packages: list[str]) -> None:
@@ -96,9 +100,10 @@ def main(packages: list[str]) -> None:
         if (packages and package not in packages) or only not in what:
             continue
         if package not in baseline:
-            baseline[package] = skip_baseline or not run(package)
-            if not baseline[package]:
-                print(f"baseline  {package:17} its tests fail without any bug: skipped")
+            failed, why = (False, "") if skip_baseline else run(package)
+            baseline[package] = not failed
+            if failed:
+                print(f"baseline  {package:17} its tests fail without any bug, skipped: {why}")
         if not baseline[package]:
             continue
         full = os.path.join(ROOT, "minidist", path)
@@ -111,7 +116,7 @@ def main(packages: list[str]) -> None:
         try:
             with open(full, "w") as f:
                 f.write(source.replace(old, new))
-            caught = run(package)
+            caught, why = run(package)
         finally:
             with open(full, "w") as f:
                 f.write(source)
@@ -120,6 +125,8 @@ def main(packages: list[str]) -> None:
         score[package][1] += 1
         verdict = "caught  " if caught else "SURVIVED"
         print(f"{verdict}  {package:17} {path}: {what} ({time.time() - t0:.0f} s)", flush=True)
+        if caught:  # which test failed: a flaky one would catch a bug it does not pin
+            print(f"          by {why}", flush=True)
     total = [sum(c for c, _ in score.values()), sum(n for _, n in score.values())]
     for package, (c, n) in [*score.items(), ("all", total)]:
         print(f"{package:17} {c}/{n}")
