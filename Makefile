@@ -36,9 +36,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Two pytest workers (pytest-xdist), one test file or notebook at a time each: one process
-# alone keeps two cores about 1.4 busy (worlds wait in gloo, graders on their kernels).
-# tests/conftest.py orders the files, slowest first. JOBS=1 for one worker.
+# Two pytest workers (pytest-xdist), one test file at a time each: one process alone keeps
+# two cores about 1.4 busy (worlds wait in gloo, graders on their kernels).
+# tests/conftest.py orders the files, slowest first. JOBS=1 for one worker. The notebooks
+# run in one process: two at once took as long (225-294 s against 234 s) on 1.6x the CPU.
 JOBS ?= 2
 
 test-unit: $(STAMP)
@@ -55,7 +56,7 @@ test-triton-latest: $(TRITON_LATEST)/.installed
 	[ "$$(uname -s)" != "Linux" ] || PYTHONPATH=$(TRITON_LATEST) TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q tests/test_embedding_hash.py tests/test_embedding_layers.py tests/test_embedding_backward.py
 
 test-notebooks: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-current-env notebooks solutions
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks solutions
 
 format: $(STAMP)
 	$(PY) -m ruff check --fix .
