@@ -34,3 +34,46 @@ def run_tour_row(tmp_path_factory):
         return rows[name](4, tmp_path_factory.mktemp("tour"))
 
     return run
+
+
+# `make test` runs the tests on two workers (pytest-xdist, `-n 2 --dist loadfile`): a world
+# of forked ranks waits in gloo, a grading test waits for its kernels, and one process
+# alone keeps two cores about 1.4 busy. Each file runs whole on one worker, so that its
+# module fixtures (a catalogue's shared worlds, the executed exercises) run once; the
+# files that read the session's tour rows run on one worker, so that the rows run once;
+# the slowest files go first, so that no worker is left with one of them at the end.
+_TOGETHER = {"tests/test_planner.py": "tests/test_bench_tour.py"}
+_SLOWEST_FIRST = [  # measured one process alone, seconds (2 cores, quiet)
+    "tests/test_compose_hf.py",  # 75, both cores busy
+    "tests/test_grade.py",  # 75, waits on kernels and timeouts
+    "tests/test_compose.py",  # 67
+    "tests/test_bench_tour.py",  # 54 with test_planner.py's 11
+    "tests/test_resilience_compose.py",  # 58
+    "tests/test_grade_isolation.py",  # 43
+    "tests/test_compose_fsdp.py",  # 40
+    "tests/test_runtime.py",  # 30, waits on timeouts
+    "tests/test_compose_theory.py",  # 36
+    "tests/test_course.py",  # 33
+    "tests/test_site.py",  # 33
+]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile`: files as units of work, `_TOGETHER`'s as one, slowest first."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return _TOGETHER.get(path, path)
+
+        def _assign_work_unit(self, node) -> None:
+            rank = {path: i for i, path in enumerate(_SLOWEST_FIRST)}
+            first = min(self.workqueue, key=lambda scope: rank.get(scope, len(rank)))
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return SlowestFirst(config, log)

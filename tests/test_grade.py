@@ -233,11 +233,13 @@ def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch, reques
     one row: a malformed kernel message, a folder tree 3,000 deep left in the grader's
     scratch folder, a 1 MB message (capped, the whole text in the executed notebook), names
     that are formulas, hold a newline or differ only in Unicode normalisation."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    # Whatever the grader leaves, GNU rm removes at any depth (pytest's own cleanup of old
-    # temporary folders would meet the RecursionError otherwise, in every later session).
-    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(tmp_path / "tmp")]))
+    # The grader's scratch folders (each kernel's sockets) in a folder of their own with a
+    # short path: a socket's path must fit AF_UNIX's 107 bytes, and pytest's tmp_path is
+    # longer under pytest-xdist. Whatever the grader leaves, GNU rm removes at any depth
+    # (pytest's own cleanup of old temporary folders would meet the RecursionError).
+    scratch = Path(tempfile.mkdtemp(prefix="minidist-test-"))
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(scratch)]))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     klass = tmp_path / "class"
     right = ("code", "check_add(lambda a, b: a + b)")
     huge = ("code", "check_add(lambda a, b: 'x' * 1_000_000)")
@@ -270,12 +272,36 @@ def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch, reques
     assert "more characters: see the executed notebook" in by["huge"]["message"]
     executed = (feedback / "huge" / "lab.ipynb").read_text()
     assert "x" * 1_000_000 in executed  # the whole message, where the row points
-    assert list((tmp_path / "tmp").iterdir()) == []  # every scratch folder, at any depth, gone
+    assert list(scratch.iterdir()) == []  # every scratch folder, at any depth, gone
     table = out[1 : 1 + len(learners)]
     assert all(" PASS " in line or " FAIL " in line for line in table)  # one line per row
     assert any(line.startswith("'two\\nlines'/lab.ipynb") for line in table)
     assert any(line.startswith("'cafe\\u0301'/lab.ipynb") for line in table)
     assert any(line.startswith("caf\u00e9/lab.ipynb") for line in table)
+
+
+def test_a_kernel_that_cannot_start_is_a_row_and_leaves_no_socket_open(
+    tmp_path, capsys, monkeypatch
+):
+    """A scratch folder whose socket paths pass AF_UNIX's 107 bytes: the kernel does not
+    start, its exercise is an ERROR row that says why, and the zmq context it leaves is
+    closed (left open with the failed socket in it, the garbage collector meeting both would
+    wait forever in the context's finalizer, stopping the grader at a random line)."""
+    import gc
+
+    import zmq
+
+    nb = _notebook(tmp_path / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    deep = tmp_path / ("x" * 120)
+    deep.mkdir()
+    before = [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert main(["grade", str(nb), "--timeout", "20", "--json"]) == grade.EXIT_FAILED
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (row,) = _json(capsys)
+    assert row["status"] == "ERROR" and "the kernel did not start" in row["message"]
+    left = [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
+    assert all(o.closed for o in left if not any(o is b for b in before))
 
 
 def test_csv_fields_are_neutralised_as_owasp_says():

@@ -277,6 +277,7 @@ def _started(client, env: dict, pass_fds: tuple[int, ...] = ()):
     try:
         setup.__enter__()
     except Exception as exc:
+        _close_sockets(client)
         raise KernelStartError(f"the kernel did not start ({type(exc).__name__}: {exc})") from exc
     try:
         yield
@@ -285,6 +286,17 @@ def _started(client, env: dict, pass_fds: tuple[int, ...] = ()):
             raise
     else:
         setup.__exit__(None, None, None)
+
+
+def _close_sockets(client) -> None:
+    """Close what a kernel that failed to start left open: jupyter_client keeps the socket
+    whose connect failed (a socket path past the 107 bytes of AF_UNIX, say) in its zmq
+    context. Collected later in one garbage cycle with that socket, the context's finalizer
+    would wait for it forever (pyzmq's `term`), stopping the grader at a random line."""
+    km = getattr(client, "km", None)
+    context = getattr(km, "context", None) if km is not None else None
+    if context is not None and not context.closed:
+        context.destroy(linger=0)
 
 
 def _is_check(cell) -> bool:
