@@ -5,6 +5,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every world the tests start runs under the device guard (minidist/device_guard.py): a
 # tensor made by minidist's code without naming its device fails the test, as on a GPU.
 os.environ.setdefault("MINIDIST_DEVICE_GUARD", "1")
+# One intra-op thread in each test process and the kernels it starts, as in every forked
+# rank (`launch`): the models are tiny, and a second OpenMP thread per process only adds
+# switches on a machine whose cores the worlds already fill.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import functools  # noqa: E402

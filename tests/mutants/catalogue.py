@@ -1288,6 +1288,35 @@ MUTANTS = [
         "own = 0",
         "even all-to-all counts its own chunk as sent",
     ),
+    # -- device_guard.py: the tests' guard against tensors made without a device -----------
+    (
+        "device_guard",
+        "device_guard.py",
+        'if kwargs.get("device") is not None:',
+        'if "device" in kwargs:',
+        "a factory given device=None taken as one that names its device",
+    ),
+    (
+        "device_guard",
+        "device_guard.py",
+        '            getattr(torch.utils._device, "_device_constructors", lambda: None)()\n',
+        "",
+        "the factories swapped before torch caches its set: torch.device('meta') allocates",
+    ),
+    (
+        "device_guard",
+        "device_guard.py",
+        "            _depth -= 1\n            if _depth == 0:",
+        "            _depth -= 1\n            if _depth >= 0:",
+        "an inner guard's exit gives torch its factories back while an outer one is open",
+    ),
+    (
+        "device_guard",
+        "device_guard.py",
+        '    torch.jit._builtins._register_builtin(_factory, f"aten::{_name}")',
+        "    pass",
+        "TorchScript not told the wrappers are the factories: torch.distributed.optim fails",
+    ),
     # -- backends -----------------------------------------------------------------------------
     (
         "backends",
