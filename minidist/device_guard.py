@@ -97,10 +97,19 @@ def _guarded(name: str, factory):
 
 _ORIGINAL = {name: getattr(torch, name) for name in _NAMES}
 _GUARDED = {name: _guarded(name, factory) for name, factory in _ORIGINAL.items()}
-for _name, _factory in _GUARDED.items():
-    # TorchScript, compiling torch's own scripted code (`torch.distributed.optim`) while the
-    # guard is on, resolves `torch.zeros` to the wrapper: it is the same aten op
-    torch.jit._builtins._register_builtin(_factory, f"aten::{_name}")
+
+
+def _swap_in() -> None:
+    """Put the wrappers on the `torch` module, torch's caches told first."""
+    # `with torch.device(...)` knows the factories by the set it caches on first use: the
+    # real ones, cached before they are swapped (else every factory under
+    # torch.device("meta") would allocate for real)
+    getattr(torch.utils._device, "_device_constructors", lambda: None)()
+    for name, factory in _GUARDED.items():
+        # TorchScript, compiling torch's own scripted code (`torch.distributed.optim`) while
+        # the guard is on, resolves `torch.zeros` to the wrapper: it is the same aten op
+        torch.jit._builtins._register_builtin(factory, f"aten::{name}")
+        setattr(torch, name, factory)
 
 
 def guarded() -> bool:
@@ -117,12 +126,7 @@ def no_implicit_device() -> Iterator[None]:
     global _depth
     with _lock:
         if _depth == 0:
-            # `with torch.device(...)` knows the factories by the set it caches on first
-            # use: the real ones, cached before they are swapped (else every factory under
-            # torch.device("meta") would allocate for real)
-            getattr(torch.utils._device, "_device_constructors", lambda: None)()
-            for name, factory in _GUARDED.items():
-                setattr(torch, name, factory)
+            _swap_in()
         _depth += 1
     try:
         yield

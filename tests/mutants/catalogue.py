@@ -1299,7 +1299,7 @@ MUTANTS = [
     (
         "device_guard",
         "device_guard.py",
-        '            getattr(torch.utils._device, "_device_constructors", lambda: None)()\n',
+        '    getattr(torch.utils._device, "_device_constructors", lambda: None)()\n',
         "",
         "the factories swapped before torch caches its set: torch.device('meta') allocates",
     ),
@@ -1313,8 +1313,8 @@ MUTANTS = [
     (
         "device_guard",
         "device_guard.py",
-        '    torch.jit._builtins._register_builtin(_factory, f"aten::{_name}")',
-        "    pass",
+        '        torch.jit._builtins._register_builtin(factory, f"aten::{name}")\n',
+        "",
         "TorchScript not told the wrappers are the factories: torch.distributed.optim fails",
     ),
     # -- backends -----------------------------------------------------------------------------
