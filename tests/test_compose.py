@@ -72,6 +72,11 @@ def test_grid_puts_tp_innermost_and_pp_outermost():
     for kind, lists in g.items():  # every rank in exactly one group of each kind
         assert sorted(r for rs in lists for r in rs) == list(range(32)), kind
     assert coordinates(dims, 31) == dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1)
+    for pp in (3, 4):  # the tied embedding's two copies: the first and the last stage
+        assert grid_groups(ParallelDims(tp=2, pp=pp))["embedding"] == [
+            [0, 2 * pp - 2],
+            [1, 2 * pp - 1],
+        ]
 
 
 @pytest.mark.parametrize(
