@@ -10,26 +10,9 @@ import pytest
 import torch
 
 import minidist
-from minidist.device_guard import ImplicitDeviceError, no_implicit_device
+from minidist.device_guard import FACTORIES, ImplicitDeviceError, no_implicit_device
 
 PACKAGE = Path(minidist.__file__).parent
-FACTORIES = {
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "tensor",
-    "arange",
-    "linspace",
-    "logspace",
-    "eye",
-    "rand",
-    "randn",
-    "randint",
-    "randperm",
-    "empty_strided",
-    "scalar_tensor",
-}
 
 
 def run_as_minidist_code(source: str):
