@@ -57,6 +57,30 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 _board = None
 
 
+# Groups `new_group` made, by (purpose, ranks), and the world they were made in.
+_groups: dict[tuple[str, tuple[int, ...]], object] = {}
+_groups_world = None
+
+
+def new_group(ranks: Sequence[int], purpose: str = ""):
+    """`dist.new_group(ranks)`, made once per world and purpose: a layout built after another
+    in the same world (a test's, a sweep's, the trainer's evaluation) takes the groups the
+    first made, instead of opening new connections and backend threads for each of its
+    dozens of groups. As with `dist.new_group`, every rank calls it for every group, in the
+    same order. `purpose` keeps apart groups of the same ranks that carry different streams
+    of collectives (a grid's dp_shard and its ep over the same ranks), as separate
+    `dist.new_group` calls did. A group made here must not be destroyed."""
+    global _groups_world
+    world = dist.group.WORLD
+    if _groups_world is not world:  # a new world in this process: the old groups are gone
+        _groups.clear()
+        _groups_world = world
+    key = (purpose, tuple(sorted(ranks)))
+    if key not in _groups:
+        _groups[key] = dist.new_group(list(ranks))
+    return _groups[key]
+
+
 def _group_ranks(group) -> tuple[int, ...]:
     if group is None or group is dist.group.WORLD:
         return tuple(range(dist.get_world_size()))

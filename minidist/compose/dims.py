@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from .. import comm
 from ..pipeline.schedules import KINDS as SCHEDULES  # noqa: F401 (the trainer's choices)
 from ..pipeline.schedules import V_SHAPED
 
@@ -190,7 +191,7 @@ class Grid:
         self.mine: dict[str, list[int]] = {}
         for kind, lists in self.ranks.items():
             for ranks in lists:  # every rank creates every group, in the same order
-                group = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
+                group = comm.new_group(ranks, kind) if len(ranks) < world else dist.group.WORLD
                 if self.rank in ranks:
                     self.groups[kind], self.mine[kind] = group, ranks
 

@@ -119,10 +119,10 @@ def groups_for(e: int) -> tuple:
         return None, None
     mine = [None, None]
     for i in range(n // e):
-        g = dist.new_group(list(range(i * e, (i + 1) * e)))
+        g = comm.new_group(range(i * e, (i + 1) * e), "ep")
         mine[0] = g if rank // e == i else mine[0]
     for j in range(e):
-        g = dist.new_group(list(range(j, n, e)))
+        g = comm.new_group(range(j, n, e), "expert dp")
         mine[1] = g if rank % e == j else mine[1]
     return mine[0], mine[1]
 

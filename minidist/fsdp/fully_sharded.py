@@ -249,12 +249,12 @@ def _groups(world: int, shard_size: int):
     mine = {}
     for g in range(world // shard_size):
         ranks = list(range(g * shard_size, (g + 1) * shard_size))
-        group = dist.new_group(ranks)
+        group = comm.new_group(ranks, "fsdp shard")
         if rank in ranks:
             mine["shard"] = group
     for i in range(shard_size):
         ranks = list(range(i, world, shard_size))
-        group = dist.new_group(ranks)
+        group = comm.new_group(ranks, "fsdp replicate")
         if rank in ranks:
             mine["replicate"] = group
     return mine["shard"], mine["replicate"]

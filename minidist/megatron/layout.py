@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from .. import comm
+
 KINDS = ("tp", "pp", "dp", "mp", "embedding")
 
 
@@ -64,7 +66,7 @@ class ParallelLayout:
         self.mine: dict[str, list[int]] = {}
         for kind in KINDS:
             for ranks in self.ranks[kind]:
-                group = dist.new_group(ranks) if len(ranks) < world else None
+                group = comm.new_group(ranks, kind) if len(ranks) < world else None
                 if self.rank in ranks:
                     self.groups[kind], self.mine[kind] = group, ranks
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from .. import comm
 from ..comm import Ledger
 
 
@@ -66,7 +67,7 @@ class TwoLevelLayout:
         self._class_of: dict[tuple[int, ...], str] = {}
         for kind, lists in groups.items():
             for ranks in lists:
-                group = dist.new_group(ranks) if len(ranks) < world else None
+                group = comm.new_group(ranks, kind) if len(ranks) < world else None
                 self._class_of[tuple(ranks)] = kind
                 if rank in ranks:
                     self.groups[kind], self.mine[kind] = group, ranks
