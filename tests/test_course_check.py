@@ -108,8 +108,47 @@ def test_world_failures_are_messages_naming_rank_and_cause():
         with pytest.raises(CheckFailed, match=r"rank \d failed first, inside a collective") as e:
             run_on_world(_apply, 2, wrong)
         assert COLLECTIVE_HINT in str(e.value) and "Traceback" not in str(e.value)
-    with pytest.raises(CheckFailed, match=r"still waiting after 3 s.*same collectives.*hint!"):
-        run_on_world(_apply, 2, _hangs, timeout_s=3, hang_hint="hint!")
+    hang = r"still waiting after 3 s in which none of them used the CPU.*same collectives.*hint!"
+    with pytest.raises(CheckFailed, match=hang):
+        run_on_world(_apply, 2, _hangs, hang_hint="hint!")
+
+
+def _spins_on_rank_one(x):
+    while dist.get_rank() == 1:
+        x += 1
+    comm.all_reduce(x)
+    return x
+
+
+def test_a_world_is_stopped_by_the_limit_it_broke_and_says_which():
+    """A rank computing past the CPU limit is named, the others waiting for it as well; with
+    no CPU times to read, the limit is the clock's and the message says either cause."""
+    with pytest.raises(
+        CheckFailed, match=r"rank 1 was still running after 1 s of CPU time.*never ends"
+    ):
+        run_on_world(_apply, 2, _spins_on_rank_one, timeout_s=1)
+
+
+def test_without_cpu_times_a_checkers_world_stops_by_the_clock(monkeypatch):
+    import minidist.runtime.collect as collect
+
+    monkeypatch.setattr(collect, "_cpu_s", lambda pid: None)
+    with pytest.raises(CheckFailed, match=r"still waiting after 1 s \(.*, or a loop never ends"):
+        run_on_world(_apply, 2, _hangs, timeout_s=1)
+
+
+def test_in_process_limits_are_cpu_time_with_the_clock_behind(monkeypatch):
+    """Waiting uses no CPU time: a 1 s sleep passes a 0.3 s limit; the clock's limit (here
+    made 0.5 s) stops code that only waits, and says so."""
+    import time
+
+    import minidist.course.failures as failures
+
+    call_learner(time.sleep, 1.0, timeout_s=0.3)
+    monkeypatch.setattr(failures, "WALL_MIN_S", 0.5)
+    monkeypatch.setattr(failures, "WALL_FACTOR", 1)
+    with pytest.raises(LearnerFailed, match=r"after 0.5 s by the clock.*waiting for something"):
+        call_learner(time.sleep, 30.0, timeout_s=0.2)
 
 
 def _right(x):
@@ -169,3 +208,23 @@ def test_fallback_names_the_quantity_where_and_by_how_much():
     # the families come first: a uniform N/(N-1) is named as such
     third = {n: t * 3 / 2 for n, t in ref.items()}
     assert "divided the sum over 3 ranks by N-1 = 2" in diagnose_values(third, ref, local, 3)
+
+
+def test_an_outer_timer_due_first_still_fires_on_time():
+    """An outer timer (pytest-timeout's, the grader's) due before the clock's limit: the
+    learner's code is stopped then, and the outer handler still runs, not a minute late."""
+    import signal
+    import time
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *a: fired.append(time.monotonic()))
+    t0 = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(LearnerFailed, match=r"after 0.5 s by the clock"):
+            call_learner(time.sleep, 5.0, timeout_s=2)
+        time.sleep(0.2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert fired and fired[0] - t0 < 2

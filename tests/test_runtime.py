@@ -1,6 +1,7 @@
 """launch: results in rank order, fast failure with the rank's traceback, timeouts, no orphans."""
 
 import faulthandler
+import importlib
 import os
 import resource
 import signal
@@ -89,6 +90,83 @@ def all_reduce_while_rank_one_sleeps():
     if dist.get_rank() == 1:
         time.sleep(600)
     comm.all_reduce(torch.ones(2), tag="stuck")
+
+
+def spin_on_rank_one():
+    if dist.get_rank() == 1:
+        while True:
+            pass
+    dist.barrier()
+
+
+def test_cpu_limits_stop_a_hang_and_an_endless_loop_long_before_the_clocks():
+    """idle_s: no running rank uses the CPU (rank 0 waits in a collective, rank 1 sleeps);
+    cpu_s: one rank computes past its budget. Both well before the 120 s of timeout_s (the
+    60 s bound below is the generous one, for a machine at load 20)."""
+    t0 = time.monotonic()
+    with pytest.raises(minidist.WorldTimeoutError, match=r"ranks \[0, 1\] all sat idle") as info:
+        minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=120, idle_s=1)
+    assert info.value.why == "idle" and time.monotonic() - t0 < 60
+    assert info.value.where[0].startswith("inside all_reduce (tag 'stuck') over 2 ranks")
+    t0 = time.monotonic()
+    with pytest.raises(minidist.WorldTimeoutError, match=r"rank 1 used cpu_s=1s of CPU") as info:
+        minidist.launch(spin_on_rank_one, 2, timeout_s=120, idle_s=1, cpu_s=1)
+    assert info.value.why == "cpu" and info.value.spinning == 1 and info.value.ranks == [0, 1]
+    assert time.monotonic() - t0 < 60
+    assert live_children() == []
+
+
+def test_without_cpu_times_cpu_s_is_a_limit_by_the_clock(monkeypatch):
+    """No /proc and no psutil (say): the world is still stopped, at cpu_s of wall clock."""
+    import minidist.runtime.collect as collect
+
+    monkeypatch.setattr(collect, "_cpu_s", lambda pid: None)
+    t0 = time.monotonic()
+    with pytest.raises(minidist.WorldTimeoutError, match=r"still running after timeout_s=2s"):
+        minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=120, idle_s=1, cpu_s=2)
+    assert 2 <= time.monotonic() - t0 < 60
+
+
+def computes_then_reduces(cpu_seconds):
+    start = time.process_time()
+    while time.process_time() - start < cpu_seconds:
+        pass
+    t = torch.ones(2)
+    comm.all_reduce(t)
+    return float(t[0])
+
+
+def test_ranks_waiting_for_one_that_computes_are_not_idle():
+    """Rank 1 computes 1.5 s, past idle_s=1, while ranks 0 and 2 wait for it inside the
+    all-reduce: the world is busy, not hung."""
+    got = minidist.launch(_rank_one_computes, 3, timeout_s=120, idle_s=1, cpu_s=10)
+    assert got == [3.0, 3.0, 3.0]
+
+
+def _rank_one_computes():
+    return computes_then_reduces(1.5 if dist.get_rank() == 1 else 0.0)
+
+
+def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():
+    """Six busy processes per core (load about 7 per core, 14 on this 2-core machine): a
+    world whose ranks compute 0.5 s each takes several seconds by the clock, and passes
+    limits of 1 s idle and 2 s of CPU time, which a wall limit of 2 s would not."""
+    importlib.import_module("torch._dynamo")  # what launch imports first, before the load
+    cores = os.cpu_count() or 1
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6 * cores)
+    ]
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        got = minidist.launch(computes_then_reduces, 2, 0.5, timeout_s=120, idle_s=1, cpu_s=2)
+        wall = time.monotonic() - t0
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert got == [2.0, 2.0]
+    print(f"a 0.5-CPU-second world under {len(hogs)} busy processes: {wall:.1f} s by the clock")
 
 
 def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():

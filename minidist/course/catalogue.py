@@ -28,7 +28,7 @@ from .. import comm
 from ..runtime import RankFailedError, WorldTimeoutError, launch
 from .failures import CheckFailed
 
-_BATCH_S_PER_ANSWER = 2.0  # added to the checker's own timeout per answer in a shared world
+_BATCH_S_PER_ANSWER = 2.0  # added to the checker's own limits per answer in a shared world
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,13 @@ def _each(fn: Callable, arg_lists: list[tuple]) -> list[tuple[str, Any]]:
     return out
 
 
-def launch_shared(fn: Callable, world_size: int, args: tuple, timeout_s: float) -> list:
-    """`launch(fn, world_size, *args)`, from a shared world while a catalogue runs."""
+def launch_shared(fn: Callable, world_size: int, args: tuple, limits: dict) -> list:
+    """`launch(fn, world_size, *args, **limits)`, from a shared world while a catalogue runs
+    (`limits`: launch's `timeout_s`, `cpu_s`, `idle_s`)."""
     batch = _batch
     slots = _answer_slots(args, batch.answers[batch.current]) if batch else {}
     if not slots:
-        return launch(fn, world_size, *args, timeout_s=timeout_s)
+        return launch(fn, world_size, *args, **limits)
     shape = tuple(("answer", slots[i]) if i in slots else repr(a) for i, a in enumerate(args))
     key = (fn, world_size, shape)
     if key not in batch.cache:
@@ -86,20 +87,16 @@ def launch_shared(fn: Callable, world_size: int, args: tuple, timeout_s: float) 
             tuple(answer[slots[i]] if i in slots else a for i, a in enumerate(args))
             for answer in batch.answers
         ]
+        more = _BATCH_S_PER_ANSWER * len(arg_lists)  # the idle limit stays: it is per moment
+        shared = {k: v + more if k != "idle_s" else v for k, v in limits.items()}
         try:
-            per_rank = launch(
-                _each,
-                world_size,
-                fn,
-                arg_lists,
-                timeout_s=timeout_s + _BATCH_S_PER_ANSWER * len(arg_lists),
-            )
+            per_rank = launch(_each, world_size, fn, arg_lists, **shared)
             batch.cache[key] = [[rank[j] for rank in per_rank] for j in range(len(arg_lists))]
         except (RankFailedError, WorldTimeoutError):
             batch.cache[key] = None
     results = batch.cache[key]
     if results is None:
-        return launch(fn, world_size, *args, timeout_s=timeout_s)
+        return launch(fn, world_size, *args, **limits)
     outcomes = results[batch.current]
     failed = [r for r, (status, _) in enumerate(outcomes) if status == "error"]
     if failed:

@@ -4,7 +4,8 @@ A checker calls the learner's function (on a world of real processes when it nee
 compares with the reference, and either prints one line saying what passed or raises
 `CheckFailed` whose message names the most likely mistake. Shared here:
 
-- `run_on_world`: a world with a short timeout (a correct answer takes well under a second),
+- `run_on_world`: a world with short limits on CPU time (a correct answer takes well under a
+  second), which a loaded machine does not stretch,
   a learner's `NotImplementedError` on any rank surfaced as itself ("not implemented yet"),
   any other exception, a rank failing inside a collective, and a hang turned into a
   message (`failures`: what was raised, where in the learner's code, the likely cause from
@@ -66,8 +67,15 @@ __all__ = [
     "diagnose_values",
 ]
 
+# A checker's world is stopped by CPU time, not the clock, so that a right answer on a
+# machine at load 20 is not taken for a hang: a rank's CPU time past CHECK_TIMEOUT_S (a loop
+# that never ends), or CHECK_IDLE_S in which no running rank uses the CPU (every one waits:
+# a hang); the clock only behind them (WALL_FACTOR times the CPU limit, at least CHECK_WALL_S).
 CHECK_TIMEOUT_S = 5.0  # forked ranks; spawned ones first import torch (seconds each)
 SPAWN_TIMEOUT_S = 60.0
+CHECK_IDLE_S = 3.0
+CHECK_WALL_S = 120.0
+WALL_FACTOR = 10
 
 
 def passed(message: str) -> None:
@@ -96,8 +104,13 @@ def run_on_world(
     if timeout_s is None:
         forked = start_method_for(world_size=world_size) == "fork"
         timeout_s = CHECK_TIMEOUT_S if forked else SPAWN_TIMEOUT_S
+    limits = {
+        "cpu_s": timeout_s,
+        "idle_s": CHECK_IDLE_S,
+        "timeout_s": max(CHECK_WALL_S, WALL_FACTOR * timeout_s),
+    }
     try:
-        return launch_shared(fn, world_size, args, timeout_s)
+        return launch_shared(fn, world_size, args, limits)
     except RankFailedError as exc:
         kind = parse_traceback(str(exc).split("\n", 1)[-1]).kind
         if kind == "NotImplementedError" or "exercise: replace this line" in str(exc):
@@ -106,15 +119,33 @@ def run_on_world(
             ) from None
         raise explain_rank_failure(exc, world_size, hints, hang_hint) from None
     except WorldTimeoutError as exc:
-        where = "".join(f"\n  rank {r}: {exc.where[r]}" for r in exc.ranks if r in exc.where)
-        raise LearnerFailed(
-            None,
-            f"on a world of {world_size}, ranks {exc.ranks} were still waiting after "
-            f"{timeout_s:g} s (a correct answer takes well under a second): either a rank "
-            f"waits forever for a message or a collective no other rank makes ("
-            f"{COLLECTIVE_HINT}), or a loop never ends. {hang_hint}".rstrip()
-            + where,
-        ) from None
+        raise LearnerFailed(None, _hang_message(exc, world_size, hang_hint)) from None
+
+
+def _hang_message(exc: WorldTimeoutError, world_size: int, hang_hint: str) -> str:
+    """What a stopped world says to the learner: by the limit it broke."""
+    where = "".join(f"\n  rank {r}: {exc.where[r]}" for r in exc.ranks if r in exc.where)
+    waits = (
+        "a rank waits forever for a message or a collective no other rank makes "
+        f"({COLLECTIVE_HINT})"
+    )
+    if exc.why == "idle":
+        what = (
+            f"ranks {exc.ranks} were still waiting after {exc.limit_s:g} s in which none of "
+            f"them used the CPU (a correct answer takes well under a second): {waits}."
+        )
+    elif exc.why == "cpu":
+        what = (
+            f"rank {exc.spinning} was still running after {exc.limit_s:g} s of CPU time (a "
+            f"correct answer takes well under a second): a loop that never ends, or one far "
+            f"too long, on that rank (ranks {exc.ranks} had not finished)."
+        )
+    else:
+        what = (
+            f"ranks {exc.ranks} were still waiting after {exc.limit_s:g} s (a correct answer "
+            f"takes well under a second): either {waits}, or a loop never ends."
+        )
+    return f"on a world of {world_size}, {what} {hang_hint}".rstrip() + where
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -222,32 +222,55 @@ def _message(who: str, failure: Failure, hints: Hints, others: str = "") -> str:
 
 class _LearnerTimeout(BaseException):
     """Raised in this process when the learner's code outlives its time (not an Exception:
-    a learner's `except Exception` must not swallow it)."""
+    a learner's `except Exception` must not swallow it). `wall_s`: the clock's limit, if
+    that is the one that ran out (None: the CPU time's)."""
+
+    def __init__(self, wall_s: float | None = None):
+        super().__init__()
+        self.wall_s = wall_s
+
+
+# Behind the CPU-time limit, a wall-clock one for code that waits without computing (a
+# lock, a queue): this many times the CPU limit, at least WALL_MIN_S.
+WALL_FACTOR = 10
+WALL_MIN_S = 60.0
 
 
 @contextmanager
 def time_limit(seconds: float):
-    """Interrupt the block after `seconds` (main thread only; elsewhere it runs unbounded).
-    An outer timer (pytest-timeout's, say) is re-armed afterwards with the time it had left."""
+    """Interrupt the block after `seconds` of this process's CPU time (so that a right answer
+    is not cut short on a loaded machine: a loop that never ends burns CPU, a busy machine
+    only delays it), or after WALL_FACTOR times as long by the clock, at least WALL_MIN_S.
+    Main thread only; elsewhere it runs unbounded. An outer timer (pytest-timeout's, say)
+    is re-armed afterwards with the time it had left."""
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
 
-    def _stop(signum, frame):
-        raise _LearnerTimeout()
+    outer = {t: signal.getitimer(t) for t in (signal.ITIMER_REAL, signal.ITIMER_PROF)}
+    start = {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_PROF: time.process_time()}
+    wall = max(WALL_FACTOR * seconds, WALL_MIN_S)
+    if outer[signal.ITIMER_REAL][0] > 0:  # never later than an outer timer would fire
+        wall = min(wall, outer[signal.ITIMER_REAL][0])
 
-    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
-    start = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, _stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    def _stop(signum, frame):
+        raise _LearnerTimeout(wall if signum == signal.SIGALRM else None)
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGALRM, signal.SIGPROF)}
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_REAL, wall)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer_delay > 0:
-            left = max(outer_delay - (time.monotonic() - start), 1e-3)
-            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        now = {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_PROF: time.process_time()}
+        for timer, (delay, interval) in outer.items():
+            if delay > 0:
+                left = max(delay - (now[timer] - start[timer]), 1e-3)
+                signal.setitimer(timer, left, interval)
 
 
 def bounded(seconds: float, diagnose: Callable[..., str | None], *args: Any) -> str | None:
@@ -257,13 +280,21 @@ def bounded(seconds: float, diagnose: Callable[..., str | None], *args: Any) -> 
     try:
         with time_limit(seconds):
             return diagnose(*args)
-    except _LearnerTimeout:
+    except _LearnerTimeout as stop:
         name = getattr(diagnose, "__name__", "the diagnosis")
         return (
             f"the answer is wrong, and the checker's search for why ({name}) did not finish "
-            f"in {seconds:g} s: your code's results send it very far (a step or an index "
-            "that never comes back to where it should, or a loop that does not end)."
+            f"in {limit_words(seconds, stop)}: your code's results send it very far (a step "
+            "or an index that never comes back to where it should, or a loop that does not "
+            "end)."
         )
+
+
+def limit_words(seconds: float, stop: _LearnerTimeout) -> str:
+    """Which of `time_limit(seconds)`'s limits stopped the code, in words."""
+    if stop.wall_s is not None:
+        return f"{round(stop.wall_s, 1):g} s by the clock"
+    return f"{seconds:g} s of CPU time"
 
 
 def call_learner(
@@ -282,11 +313,15 @@ def call_learner(
             return fn(*args, **kwargs)
     except NotImplementedError:
         raise
-    except _LearnerTimeout:
+    except _LearnerTimeout as stop:
+        if stop.wall_s is not None:
+            why = "waiting for something that never comes (a lock, a queue, a sleep)"
+        else:
+            why = "a loop that never ends, or one far too long"
         raise LearnerFailed(
             None,
-            f"{who}: your code was still running after {timeout_s:g} s (a correct answer "
-            "takes milliseconds): a loop that never ends, or one far too long.",
+            f"{who}: your code was still running after {limit_words(timeout_s, stop)} (a "
+            f"correct answer takes milliseconds): {why}.",
         ) from None
     except Exception as exc:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -53,9 +53,11 @@ def _minidist_check(source, slack, fresh, machinery, checks, fd, token, folder, 
 
         launch, time_limit = catalogue.launch, failures.time_limit
 
-        def stretched_launch(*args, timeout_s=None, **kwargs):
-            scaled = None if timeout_s is None else timeout_s * slack
-            return launch(*args, timeout_s=scaled, **kwargs)
+        def stretched_launch(*args, **kwargs):
+            for limit in ("timeout_s", "cpu_s"):  # idle_s is no CPU at all, on any machine
+                if kwargs.get(limit) is not None:
+                    kwargs[limit] = kwargs[limit] * slack
+            return launch(*args, **kwargs)
 
         catalogue.launch = stretched_launch
         failures.time_limit = lambda seconds: time_limit(seconds * slack)

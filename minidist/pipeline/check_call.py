@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..course.check import CheckFailed, fail
-from ..course.failures import _LearnerTimeout, time_limit
+from ..course.failures import _LearnerTimeout, limit_words, time_limit
 
 PACKAGE = Path(__file__).resolve().parent.parent  # minidist/
 LIMIT_S = 2.0  # a right answer takes microseconds
@@ -56,11 +56,11 @@ def learner_call(
         raise
     except expect:
         raise
-    except _LearnerTimeout:
+    except _LearnerTimeout as stop:
         cause = (hints or {}).get("LearnerTimeout", "a loop that never ends")
         fail(
-            f"{call or fn.__name__} was still running after {limit_s:g} s (a right answer "
-            f"takes microseconds): likely {cause}."
+            f"{call or fn.__name__} was still running after {limit_words(limit_s, stop)} "
+            f"(a right answer takes microseconds): likely {cause}."
         )
     except Exception as exc:  # noqa: BLE001 (the learner's crash is the diagnosis)
         name, text = type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else ""

@@ -9,15 +9,19 @@ death: so the root cause is the earliest failure that is *not* such a lost conne
 the others are reported as having lost their peer. A world that outlives `timeout_s` is
 stopped with an error naming the ranks still running and, from the call board
 (`board.py`), which of them were inside a collective and which call
-(`WorldTimeoutError`).
+(`WorldTimeoutError`). With `Watch` limits it is stopped sooner, and whatever the machine's
+load, by what its ranks do with the CPU: all of them idle (a hang: a rank waiting in a
+collective uses none) or one of them computing past a budget (a loop that never ends).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import time
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -44,25 +48,112 @@ class RankFailedError(RuntimeError):
 
 
 class WorldTimeoutError(TimeoutError):
-    """The world ran past its timeout; names the ranks that had not finished and, for each,
-    the collective it was inside (`where`: rank -> text, from the call board)."""
+    """The world ran past a limit; names the ranks that had not finished and, for each,
+    the collective it was inside (`where`: rank -> text, from the call board). `why` says
+    which limit: "timeout" (`timeout_s`, wall clock), "idle" (no running rank used the CPU
+    for `idle_s`) or "cpu" (rank `ranks[0]` used `cpu_s` of CPU time)."""
 
-    def __init__(self, ranks: list[int], timeout_s: float, where: dict[int, str] | None = None):
+    def __init__(
+        self,
+        ranks: list[int],
+        timeout_s: float,
+        where: dict[int, str] | None = None,
+        why: str = "timeout",
+        spinning: int | None = None,
+    ):
         where = where or {}
         lines = "".join(f"\n  rank {r}: {where[r]}" for r in ranks if r in where)
+        if why == "idle":
+            head = f"ranks {ranks} all sat idle (no CPU used) for idle_s={timeout_s:g}s"
+        elif why == "cpu":
+            head = f"rank {spinning} used cpu_s={timeout_s:g}s of CPU time, ranks {ranks} running"
+        else:
+            head = f"ranks {ranks} still running after timeout_s={timeout_s:g}s"
         super().__init__(
-            f"ranks {ranks} still running after timeout_s={timeout_s:g}s; they were stopped. "
+            f"{head}; they were stopped. "
             "A rank usually hangs in a collective that the other ranks never join "
             "(different op order or tensor sizes on different ranks)." + lines
         )
-        self.ranks, self.where = ranks, where
+        self.ranks, self.where, self.why, self.spinning = ranks, where, why, spinning
+        self.limit_s = timeout_s
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+_POLL_S = 0.2
+# A rank using less than this share of a core over `idle_s` is idle. Measured on 2 cores:
+# a rank waiting in a gloo collective uses 0-0.3% (some thread of it wakes now and then); a
+# runnable rank still gets ~5% at load 40, ~10% at load 20.
+_IDLE_SHARE = 0.02
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process and its threads, or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_S
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        import psutil  # macOS: ipykernel's dependency
+
+        times = psutil.Process(pid).cpu_times()
+        return times.user + times.system
+    except Exception:
+        return None
+
+
+@dataclass
+class Watch:
+    """Limits on a world by CPU time, which a loaded machine does not stretch: `idle_s`
+    seconds in which its running ranks together use (almost) no CPU, `cpu_s` seconds of
+    one rank's CPU time. Where a rank's CPU time cannot be read, `cpu_s` is a wall limit."""
+
+    idle_s: float | None = None
+    cpu_s: float | None = None
+    _samples: list = field(default_factory=list)  # (time, {running rank: its CPU time})
+    _start: float = field(default_factory=time.monotonic)
+
+    def check(self, procs, running: list[int], board_path: str | None) -> None:
+        """Raise `WorldTimeoutError` if the running ranks broke a limit."""
+        now = time.monotonic()
+        cpu = {r: _cpu_s(procs[r].pid) for r in running}
+        if any(c is None for c in cpu.values()):
+            if self.cpu_s is not None and now - self._start >= self.cpu_s:
+                where = read_board(board_path, running) if board_path else {}
+                raise WorldTimeoutError(running, self.cpu_s, where)
+            return
+        if self.cpu_s is not None:
+            spinning = [r for r in running if cpu[r] >= self.cpu_s]
+            if spinning:
+                where = read_board(board_path, running) if board_path else {}
+                raise WorldTimeoutError(running, self.cpu_s, where, "cpu", spinning[0])
+        if self.idle_s is None:
+            return
+        self._samples.append((now, cpu))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - self.idle_s:
+            self._samples.pop(0)
+        first_t, first = self._samples[0]
+        span = now - first_t
+        if span >= self.idle_s and all(
+            cpu[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running
+        ):
+            where = read_board(board_path, running) if board_path else {}
+            raise WorldTimeoutError(running, self.idle_s, where, "idle")
 
 
 def _collect(
-    procs, conns, errs, timeout_s, board_path: str | None = None, peaks: list | None = None
+    procs,
+    conns,
+    errs,
+    timeout_s,
+    board_path: str | None = None,
+    peaks: list | None = None,
+    watch: Watch | None = None,
 ) -> list:
     """Wait for every rank; on the first failure, stop the world and report its root cause.
-    `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured)."""
+    `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured); `watch`
+    stops the world on its CPU limits too."""
     results: dict[int, Any] = {}
     failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
     deadline = time.monotonic() + timeout_s
@@ -81,6 +172,10 @@ def _collect(
         waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
         # Stderr is read for as long as it is open, so that no rank blocks on a full pipe.
         waiting += [c for c, e in by_err.items() if not e.eof]
+        if watch is not None and not failures:
+            running = [r for r in range(len(procs)) if r not in results]
+            watch.check(procs, running, board_path)
+            remaining = min(remaining, _POLL_S)
         for ready in wait(waiting, timeout=remaining):
             if ready in by_err:
                 by_err[ready].drain(max_chunks=16)

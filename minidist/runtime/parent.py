@@ -32,7 +32,7 @@ import cloudpickle
 from . import cuda_memory
 from .backend import _pick_start_method
 from .board import create_board
-from .collect import _collect
+from .collect import Watch, _collect
 from .device import world_backend
 from .rank import _rank_main
 from .stderr import _StderrTail
@@ -84,6 +84,8 @@ def launch(
     timeout_s: float = 120.0,
     start_method: str | None = None,
     threads_per_rank: int | None = None,
+    idle_s: float | None = None,
+    cpu_s: float | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on every rank of a new world; return results in rank order.
@@ -101,6 +103,13 @@ def launch(
             CPU (`host.py`).
         timeout_s: the whole world is stopped after this many seconds (under torchrun, where
             nothing can be stopped, it is the timeout of every collective).
+        idle_s: also stop it once its running ranks have together used no CPU for this
+            many seconds: all of them waiting, as ranks inside a collective that never
+            completes do. Unlike `timeout_s`, a loaded machine does not make a healthy world
+            look like this (ignored under torchrun).
+        cpu_s: also stop it once one rank has used this many seconds of CPU time (a loop
+            that never ends); where CPU time cannot be read (no /proc, no psutil), this
+            many seconds of wall clock (ignored under torchrun).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
         threads_per_rank: torch intra-op threads per rank (default: 1 under fork, else
             cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
@@ -112,6 +121,13 @@ def launch(
     number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
     if not (number and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"launch: timeout_s must be > 0 and finite (seconds), got {timeout_s!r}")
+    for name, limit in (("idle_s", idle_s), ("cpu_s", cpu_s)):
+        number = isinstance(limit, (int, float)) and not isinstance(limit, bool)
+        if limit is not None and not (number and math.isfinite(limit) and limit > 0):
+            raise ValueError(
+                f"launch: {name} must be None or > 0 and finite (seconds), got {limit!r}"
+            )
+    watch = Watch(idle_s, cpu_s) if idle_s is not None or cpu_s is not None else None
     backend = world_backend(device, backend, world_size)
     method = _pick_start_method(start_method, backend, threads_per_rank)
     if method == "fork":
@@ -140,13 +156,24 @@ def launch(
             procs,
             conns,
             errs,
+            watch,
         )
     finally:
         _clean_up(procs, conns, errs, folder)
 
 
 def _run_world(
-    payload, world_size, backend, method, timeout_s, threads_per_rank, folder, procs, conns, errs
+    payload,
+    world_size,
+    backend,
+    method,
+    timeout_s,
+    threads_per_rank,
+    folder,
+    procs,
+    conns,
+    errs,
+    watch=None,
 ) -> list[Any]:
     """Start the ranks (appending to `procs`, `conns`, `errs`) and collect their results."""
     create_board(os.path.join(folder, "board"), world_size)
@@ -180,7 +207,7 @@ def _run_world(
                 err_send.close()
             procs.append(p)
     peaks = [None] * world_size if cfg["cuda_peak"] else None
-    results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks)
+    results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks, watch)
     if peaks is not None:
         cuda_memory.record(peaks)
     return results
