@@ -153,9 +153,7 @@ def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():
     limits of 1 s idle and 2 s of CPU time, which a wall limit of 2 s would not."""
     importlib.import_module("torch._dynamo")  # what launch imports first, before the load
     cores = os.cpu_count() or 1
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6 * cores)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6 * cores)]
     try:
         time.sleep(0.5)
         t0 = time.monotonic()
