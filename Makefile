@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks test-notebooks-beside lint format exercises notebooks bench clean site test-site
+.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,7 @@ $(STAMP): $(PY) pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minidist tour
 
-# The unit tests and the notebooks run at once: the notebooks (one kernel at a time) keep
-# about 1.2 of two cores busy, so after the unit tests they left the rest idle for minutes.
-# The notebooks' output is printed whole when they end.
-test: $(STAMP) lint test-triton-latest
-	$(MAKE) --no-print-directory -j2 test-unit test-notebooks-beside
+test: $(STAMP) lint test-unit test-triton-latest test-notebooks
 
 # The checks that need a GPU (compiled Triton kernels, NCCL worlds), name=value lines; on a
 # machine without one it says so and exits 0. Not part of `make test` (CI has no GPU).
@@ -61,11 +57,6 @@ test-triton-latest: $(TRITON_LATEST)/.installed
 
 test-notebooks: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks solutions
-
-test-notebooks-beside: $(STAMP)
-	@$(MAKE) --no-print-directory test-notebooks > $(VENV)/test-notebooks.log 2>&1; \
-	  status=$$?; echo "== make test-notebooks (beside the unit tests):"; \
-	  cat $(VENV)/test-notebooks.log; exit $$status
 
 format: $(STAMP)
 	$(PY) -m ruff check --fix .
