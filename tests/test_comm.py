@@ -289,3 +289,28 @@ def test_an_input_aliasing_the_output_is_refused_unless_in_place():
         assert "the input overlaps chunk" in refused[1] and "(in place)" in refused[2]
         assert "comm.reduce_scatter (tag 'grads'): the output shares memory" in refused[3]
         assert "an all-to-all has no in-place form" in refused[4]
+
+
+def _groups_made_once(store_path):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    first = [comm.new_group([r], "a") for r in range(n)]  # every rank makes every group
+    again = [comm.new_group([r], "a") for r in range(n)]
+    other = [comm.new_group([r], "b") for r in range(n)]
+    pair = comm.new_group(range(n), "pair")
+    same = (first[rank] is again[rank], first[rank] is not other[rank])
+    t = torch.ones(1)
+    comm.all_reduce(t, group=pair)
+    # a new world in this process (as after a restart): the old world's groups are gone
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank, world_size=n)
+    fresh = comm.new_group(range(n), "pair")
+    u = torch.ones(1)
+    comm.all_reduce(u, group=fresh)
+    return same, float(t[0]), float(u[0]), fresh is not pair
+
+
+def test_new_group_makes_a_group_once_per_world_and_purpose(tmp_path):
+    """The same (purpose, ranks) gives the first call's group; another purpose or another
+    world, a group of its own (the old world's would fail at its first collective)."""
+    got = minidist.launch(_groups_made_once, 2, str(tmp_path / "store2"), timeout_s=120)
+    assert got == [((True, True), 2.0, 2.0, True)] * 2

@@ -61,7 +61,9 @@ CHECKER = (
 
 
 def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(grade_kernel, "PING_TIMEOUT_S", 2)
+    # Limits by the clock (the grader's are: a sleeping cell uses no CPU) that a cell of
+    # microseconds meets at load 20: 3 s and a 2 s ping failed "right" at load 13
+    monkeypatch.setattr(grade_kernel, "PING_TIMEOUT_S", 5)
     first = _notebook(
         tmp_path / "a.ipynb",
         CHECKER,
@@ -92,7 +94,7 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
         ("code", "check_add(lambda a, b: a + b)"),
     )
     after = _notebook(tmp_path / "d.ipynb", CHECKER, ("code", "check_add(lambda a, b: a + b)"))
-    argv = ["grade", str(first), str(crash), str(deaf), str(after), "--timeout", "3", "--json"]
+    argv = ["grade", str(first), str(crash), str(deaf), str(after), "--timeout", "8", "--json"]
     status = main(argv)
     got = [(r["notebook"], r["exercise"], r["passed"], r["message"]) for r in _json(capsys)]
     assert status == grade.EXIT_FAILED
@@ -107,7 +109,7 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
         (n[1], "Exercise 1: the kernel dies", False, "the kernel died while running cell 2"),
         (n[1], "Exercise 2: never reached", False, "not run: the kernel died while running cell 2"),
     ]
-    reason = "cell 2 hung past 3 s and ignored the interrupt"
+    reason = "cell 2 hung past 8 s and ignored the interrupt"
     assert got[6:8] == [
         (n[2], "Exercise 1: ignores the interrupt", False, reason),
         (n[2], "Exercise 2: never reached", False, f"not run: {reason}"),
@@ -116,7 +118,7 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
 
 
 HUNG = (
-    "the cell ran past the 3 s per-cell timeout and was interrupted (a loop that never "
+    "the cell ran past the 8 s per-cell timeout and was interrupted (a loop that never "
     "ends, or a rank waiting for a message no rank sends?)"
 )
 
@@ -530,7 +532,7 @@ def test_sandbox(tmp_path, capsys, monkeypatch):
         argv = ["grade", str(nb), "--sandbox", "--json", "--timeout", "8"]
         assert main(argv) == grade.EXIT_FAILED
         got = [r["message"] for r in _json(capsys)]
-        assert got == ["PASSED: sandboxed", HUNG.replace("3 s", "8 s"), "PASSED: sandboxed"]
+        assert got == ["PASSED: sandboxed", HUNG, "PASSED: sandboxed"]
         nb = _notebook(tmp_path / "s.ipynb", SANDBOX_CHECK, check)
         assert main(["grade", str(nb), "--json"]) == grade.EXIT_FAILED
         assert _json(capsys)[0]["message"] == "AssertionError: wrote beside the notebook"

@@ -1148,6 +1148,20 @@ MUTANTS = [
     # -- runtime ----------------------------------------------------------------------------
     (
         "runtime",
+        "comm.py",
+        "    if _groups_world is not world:",
+        "    if _groups_world is None:",
+        "a new world in the process reuses the old world's groups",
+    ),
+    (
+        "runtime",
+        "comm.py",
+        "    key = (purpose, tuple(sorted(ranks)))",
+        "    key = tuple(sorted(ranks))",
+        "groups of the same ranks shared between purposes",
+    ),
+    (
+        "runtime",
         "runtime/collect.py",
         "rank = min(causes, key=lambda r: failures[r][0])",
         "rank = max(causes, key=lambda r: failures[r][0])",
