@@ -2,6 +2,7 @@
 and a process killed in the middle of its background write leaves the previous checkpoint
 whole and loadable (the dead rank named by `minidist.launch`)."""
 
+import gc
 import os
 import signal
 import threading
@@ -117,23 +118,26 @@ def test_a_save_taken_while_one_is_in_flight_waits_for_it(tmp_path):
 
 
 def loads_in_a_row(path, times: int) -> tuple[int, int]:
-    """Open descriptors after one load and after `times` more."""
+    """Open descriptors after one load and after `times` more (each count after a garbage
+    collection: a file object that only a collection closes is not what is measured)."""
     model, _, _ = build("gpt", seed=3)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], **ADAM)
     materialize_optimizer_state(opt)
     load(path, module_pieces(model, opt))
+    gc.collect()
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(times):
         load(path, module_pieces(model, opt))
+    gc.collect()
     return before, len(os.listdir("/proc/self/fd"))
 
 
 def test_loads_close_every_file_they_pin(tmp_path):
     """A load holds one version's files open (`checkpoint_pin`) and closes them all: 20
-    loads leave as many descriptors open as one."""
+    loads leave no more descriptors open than one (once 29 against 31: fewer is no leak)."""
     minidist.launch(save_in_background_and_train_on, 2, tmp_path / "ck")
     before, after = minidist.launch(loads_in_a_row, 1, tmp_path / "ck", 20)[0]
-    assert after == before
+    assert after <= before
 
 
 def saved_then_changed(path):
