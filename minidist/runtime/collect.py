@@ -78,6 +78,12 @@ class WorldTimeoutError(TimeoutError):
         self.limit_s = timeout_s
 
 
+def _stopped(running, limit_s, board_path, why="timeout", spinning=None) -> WorldTimeoutError:
+    """The error for a world stopped at a limit, with where each running rank was."""
+    where = read_board(board_path, running) if board_path else {}
+    return WorldTimeoutError(running, limit_s, where, why, spinning)
+
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _POLL_S = 0.2
 # A rank using less than this share of a core over `idle_s` is idle. Measured on 2 cores:
@@ -120,14 +126,12 @@ class Watch:
         cpu = {r: _cpu_s(procs[r].pid) for r in running}
         if any(c is None for c in cpu.values()):
             if self.cpu_s is not None and now - self._start >= self.cpu_s:
-                where = read_board(board_path, running) if board_path else {}
-                raise WorldTimeoutError(running, self.cpu_s, where)
+                raise _stopped(running, self.cpu_s, board_path)
             return
         if self.cpu_s is not None:
             spinning = [r for r in running if cpu[r] >= self.cpu_s]
             if spinning:
-                where = read_board(board_path, running) if board_path else {}
-                raise WorldTimeoutError(running, self.cpu_s, where, "cpu", spinning[0])
+                raise _stopped(running, self.cpu_s, board_path, "cpu", spinning[0])
         if self.idle_s is None:
             return
         self._samples.append((now, cpu))
@@ -138,8 +142,7 @@ class Watch:
         if span >= self.idle_s and all(
             cpu[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running
         ):
-            where = read_board(board_path, running) if board_path else {}
-            raise WorldTimeoutError(running, self.idle_s, where, "idle")
+            raise _stopped(running, self.idle_s, board_path, "idle")
 
 
 def _collect(
@@ -166,8 +169,7 @@ def _collect(
             if failures:
                 break
             running = sorted(set(range(len(procs))) - set(results))
-            where = read_board(board_path, running) if board_path else {}
-            raise WorldTimeoutError(running, timeout_s, where)
+            raise _stopped(running, timeout_s, board_path)
         waiting = [c for c, r in by_conn.items() if r not in results and r not in failures]
         waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
         # Stderr is read for as long as it is open, so that no rank blocks on a full pipe.
