@@ -5,6 +5,7 @@ from __future__ import annotations
 import hf_models
 import torch
 import torch.nn.functional as F
+from micro_batches import lean_micro_batch, lean_microbatches
 
 from minidist.compose.dims import Grid, ParallelDims
 from minidist.compose.fixture import bytes_by_kind, data_rows, one_step
@@ -59,13 +60,15 @@ def composed(
     dims: dict,
     steps: int = STEPS,
     seq: int = SEQ,
-    micro_batch: int = 1,
+    micro_batch: int | None = None,
     precision: str = "fp32",
     recompute: bool = False,
     dp_shard_mode: str = "optim",
     **extra,
 ) -> dict:
-    """On every rank of a world of `dims`' size: the same run, composed."""
+    """On every rank of a world of `dims`' size: the same run, composed (None: the
+    micro-batch of `lean_micro_batch`)."""
+    micro_batch = micro_batch or lean_micro_batch(dims, BATCH)
     pdims = ParallelDims(**dims)
     grid = Grid(pdims)
     model = hf_models.build(name, **extra)
@@ -98,7 +101,7 @@ def step_bytes(runs) -> list[tuple[float, float]]:
     for name, dims, recompute in runs:
         pdims = ParallelDims(**dims)
         grid = Grid(pdims)
-        m = BATCH // (pdims.dp_replicate * pdims.dp_shard)
+        m = lean_microbatches(dims, BATCH)
         model = hf_models.build(name)
         options = dict(microbatches=m, seq_len=SEQ, lr=LR, recompute=recompute)
         engine = parallelize(model, pdims, grid=grid, **options)

@@ -11,6 +11,7 @@ Adam's moments within 1e-5 (measured ≤ 3e-7).
 
 import pytest
 import torch
+from micro_batches import lean_micro_batch
 
 import minidist
 from minidist import comm
@@ -39,8 +40,9 @@ def check(name, result):
 
 
 def several(layouts):
-    """Run several layouts one after the other on one world (one launch, many checks)."""
-    return [run_rank(name, dims) for name, dims in layouts]
+    """Run several layouts one after the other on one world (one launch, many checks), each
+    with the fewest micro-batches that run all of it (`lean_micro_batch`)."""
+    return [run_rank(name, dims, micro_batch=lean_micro_batch(dims)) for name, dims in layouts]
 
 
 LAYOUTS_8 = [
@@ -193,7 +195,10 @@ RECOMPUTED_SPLIT = [  # recomputation with the split backward: once, in B (W reu
 
 
 def recomputed(layouts):
-    return [run_rank(name, dims, recompute=True) for name, dims in layouts]
+    return [
+        run_rank(name, dims, micro_batch=lean_micro_batch(dims), recompute=True)
+        for name, dims in layouts
+    ]
 
 
 def test_recompute_with_the_zero_bubble_schedules_equals_one_process():
@@ -223,7 +228,7 @@ def grads_and_bytes(cases) -> list[tuple[dict, float, float, float]]:
         grid = Grid(pdims)
         model, batches = build(name, steps=1)
         rows = data_rows(grid, 8)
-        m = len(rows)  # one sequence per micro-batch
+        m = len(rows) // lean_micro_batch(dims)
         engine = parallelize(model, pdims, grid=grid, microbatches=m, recompute=recompute)
         pos = engine.ctx.positions.cpu()
         x, y = (t[rows.start : rows.stop, pos].to(rank_device()) for t in batches[0])
@@ -276,3 +281,20 @@ def test_the_moe_under_tensor_parallelism_equals_one_process():
     results = minidist.launch(several, 4, MOE_TP, timeout_s=600)
     for i, (name, _) in enumerate(MOE_TP):
         check(name, results[0][i])
+
+
+def test_lean_micro_batches_leave_every_phase_of_the_schedule():
+    """tests/micro_batches.py: 2 micro-batches without a pipeline, 2·pp with one, micro-batches
+    of one row when the data rank has fewer rows; every count one the schedule accepts."""
+    from micro_batches import lean_microbatches
+
+    from minidist.pipeline.schedules import schedule
+
+    assert lean_micro_batch({}) == 4 and lean_microbatches({}) == 2
+    assert lean_micro_batch(dict(tp=4, cp=2)) == 4
+    assert lean_microbatches(dict(pp=2)) == 4 and lean_microbatches(dict(dp_shard=2, pp=2)) == 4
+    assert lean_microbatches(dict(pp=4)) == 8 and lean_microbatches(dict(pp=3)) == 8
+    assert lean_microbatches(dict(dp_shard=8)) == 1 and lean_microbatches(dict(dp_shard=4)) == 2
+    for _, dims in [*LAYOUTS_8, *MOE_TP, *RECOMPUTED_SPLIT]:
+        d = ParallelDims(**dims)
+        schedule(d.schedule, d.pp, lean_microbatches(dims), d.virtual)  # accepted

@@ -8,6 +8,7 @@ the 8-rank list: losses ≤ 4.8e-7, parameters ≤ 9.4e-5, moments ≤ 2.2e-7; b
 4.8e-2, 6.0e-4."""
 
 import pytest
+from micro_batches import lean_microbatches, lean_runs
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
 from test_compose_optim import CFG, STEPS
 
@@ -36,12 +37,8 @@ LAYOUTS_8 = [
 ]
 
 
-def _runs(layouts):
-    return [run_rank(name, dims, **kw) for name, dims, kw in layouts]
-
-
 def test_fsdp_and_zero2_layouts_of_8_ranks_equal_one_process_and_their_plan():
-    results = minidist.launch(_runs, 8, LAYOUTS_8, timeout_s=900)
+    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900)
     for i, (name, dims, kw) in enumerate(LAYOUTS_8):
         got, want = results[0][i], ref(name)
         loss_tol, param_tol, optim_tol = (
@@ -62,7 +59,7 @@ def _planned(name, dims, kw):
     """Rank 0's plan (pipeline rank 0), as tests/test_compose_theory.py's."""
     model, _ = build(name)
     d, precision, mode = ParallelDims(**dims), kw.get("precision", "fp32"), kw["dp_shard_mode"]
-    m = 8 // (d.dp_replicate * d.dp_shard)
+    m = lean_microbatches(dims)
     raf = kw.get("reshard_after_forward", True)
     return {
         "memory": theory.model_state_bytes(model, d, precision, 0, mode),

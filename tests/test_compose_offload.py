@@ -10,6 +10,7 @@ for its all-gather (`theory.offload_bytes`). A step that read a stale host chunk
 skipped or made twice, moves a parameter or a count by far more than the tolerances."""
 
 import pytest
+from micro_batches import lean_microbatches, lean_runs
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
 from test_compose_optim import CFG, STEPS
 
@@ -35,15 +36,11 @@ LAYOUTS_8 = [
 ]
 
 
-def _runs(layouts):
-    return [run_rank(name, dims, **kw) for name, dims, kw in layouts]
-
-
 def _planned(name, dims, kw):
     """Rank 0's plan (pipeline rank 0)."""
     model, _ = build(name)
     d, precision, mode = ParallelDims(**dims), kw.get("precision", "fp32"), kw["dp_shard_mode"]
-    m = 8 // (d.dp_replicate * d.dp_shard)
+    m = lean_microbatches(dims)
     raf = kw.get("reshard_after_forward", True)
     return {
         "memory": theory.model_state_bytes(model, d, precision, 0, mode, offload=True),
@@ -53,7 +50,7 @@ def _planned(name, dims, kw):
 
 
 def test_offloaded_layouts_of_8_ranks_equal_one_process_and_their_plan():
-    results = minidist.launch(_runs, 8, LAYOUTS_8, timeout_s=900)
+    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900)
     for i, (name, dims, kw) in enumerate(LAYOUTS_8):
         got, want = results[0][i], ref(name)
         loss_tol, param_tol, optim_tol = (

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from micro_batches import lean_micro_batch
 
 import minidist
 from minidist.compose.fixture import reference, run_rank
@@ -37,7 +38,10 @@ LAYOUTS = [  # 4 ranks each; the issue's six: tp with sp, pp with the tied embed
 
 
 def _layouts() -> list[dict]:
-    return [run_rank(m, dims, STEPS, 8, precision=p, optim=CFG) for m, dims, p in LAYOUTS]
+    return [
+        run_rank(m, dims, STEPS, 8, lean_micro_batch(dims), precision=p, optim=CFG)
+        for m, dims, p in LAYOUTS
+    ]
 
 
 def test_the_schedule_warms_up_then_decays_to_min_lr_at_the_last_step():

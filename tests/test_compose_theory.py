@@ -7,6 +7,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from micro_batches import lean_micro_batch
 
 import minidist
 from minidist.compose import theory
@@ -40,14 +41,14 @@ LAYOUTS = _layouts()
 
 
 def _run(cases):
-    return [run_rank(name, dims, micro_batch=MICRO_BATCH, **kw) for name, dims, kw in cases]
+    return [run_rank(name, dims, **{"micro_batch": MICRO_BATCH, **kw}) for name, dims, kw in cases]
 
 
-def _planned(name, dims, precision="fp32", recompute=False):
+def _planned(name, dims, precision="fp32", recompute=False, micro_batch=MICRO_BATCH):
     model, _ = build(name)
     d = ParallelDims(**dims)
-    m = GLOBAL_BATCH // (d.dp_replicate * d.dp_shard * MICRO_BATCH)
-    args = (model, d, MICRO_BATCH, m, precision)
+    m = GLOBAL_BATCH // (d.dp_replicate * d.dp_shard * micro_batch)
+    args = (model, d, micro_batch, m, precision)
     return theory.model_state_bytes(model, d, precision), {
         "dp": theory.dp_bytes(model, d, precision),
         "pp": theory.pp_bytes(*args),
@@ -58,7 +59,7 @@ def _planned(name, dims, precision="fp32", recompute=False):
 
 def _check(cases, results):
     for (name, dims, kw), got in zip(cases, results):
-        memory, sent = _planned(name, dims, kw.get("precision", "fp32"), kw.get("recompute", False))
+        memory, sent = _planned(name, dims, **kw)
         measured = {k: v for k, v in got["memory"].items() if k != "activations"}
         assert measured == memory, (name, dims, kw, measured, memory)
         assert {k: got["bytes"][k] for k in sent} == sent, (name, dims, kw, got["bytes"], sent)
@@ -109,5 +110,8 @@ def test_the_hard_cases_are_planned_to_the_byte():
         ("gpt", dict(dp_shard=2, tp=2, pp=2, schedule="dualpipev"), {}),
         ("moe", dict(dp_shard=4, ep=2, pp=2), {}),
         ("moe", dict(dp_shard=2, ep=2, tp=2, sp=True, pp=2), dict(recompute=True)),
+    ]
+    cases = [
+        (name, dims, {"micro_batch": lean_micro_batch(dims), **kw}) for name, dims, kw in cases
     ]
     _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])

@@ -1,6 +1,5 @@
 """The course machinery: exercises are generated, fresh, and every stub says so when run."""
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -43,27 +42,35 @@ def test_every_solution_has_exercises_with_checks():
 
 @pytest.fixture(scope="module")
 def executed_exercises(request) -> dict:
-    """Every exercise notebook this session tests, run in a fresh kernel of its own, two at a
-    time (a kernel keeps one core busy, and the machines that run the tests have two or
-    more): path -> the executed notebook, or what its run raised."""
+    """Every exercise notebook this session tests, run top to bottom in one kernel, its
+    namespace reset before each notebook (`%reset -f`: a name a notebook forgets to define
+    or import still fails; the modules stay imported, so a notebook costs its cells, not a
+    kernel's start and torch's import): path -> the executed notebook, or what its run
+    raised."""
     paths = [
         item.callspec.params["path"]
         for item in request.session.items
         if item.originalname == "test_every_exercise_check_raises_not_implemented"
     ]
-
-    async def run(path, slots):
-        nb = nbformat.read(path, as_version=4)
-        async with slots:
-            client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True)
-            await client.async_execute()
-        return nb
-
-    async def run_all():
-        slots = asyncio.Semaphore(2)
-        return await asyncio.gather(*(run(p, slots) for p in paths), return_exceptions=True)
-
-    return dict(zip(paths, asyncio.run(run_all())))
+    out: dict = {}
+    if not paths:
+        return out
+    notebooks = {p: nbformat.read(p, as_version=4) for p in paths}
+    client = NotebookClient(
+        notebooks[paths[0]], timeout=600, kernel_name="python3", allow_errors=True
+    )
+    reset = nbformat.v4.new_code_cell("%reset -f")
+    with client.setup_kernel():
+        for path, nb in notebooks.items():
+            client.nb = nb  # the client keeps each cell's outputs by its index in `nb`
+            try:
+                client.execute_cell(reset, 0)
+                for i, cell in enumerate(nb.cells):
+                    client.execute_cell(cell, i)
+                out[path] = nb
+            except Exception as exc:  # a kernel that died: this notebook's test says so
+                out[path] = exc
+    return out
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=[p.name for p in EXERCISES])

@@ -54,7 +54,8 @@ SAME_LAYOUTS = [  # 4 ranks each: every kind of parallelism in one of them
         "--micro-batch",
         "2",
     ],
-    ["--model", "gpt", "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16"],
+    ["--model", "gpt", "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16",
+     "--micro-batch", "4"],  # 2 micro-batches (tests/micro_batches.py)
     ["--model", "moe", "--dp-shard", "4", "--ep", "2"],
     ["--model", "gpt", "--dp-shard", "4", "--dp-shard-mode", "optim_grads_params",
      "--optimizer-cpu-offload"],  # the host's chunks saved and loaded
@@ -87,12 +88,12 @@ CHANGES = {
     "ep 2 to 4": ("moe", ["--dp-shard", "2", "--ep", "2"], ["--dp-shard", "4", "--ep", "4"]),
     "cp 2 to 1 in bf16": (
         "llama",
-        ["--cp", "2", "--tp", "2", "--precision", "bf16"],
-        ["--dp-shard", "2", "--precision", "bf16"],
+        ["--cp", "2", "--tp", "2", "--precision", "bf16", "--micro-batch", "4"],
+        ["--dp-shard", "2", "--precision", "bf16", "--micro-batch", "2"],
     ),
     "ZeRO-1 with tp 2 to FSDP with cp 2": (
         "gpt",
-        ["--dp-shard", "2", "--tp", "2"],
+        ["--dp-shard", "2", "--tp", "2", "--micro-batch", "2"],
         ["--dp-shard", "2", "--cp", "2", "--dp-shard-mode", "optim_grads_params"],
     ),
     "ZeRO-1 with tp 2 to FSDP offloaded with pp 2": (
@@ -190,7 +191,7 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
     import os
     import sys
 
-    layout = ["--model", "llama", "--tp", "2", "--sp"]
+    layout = ["--model", "llama", "--tp", "2", "--sp", "--micro-batch", "4"]
     whole = minidist.launch(_run, 2, layout + ["--steps", str(STEPS)], timeout_s=600)[0]
     ck, log = str(tmp_path / "ck"), tmp_path / "log.jsonl"
     cmd = [

@@ -15,6 +15,7 @@ training step's (the activations, not their gradients).
 
 import pytest
 import torch
+from micro_batches import lean_microbatches
 
 import minidist
 from minidist import comm
@@ -70,8 +71,8 @@ def _evaluate_layouts() -> list[dict]:
         pdims = ParallelDims(**dims)
         model, batches = _model(name)
         grid = Grid(pdims)
-        d = pdims.dp_replicate * pdims.dp_shard
-        engine = parallelize(model, pdims, grid=grid, microbatches=8 // d, seq_len=16)
+        m = lean_microbatches(dims)
+        engine = parallelize(model, pdims, grid=grid, microbatches=m, seq_len=16)
         rows = data_rows(grid, 8)
         (x0, y0), (x1, y1) = (
             (x[rows.start : rows.stop], y[rows.start : rows.stop]) for x, y in batches
