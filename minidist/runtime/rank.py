@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -75,6 +76,11 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
     # goes to the parent, which forwards it and keeps the tail for the error if we die.
     os.dup2(err_conn.fileno(), 2)
     err_conn.close()
+    if faulthandler.is_enabled():
+        # inherited by fork, still writing to the launching process's file (pytest's copy
+        # of the terminal): a fatal error's Python stack (an abort in gloo) goes to the
+        # parent with the rest of this rank's stderr
+        faulthandler.enable(file=2)
     _die_with_parent(cfg["parent_pid"])
     comm._board = CallBoard(cfg["board_path"], rank)
     joined, peak = False, None

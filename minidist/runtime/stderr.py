@@ -12,6 +12,7 @@ import os
 
 _STDERR_TAIL_BYTES = 4000  # kept per rank
 _STDERR_TAIL_LINES = 20  # of those, put into the error of a rank that died
+_FATAL = b"Fatal Python error: "  # how faulthandler's dump of a dying rank begins
 
 
 class _StderrTail:
@@ -29,6 +30,11 @@ class _StderrTail:
         self.tail = bytearray()
         self.trimmed = False
         self.eof = False
+        # the tail as it was when faulthandler's dump began (the cause: what native code
+        # wrote before it), and the dump's first line; the dump itself (every frame of the
+        # stack, the extension modules) is forwarded, but would push the cause out of the tail
+        self.before_fatal: bytes | None = None
+        self.fatal_line = b""
 
     def read(self) -> bool:
         """Read and forward what the pipe holds now (one chunk); False if nothing or EOF."""
@@ -44,7 +50,13 @@ class _StderrTail:
             self.eof = True
             return False
         _write_fd2(data)
+        seen = len(self.tail)
         self.tail += data
+        if self.before_fatal is None:
+            at = self.tail.find(_FATAL, max(0, seen - len(_FATAL)))
+            if at >= 0:
+                self.before_fatal = bytes(self.tail[:at])
+                self.fatal_line = bytes(self.tail[at:]).split(b"\n", 1)[0]
         if len(self.tail) > _STDERR_TAIL_BYTES:
             del self.tail[:-_STDERR_TAIL_BYTES]
             self.trimmed = True
@@ -57,6 +69,9 @@ class _StderrTail:
                 return
 
     def last_lines(self, n: int = _STDERR_TAIL_LINES) -> str:
+        if self.before_fatal is not None and self.before_fatal.strip():
+            cause = self.before_fatal.decode(errors="replace").rstrip().splitlines()[-(n - 1) :]
+            return "\n".join([*cause, self.fatal_line.decode(errors="replace")])
         text = self.tail.decode(errors="replace")
         if self.trimmed and "\n" in text:
             text = text.split("\n", 1)[1]  # the first line was cut
