@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minidist-installed
 
-.PHONY: tour test test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
+.PHONY: tour test test-all test-gpu test-unit test-triton-latest test-notebooks lint format exercises notebooks bench clean site test-site
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP): $(PY) pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minidist tour
 
-test: $(STAMP) lint test-unit test-triton-latest test-notebooks
+test: $(STAMP) lint test-triton-latest test-all
 
 # The checks that need a GPU (compiled Triton kernels, NCCL worlds), name=value lines; on a
 # machine without one it says so and exits 0. Not part of `make test` (CI has no GPU).
@@ -36,11 +36,16 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Two pytest workers (pytest-xdist), one test file at a time each: one process alone keeps
-# two cores about 1.4 busy (worlds wait in gloo, graders on their kernels).
-# tests/conftest.py orders the files, slowest first. JOBS=1 for one worker. The notebooks
-# run in one process: two at once took as long (225-294 s against 234 s) on 1.6x the CPU.
+# Two pytest workers (pytest-xdist), one test file or notebook at a time each: one process
+# alone keeps two cores about 1.4 busy (worlds wait in gloo, graders on their kernels, a
+# notebook's kernel uses about 1.2). tests/conftest.py orders the files, slowest first, then
+# the notebooks alternating with the other files. JOBS=1 for one worker. `test-all` (what
+# `make test` runs) is `test-unit` and `test-notebooks` in one session, so that neither
+# waits for the other's idle core.
 JOBS ?= 2
+
+test-all: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks solutions
 
 test-unit: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -p no:nbval -q -n $(JOBS) --dist loadfile tests

@@ -40,12 +40,15 @@ def run_tour_row(tmp_path_factory):
     return run
 
 
-# `make test` runs the tests on two workers (pytest-xdist, `-n 2 --dist loadfile`): a world
-# of forked ranks waits in gloo, a grading test waits for its kernels, and one process
-# alone keeps two cores about 1.4 busy. Each file runs whole on one worker, so that its
-# module fixtures (a catalogue's shared worlds, the executed exercises) run once; the
-# files that read the session's tour rows run on one worker, so that the rows run once;
-# the slowest files go first, so that no worker is left with one of them at the end.
+# `make test` runs the tests and the notebooks (nbval) in one session on two workers
+# (pytest-xdist, `-n 2 --dist loadfile`): a world of forked ranks waits in gloo, a grading
+# test waits for its kernels, a notebook's kernel keeps about 1.2 cores busy, and one process
+# alone leaves part of two cores idle. Each file runs whole on one worker, so that its
+# module fixtures (a catalogue's shared worlds, the executed exercises) run once, and a
+# notebook in one kernel; the files that read the session's tour rows run on one worker,
+# so that the rows run once; the slowest files go first, so that no worker is left with one
+# of them at the end; then the notebooks alternate with the other test files, so that a
+# notebook's kernel shares the cores with a test rather than with another notebook.
 _TOGETHER = {"tests/test_planner.py": "tests/test_bench_tour.py"}
 _SLOWEST_FIRST = [  # measured one process alone, seconds (2 cores, quiet)
     "tests/test_compose_hf.py",  # 75, both cores busy
@@ -62,9 +65,22 @@ _SLOWEST_FIRST = [  # measured one process alone, seconds (2 cores, quiet)
 ]
 
 
+def _work_order(scopes: list[str]) -> dict[str, int]:
+    """scope -> its place: `_SLOWEST_FIRST`, then the other test files and the notebooks
+    alternately, each in the order collected."""
+    order = {path: i for i, path in enumerate(_SLOWEST_FIRST)}
+    files = [s for s in scopes if s not in order and not s.endswith(".ipynb")]
+    notebooks = [s for s in scopes if s.endswith(".ipynb")]
+    for i, scope in enumerate(files):
+        order[scope] = len(_SLOWEST_FIRST) + 2 * i
+    for i, scope in enumerate(notebooks):
+        order[scope] = len(_SLOWEST_FIRST) + 2 * i + 1
+    return order
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under `--dist loadfile`: files as units of work, `_TOGETHER`'s as one, slowest first."""
+    """Under `--dist loadfile`: files as units of work, `_TOGETHER`'s as one, in `_work_order`."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -73,13 +89,16 @@ def pytest_xdist_make_scheduler(config, log):
         return None  # another xdist's internals: its own file order (slower, as correct)
 
     class SlowestFirst(LoadFileScheduling):
+        order: dict[str, int] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
             return _TOGETHER.get(path, path)
 
         def _assign_work_unit(self, node) -> None:
-            rank = {path: i for i, path in enumerate(_SLOWEST_FIRST)}
-            first = min(self.workqueue, key=lambda scope: rank.get(scope, len(rank)))
+            if self.order is None:  # the first call sees every unit of work
+                self.order = _work_order(list(self.workqueue))
+            first = min(self.workqueue, key=lambda scope: self.order.get(scope, len(self.order)))
             self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
 

@@ -132,6 +132,8 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_as_one_process(tmp
         ["--model", "llama", "--vocab", "259", *run, "--steps", "2", "--tp", "4"],
         ["--model", "gpt", "--vocab", "257", *run, "--steps", "2", "--tp", "2", "--pp", "2"],
     ]
+    padded[1] += ["--micro-batch", "4"]  # the fewest micro-batches: tests/micro_batches.py
+    padded[2] += ["--micro-batch", "2"]
     runs = minidist.launch(_runs, 4, padded, timeout_s=600)[0]
     for argv, got in zip(padded, runs):
         _close_to_one_process(got, argv)
