@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -145,6 +146,30 @@ def test_ranks_waiting_for_one_that_computes_are_not_idle():
 
 def _rank_one_computes():
     return computes_then_reduces(1.5 if dist.get_rank() == 1 else 0.0)
+
+
+def test_a_rank_finishing_starts_the_idle_window_again(monkeypatch):
+    """Ranks 0 and 2 wait while rank 1 computes; rank 1 finishes at t = 1.2 and rank 2 has
+    not yet been scheduled to see its last message: not idle (its window starts at the
+    finish), until it sits idle_s after it. Before, rank 2's wait for rank 1 counted, and a
+    right world on a loaded machine was stopped as hung (make test, load 8)."""
+    import minidist.runtime.collect as collect
+
+    clock, cpu = [0.0], {0: 0.0, 1: 0.0, 2: 0.0}
+    monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(collect, "_cpu_s", lambda pid: cpu[pid])
+    procs = [types.SimpleNamespace(pid=r) for r in range(3)]
+    watch = collect.Watch(idle_s=1.0)
+    for step in range(6):  # rank 1 computes
+        clock[0], cpu[1] = 0.2 * step, 0.2 * step
+        watch.check(procs, [0, 1, 2], None)
+    for t in (1.2, 1.4, 1.8, 2.1):  # ranks 0 and 1 done; rank 2 uses no CPU
+        clock[0] = t
+        watch.check(procs, [2], None)
+    clock[0] = 2.3
+    with pytest.raises(minidist.WorldTimeoutError) as info:
+        watch.check(procs, [2], None)
+    assert info.value.why == "idle" and info.value.ranks == [2]
 
 
 def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():

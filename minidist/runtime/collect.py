@@ -134,6 +134,10 @@ class Watch:
                 raise _stopped(running, self.cpu_s, board_path, "cpu", spinning[0])
         if self.idle_s is None:
             return
+        if self._samples and set(self._samples[-1][1]) != set(running):
+            # a rank finished: progress, and the ranks left may have waited for it all along
+            # (they still need a moment of CPU to see its last message): a fresh window
+            self._samples.clear()
         self._samples.append((now, cpu))
         while len(self._samples) > 1 and self._samples[1][0] <= now - self.idle_s:
             self._samples.pop(0)
