@@ -111,7 +111,8 @@ def record(keep_sent: bool = False) -> Iterator[Ledger]:
     try:
         yield ledger
     finally:
-        _active_ledgers.remove(ledger)
+        # by identity: a ledger nested in another with the same records compares equal to it
+        del _active_ledgers[next(i for i, kept in enumerate(_active_ledgers) if kept is ledger)]
 
 
 @contextlib.contextmanager

@@ -314,3 +314,21 @@ def test_new_group_makes_a_group_once_per_world_and_purpose(tmp_path):
     world, a group of its own (the old world's would fail at its first collective)."""
     got = minidist.launch(_groups_made_once, 2, str(tmp_path / "store2"), timeout_s=120)
     assert got == [((True, True), 2.0, 2.0, True)] * 2
+
+
+def nested_ledgers():
+    t = torch.ones(4)
+    with comm.record() as outer:
+        with comm.record() as inner:  # both see the same calls: equal as dataclasses
+            comm.all_reduce(t)
+        comm.all_reduce(t)
+    with comm.record() as after:
+        comm.all_reduce(t)
+    return len(outer.records), len(inner.records), len(after.records), len(comm._active_ledgers)
+
+
+def test_a_ledger_inside_another_with_the_same_calls_closes_itself_not_the_outer_one():
+    """Closing the inner ledger took the first equal one off the list (the outer), and the
+    outer one's close then failed: lesson 17's run_rank records each step inside a test's own
+    record()."""
+    assert minidist.launch(nested_ledgers, 2) == [(2, 1, 1, 0)] * 2

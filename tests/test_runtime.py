@@ -158,6 +158,7 @@ def test_a_rank_finishing_starts_the_idle_window_again(monkeypatch):
     clock, cpu = [0.0], {0: 0.0, 1: 0.0, 2: 0.0}
     monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(collect, "_cpu_s", lambda pid: cpu[pid])
+    monkeypatch.setattr(collect, "_waited_s", lambda pid: 0.0)
     procs = [types.SimpleNamespace(pid=r) for r in range(3)]
     watch = collect.Watch(idle_s=1.0)
     for step in range(6):  # rank 1 computes
@@ -170,6 +171,74 @@ def test_a_rank_finishing_starts_the_idle_window_again(monkeypatch):
     with pytest.raises(minidist.WorldTimeoutError) as info:
         watch.check(procs, [2], None)
     assert info.value.why == "idle" and info.value.ranks == [2]
+
+
+def test_a_rank_starved_of_cpu_is_not_idle(monkeypatch):
+    """Rank 1 is runnable but gets no CPU (a loaded machine: its message arrived, its
+    thread waits in the run queue): not idle while it waits, idle once it stops waiting.
+    By CPU time alone it was idle, and a right world at load 50 was stopped as hung."""
+    import minidist.runtime.collect as collect
+
+    clock, cpu, waited = [0.0], {0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0}
+    monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(collect, "_cpu_s", lambda pid: cpu[pid])
+    monkeypatch.setattr(collect, "_waited_s", lambda pid: waited[pid])
+    procs = [types.SimpleNamespace(pid=r) for r in range(2)]
+    watch = collect.Watch(idle_s=1.0)
+    for step in range(16):  # 3 s: rank 1 waits for a CPU the whole time, rank 0 in a collective
+        clock[0], waited[1] = 0.2 * step, 0.19 * step
+        watch.check(procs, [0, 1], None)
+    for step in range(16, 20):  # rank 1 no longer waits either: a hang idle_s after t = 3
+        clock[0] = 0.2 * step
+        watch.check(procs, [0, 1], None)
+    clock[0] = 4.0
+    with pytest.raises(minidist.WorldTimeoutError) as info:
+        watch.check(procs, [0, 1], None)
+    assert info.value.why == "idle"
+
+
+def _starved(ready):
+    os.nice(19)  # a weight of 15 against the hog's 1024: about 1.5% of their core
+    ready.set()
+    while True:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux's scheduler calls")
+def test_run_queue_wait_is_read_for_a_starved_process_and_not_for_a_sleeping_one():
+    """A busy loop at nice 19 beside a busy loop at nice 0, both pinned to one core: it gets
+    almost no CPU and waits in the run queue nearly all the time (the kernel adds a wait to
+    the count when the thread next runs, which at nice 19 is every few tens of ms). A
+    sleeping process waits for nothing."""
+    import multiprocessing
+
+    import minidist.runtime.collect as collect
+
+    core = sorted(os.sched_getaffinity(0))[:1]
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    starved = ctx.Process(target=_starved, args=(ready,), daemon=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, core)
+        starved.start()
+        os.sched_setaffinity(starved.pid, core)
+        assert ready.wait(30)
+        cpu0, waited0 = collect._cpu_s(starved.pid), collect._waited_s(starved.pid)
+        slept0 = collect._waited_s(sleeper.pid)
+        time.sleep(2.0)
+        cpu = collect._cpu_s(starved.pid) - cpu0
+        waited = collect._waited_s(starved.pid) - waited0
+        slept = collect._waited_s(sleeper.pid) - slept0
+    finally:
+        for p in (hog, sleeper):
+            p.kill()
+            p.wait()
+        starved.kill()
+        starved.join()
+    assert cpu < 0.2 and waited > 1.0, (cpu, waited)
+    assert slept < 0.05, slept
 
 
 def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():

@@ -86,9 +86,11 @@ def _stopped(running, limit_s, board_path, why="timeout", spinning=None) -> Worl
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _POLL_S = 0.2
-# A rank using less than this share of a core over `idle_s` is idle. Measured on 2 cores:
-# a rank waiting in a gloo collective uses 0-0.3% (some thread of it wakes now and then); a
-# runnable rank still gets ~5% at load 40, ~10% at load 20.
+# A rank that used, or waited in the run queue for, less than this share of a core over
+# `idle_s` is idle. Measured on 2 cores: a rank waiting in a gloo collective uses 0-0.3% (some
+# thread of it wakes now and then); a runnable rank still gets ~5% at load 40, ~10% at load
+# 20, and a starved one (load 50, a 3-rank all-gather whose messages had arrived) waits in
+# the run queue for most of the window: CPU time alone took it for a hang.
 _IDLE_SHARE = 0.02
 
 
@@ -109,15 +111,35 @@ def _cpu_s(pid: int) -> float | None:
         return None
 
 
+def _waited_s(pid: int) -> float:
+    """Seconds the threads of a process spent runnable but waiting for a CPU (the run
+    queue, /proc/PID/task/*/schedstat's second field); 0 where unreadable. A thread that
+    ends takes its share with it, which only makes a rank look idler, never busier."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 @dataclass
 class Watch:
     """Limits on a world by CPU time, which a loaded machine does not stretch: `idle_s`
-    seconds in which its running ranks together use (almost) no CPU, `cpu_s` seconds of
-    one rank's CPU time. Where a rank's CPU time cannot be read, `cpu_s` is a wall limit."""
+    seconds in which none of its running ranks uses the CPU or waits for one, `cpu_s`
+    seconds of one rank's CPU time. Where a rank's CPU time cannot be read, `cpu_s` is a
+    wall limit."""
 
     idle_s: float | None = None
     cpu_s: float | None = None
-    _samples: list = field(default_factory=list)  # (time, {running rank: its CPU time})
+    # (time, {running rank: CPU seconds it used or waited for}): its demand for the CPU
+    _samples: list = field(default_factory=list)
     _start: float = field(default_factory=time.monotonic)
 
     def check(self, procs, running: list[int], board_path: str | None) -> None:
@@ -138,13 +160,14 @@ class Watch:
             # a rank finished: progress, and the ranks left may have waited for it all along
             # (they still need a moment of CPU to see its last message): a fresh window
             self._samples.clear()
-        self._samples.append((now, cpu))
+        demand = {r: cpu[r] + _waited_s(procs[r].pid) for r in running}
+        self._samples.append((now, demand))
         while len(self._samples) > 1 and self._samples[1][0] <= now - self.idle_s:
             self._samples.pop(0)
         first_t, first = self._samples[0]
         span = now - first_t
         if span >= self.idle_s and all(
-            cpu[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running
+            demand[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running
         ):
             raise _stopped(running, self.idle_s, board_path, "idle")
 

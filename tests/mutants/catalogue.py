@@ -913,6 +913,13 @@ MUTANTS = [
         "a failed save's partial files removed with its staging folder",
     ),
     (
+        "backends",
+        "ledger.py",
+        "        del _active_ledgers[next(i for i, kept in enumerate(_active_ledgers) if kept is ledger)]",
+        "        _active_ledgers.remove(ledger)",
+        "a closing ledger removed by equality: the outer one, when a nested one saw the same calls",
+    ),
+    (
         "checkpoint_files",
         "checkpoint_pin.py",
         'f = os.fdopen(os.dup(self._fd(name)), "rb")',
@@ -1170,9 +1177,16 @@ MUTANTS = [
     (
         "runtime",
         "runtime/collect.py",
-        "            cpu[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running",
-        "            cpu[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running[:1]",
+        "            demand[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running",
+        "            demand[r] - first.get(r, 0.0) < _IDLE_SHARE * span for r in running[:1]",
         "a world taken for idle while rank 0 waits and the others compute",
+    ),
+    (
+        "runtime",
+        "runtime/collect.py",
+        "demand = {r: cpu[r] + _waited_s(procs[r].pid) for r in running}",
+        "demand = dict(cpu)",
+        "a rank waiting in the run queue (starved by a loaded machine) taken for idle",
     ),
     (
         "runtime",
