@@ -94,10 +94,20 @@ def first_rank(group) -> int:
 
 
 def broadcast_parameters(module: nn.Module, group=None) -> None:
-    """Make every replica start from the group's rank 0 parameters and buffers."""
+    """Make every replica start from the group's rank 0 parameters and buffers: one
+    broadcast of their concatenation per dtype (DDP's `_sync_module_states` coalesces them
+    too: a model's tens of small tensors are otherwise tens of collectives)."""
+    by_dtype: dict[tuple, list[torch.Tensor]] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        by_dtype.setdefault((t.dtype, t.device), []).append(t.data)
     with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            comm.broadcast(t.data, src=first_rank(group), group=group, tag="init")
+        for same in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in same])
+            comm.broadcast(flat, src=first_rank(group), group=group, tag="init")
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
 
 
 def verify_same_model(

@@ -8,7 +8,7 @@ the 8-rank list: losses ≤ 4.8e-7, parameters ≤ 9.4e-5, moments ≤ 2.2e-7; b
 4.8e-2, 6.0e-4."""
 
 import pytest
-from micro_batches import lean_microbatches, lean_runs
+from micro_batches import lean_micro_batch, lean_microbatches, lean_runs
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
 from test_compose_optim import CFG, STEPS
 
@@ -53,18 +53,65 @@ def test_fsdp_and_zero2_layouts_of_8_ranks_equal_one_process_and_their_plan():
         measured = {k: v for k, v in got["memory"].items() if k != "activations"}
         assert measured == plan["memory"], (name, dims, kw)
         assert got["bytes"]["dp"] == plan["bytes"]["dp"], (name, dims, kw)
+        assert got["bytes"].get("tp", 0) == plan["bytes"]["tp"], (name, dims, kw)
 
 
 def _planned(name, dims, kw):
-    """Rank 0's plan (pipeline rank 0), as tests/test_compose_theory.py's."""
+    """Rank 0's plan (pipeline rank 0), as tests/test_compose_theory.py's; tp's too: a
+    layer's partial gradients are summed over tp before each of its reduce-scatters."""
     model, _ = build(name)
     d, precision, mode = ParallelDims(**dims), kw.get("precision", "fp32"), kw["dp_shard_mode"]
     m = lean_microbatches(dims)
     raf = kw.get("reshard_after_forward", True)
+    tp = (model, d, lean_micro_batch(dims), m, precision, kw.get("recompute", False), 0, mode)
     return {
         "memory": theory.model_state_bytes(model, d, precision, 0, mode),
-        "bytes": {"dp": theory.dp_bytes(model, d, precision, 0, mode, m, raf)},
+        "bytes": {
+            "dp": theory.dp_bytes(model, d, precision, 0, mode, m, raf),
+            "tp": theory.tp_bytes(*tp),
+        },
     }
+
+
+def partial_sums(mode: str) -> list[int]:
+    """The calls summing the partial gradients over tp in one step of 2 micro-batches."""
+    from minidist import comm
+    from minidist.compose.dims import Grid
+    from minidist.compose.fixture import data_rows, one_step
+
+    dims = ParallelDims(dp_shard=2, tp=2, sp=True)
+    model, batches = build("gpt", steps=1)
+    grid = Grid(dims)
+    engine = parallelize(model, dims, grid=grid, microbatches=2, dp_shard_mode=mode)
+    x, y = batches[0]
+    rows = data_rows(grid, 8)
+    with comm.record() as ledger:
+        one_step(engine, grid, x[rows.start : rows.stop], y[rows.start : rows.stop])
+    return [r.payload_bytes for r in ledger.records if r.tag == "sp-replicated-grad"]
+
+
+def test_partial_gradients_are_summed_once_per_step_or_per_layer_before_its_reduce():
+    """Under sp the norms' and row biases' gradients are partial sums over tp: ZeRO-1 sums
+    them all in one all-reduce per step (Megatron-LM's `finalize_model_grads`); ZeRO-2 and
+    FSDP reduce-scatter each layer's gradients after each micro-batch, so each layer's are
+    summed just before, in one call: 4 layers × 2 micro-batches, then the root's (the final
+    norm and the learned positions, reduced at the step's end)."""
+    model, _ = build("gpt")
+    layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.0."))
+    per_layer = sum(  # the layer's replicated parameters: norms and biases of the outputs
+        p.numel()
+        for n, p in model.named_parameters()
+        if n.startswith("blocks.0.") and (".ln" in n or n.endswith(("proj.bias", "mlp.2.bias")))
+    )
+    assert 0 < per_layer < layer
+    final = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("ln_f.", "pos_")))
+    got = minidist.launch(
+        lambda: [partial_sums(m) for m in ("optim", "optim_grads", "optim_grads_params")], 4
+    )
+    for rank in got:
+        once, zero2, fsdp = rank
+        assert len(once) == 1 and once[0] == 4 * (4 * per_layer + final), once
+        assert zero2 == fsdp == [4 * per_layer] * 8 + [4 * final], zero2
 
 
 def test_fsdp_sends_two_gathers_and_one_reduce_scatter_per_unit_and_micro_batch():

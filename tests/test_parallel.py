@@ -209,5 +209,36 @@ def test_different_models_raise_on_every_rank_naming_the_mismatch(kind, case):
 @pytest.mark.parametrize("kind", ["naive", "bucketed"])
 def test_same_model_passes_the_check(kind):
     for tags in minidist.launch(wrap_model, 3, kind, None, False, timeout_s=30):
-        # two small all-gathers, then the initial broadcast of the 4 parameters
-        assert tags == ["verify-model"] * 2 + ["init"] * 4
+        # two small all-gathers, then one broadcast of the 4 parameters (float32, one flat)
+        assert tags == ["verify-model"] * 2 + ["init"]
+
+
+def broadcast_mixed_model():
+    from minidist.parallel import broadcast_parameters
+
+    torch.manual_seed(dist.get_rank())  # every rank starts from its own weights
+    model = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2).to(torch.bfloat16))
+    model.register_buffer("count", torch.randint(0, 100, (7,)))
+    with comm.record() as ledger:
+        broadcast_parameters(model)
+    state = {k: v.float() for k, v in model.state_dict().items()}
+    return state, sorted((r.tag, str(r.dtype), r.payload_bytes) for r in ledger.records)
+
+
+def test_the_initial_broadcast_gives_every_rank_rank_zeros_tensors_one_call_per_dtype():
+    """Parameters and buffers of three dtypes, different on every rank: after the broadcast
+    every rank holds rank 0's, each dtype in one flat broadcast of its tensors' bytes."""
+    got = minidist.launch(broadcast_mixed_model, 3)
+    torch.manual_seed(0)
+    want = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2).to(torch.bfloat16))
+    want.register_buffer("count", torch.randint(0, 100, (7,)))
+    for state, calls in got:
+        assert state.keys() == want.state_dict().keys()
+        assert all(torch.equal(state[k], v.float()) for k, v in want.state_dict().items())
+        assert calls == sorted(
+            [
+                ("init", "torch.float32", (3 * 5 + 5) * 4),
+                ("init", "torch.bfloat16", (5 * 2 + 2) * 2),
+                ("init", "torch.int64", 7 * 8),
+            ]
+        )

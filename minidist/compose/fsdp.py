@@ -44,6 +44,7 @@ from .. import comm
 from ..expert_parallel.gpt import is_expert
 from ..expert_parallel.parallel import all_reduce_flat
 from ..zero.optimizer import ZeroRedundancyOptimizer
+from .tensor_parallel import sum_partial_gradients
 
 MODES = ("optim", "optim_grads", "optim_grads_params")
 
@@ -72,6 +73,7 @@ class ShardedUnit(ZeroRedundancyOptimizer):
         added into this rank's chunk; the full ones freed."""
         if all(p.grad is None for p in self.params):
             return
+        sum_partial_gradients(self.params)  # over tp first: these are this micro-batch's
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self.layout.flatten([g.float() for g in grads]).div_(self.world * self.divide)
         chunk = flat.new_empty(self.layout.chunk)

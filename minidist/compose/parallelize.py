@@ -58,7 +58,7 @@ from .layout_check import check_course_layout, check_layout, model_sizes
 from .optim import OptimizerConfig, shard_optimizer
 from .split import split_model
 from .state import StatePieces
-from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear
+from .tensor_parallel import apply_tensor_parallel, conv1d_to_linear, sum_partial_gradients
 
 
 class ComposedParallel(StatePieces, PipelineParallel):
@@ -289,6 +289,7 @@ class ComposedParallel(StatePieces, PipelineParallel):
         if self.data_parallel is not None:
             self.data_parallel.finish()
             return
+        sum_partial_gradients(list(self.module.parameters()))  # over tp, once per step
         named = self._named()
         for n in self.expert_names:
             if named[n].grad is not None:

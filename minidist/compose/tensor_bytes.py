@@ -24,9 +24,9 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
     reduce-scattered (all-gathered in backward); the vocabulary-parallel embedding like a
     row output; the loss's three float32 all-reduces per token (max, sum of exponentials,
     target logit); under sp the course MoE's two all-gathers (it runs whole sequences).
-    `partial`: elements of the gradients every tp rank holds a partial sum of, all-reduced
-    after each micro-batch (replicated K/V; under sp every parameter tensor parallelism does
-    not cut, but the MoE's)."""
+    `partial`: elements of the gradients every tp rank holds a partial sum of (replicated
+    K/V; under sp every parameter tensor parallelism does not cut, but the MoE's), (in the
+    layers, outside them)."""
     kind, sizes = family(model), _sizes(model)
     plan = GPT_PLAN if kind == "gpt" else LLAMA_PLAN
     h, sp = sizes["hidden"], dims.sp
@@ -68,7 +68,7 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
         # it was lesson 07's `vocab_head` with the sequence-parallel linear)
         calls += [(op, phase, h, False) for op, phase in enter]
         calls += [("all_reduce", "loss", 1, False)] * 3
-    partial = 0
+    partial = [0, 0]
     for name, p in model.named_parameters():
         if not (p.requires_grad and _owner(kind, name, first, last, chunk_layers)):
             continue
@@ -76,8 +76,9 @@ def tp_calls(model: nn.Module, dims, chunk_layers: range, first: bool, last: boo
             continue
         module = name.rpartition(".")[0]
         if not _split(model, plan, name, dims.tp) and (sp or _style(plan, module) == "colwise_kv"):
-            partial += p.numel()
-    return calls, partial
+            in_layer = name.startswith(("blocks.", "model.layers."))
+            partial[0 if in_layer else 1] += p.numel()
+    return calls, tuple(partial)
 
 
 def tp_bytes(
@@ -88,23 +89,28 @@ def tp_bytes(
     precision: str = "fp32",
     recompute: bool = False,
     pp_rank: int = 0,
+    dp_shard_mode: str = "optim",
 ) -> float:
     """A rank's bytes on its tp group per step: `tp_calls` of each chunk, per micro-batch;
     recomputation repeats each layer's forward calls. The same under every schedule: a split
     backward (ZB-H1, ZB-V, DualPipeV) runs the backward calls in B, and W none (lesson 09's
-    engine); the partial sums' all-reduces fire in W, where the parameters' gradients are
-    made."""
+    engine). The partial sums are all-reduced once per step (`sum_partial_gradients`); a
+    layer's once per micro-batch where ZeRO-2/FSDP reduces its gradients after each."""
     if dims.tp == 1:
         return 0.0
     sizes = _sizes(model)
     e = 2 if precision == "bf16" else 4
     tokens = micro_batch * sizes["seq_len"] // dims.cp
-    total = 0.0
+    total = once = 0.0
     for _, layers, first, last in chunks(dims, pp_rank, sizes["layers"]):
-        calls, partial = tp_calls(model, dims, layers, first, last)
+        calls, (in_layers, outside) = tp_calls(model, dims, layers, first, last)
         for op, phase, width, in_layer in calls:
             size = 4 * tokens if phase == "loss" else e * tokens * width
             times = 2 if recompute and phase == "F" and in_layer else 1
             total += times * ring_bytes(op, size, dims.tp)
-        total += ring_bytes("all_reduce", e * partial, dims.tp)  # hooks fire in W only
-    return microbatches * total
+        if dp_shard_mode == "optim":
+            once += ring_bytes("all_reduce", e * (in_layers + outside), dims.tp)
+        else:  # each layer unit's before its reduce-scatter (in W); the root's at the end
+            total += ring_bytes("all_reduce", e * in_layers, dims.tp)
+            once += ring_bytes("all_reduce", e * outside, dims.tp)
+    return microbatches * total + once

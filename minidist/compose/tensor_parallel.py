@@ -33,9 +33,14 @@ transposed), so one set of layers serves both; `transposed` names them for the e
 Gradients of replicated parameters that see only part of the work are summed over tp: under
 sequence parallelism everything the layers, the final norm and learned positions hold whole
 (norms, row biases); K/V kept whole because t does not divide the KV heads (each rank uses
-the heads its queries need). Not composed (refused in one line): a fused Q, K, V with fewer
-KV heads than query heads (sections of unequal size); a transformers model's experts under
-tp (the course MoE's stay whole on every tp rank).
+the heads its queries need). They are marked (`tp_sum_group`) and summed in one all-reduce of
+their concatenation (`sum_partial_gradients`): once per step, after the last micro-batch
+(Megatron-LM's `finalize_model_grads`), or, where ZeRO-2/FSDP reduces a layer's gradients
+after each micro-batch, just before that reduction, one all-reduce per layer.
+
+Not composed (refused in one line): a fused Q, K, V with fewer KV heads than query heads
+(sections of unequal size); a transformers model's experts under tp (the course MoE's stay
+whole on every tp rank).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..expert_parallel.parallel import all_reduce_flat
 from ..megatron.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -56,11 +62,7 @@ from ..megatron.layers import (
     VocabParallelHead,
 )
 from ..megatron.ops import copy_to_tp
-from ..megatron.sequence import (
-    allreduce_replicated_grad,
-    gather_from_sequence,
-    scatter_to_sequence,
-)
+from ..megatron.sequence import gather_from_sequence, scatter_to_sequence
 from ..model_parts import is_hf
 from ..pipeline.stages import Stage, _hidden_arg, _with_hidden
 
@@ -293,7 +295,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
         for p in part.parameters():
             if p.requires_grad and not hasattr(p, "tp_split") and not hasattr(p, "tp_whole"):
                 if sp or getattr(p, "tp_partial", False):
-                    p.register_hook(lambda g: allreduce_replicated_grad(g, group))
+                    p.tp_sum_group = group  # summed by `sum_partial_gradients`
     stage.tp_group = group
     return matched
 
@@ -319,3 +321,13 @@ def _vocab(stage: Stage, group) -> VocabParallelEmbedding | None:
         setattr(model, parts.head, head)
         stage.vocab_start, stage.vocab_size = head.start, head.vocab_size
     return emb
+
+
+def sum_partial_gradients(params) -> None:
+    """The gradients of `params` marked `tp_sum_group` (partial sums, one per tp rank)
+    summed over their tp group, in one all-reduce of their concatenation; a sum is linear,
+    so once over what the micro-batches accumulated equals once per micro-batch."""
+    grads = [p.grad for p in params if hasattr(p, "tp_sum_group") and p.grad is not None]
+    if grads:
+        group = next(p.tp_sum_group for p in params if hasattr(p, "tp_sum_group"))
+        all_reduce_flat(grads, group, "sp-replicated-grad")

@@ -189,7 +189,9 @@ def planned(
         if valid_token_mean:
             dp += ring_bytes("all_reduce", 8, dims.dp_replicate * dims.dp_shard * dims.cp)
         kinds = {"dp": dp, "pp": pp_bytes(*args, r)}
-        kinds.update(cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r))
+        kinds.update(
+            cp=cp_bytes(*args, recompute, r), tp=tp_bytes(*args, recompute, r, dp_shard_mode)
+        )
         acts = activation_bytes(model, dims, global_batch, micro_batch, precision, recompute, r)
         if acts is not None:
             states["activations"] = acts

@@ -913,6 +913,27 @@ MUTANTS = [
         "a failed save's partial files removed with its staging folder",
     ),
     (
+        "compose",
+        "compose/parallelize.py",
+        "        sum_partial_gradients(list(self.module.parameters()))  # over tp, once per step",
+        "        pass",
+        "the replicated parameters' partial gradients never summed over tp (ZeRO-1)",
+    ),
+    (
+        "compose",
+        "compose/fsdp.py",
+        "        sum_partial_gradients(self.params)  # over tp first: these are this micro-batch's",
+        "        pass",
+        "a layer unit's partial gradients reduce-scattered before they are summed over tp",
+    ),
+    (
+        "compose",
+        "compose/tensor_bytes.py",
+        '            total += ring_bytes("all_reduce", e * in_layers, dims.tp)',
+        '            once += ring_bytes("all_reduce", e * in_layers, dims.tp)',
+        "the plan sums a layer unit's partial gradients once per step, not per micro-batch",
+    ),
+    (
         "backends",
         "ledger.py",
         "        del _active_ledgers[next(i for i, kept in enumerate(_active_ledgers) if kept is ledger)]",
