@@ -11,8 +11,7 @@ def lean_micro_batch(dims: dict, global_batch: int = 8) -> int:
     Every micro-batch repeats each tp, cp and pipeline collective, and on a 2-core machine
     gloo's small collectives are most of an 8-rank test's time: the Llama at tp 4 · cp 2
     took 20 core-s with 8 micro-batches of one row and 6 with 2 of four."""
-    pp = dims.get("pp", 1)
-    rows = global_batch // (dims.get("dp_replicate", 1) * dims.get("dp_shard", 1))
+    pp, rows = dims.get("pp", 1), _rows(dims, global_batch)
     want = 2 * pp if pp > 1 else 2
     for size in range(rows, 0, -1):
         if rows % size == 0 and rows // size >= want:
@@ -22,8 +21,12 @@ def lean_micro_batch(dims: dict, global_batch: int = 8) -> int:
 
 def lean_microbatches(dims: dict, global_batch: int = 8) -> int:
     """How many micro-batches each data rank runs at `lean_micro_batch`."""
-    rows = global_batch // (dims.get("dp_replicate", 1) * dims.get("dp_shard", 1))
-    return rows // lean_micro_batch(dims, global_batch)
+    return _rows(dims, global_batch) // lean_micro_batch(dims, global_batch)
+
+
+def _rows(dims: dict, global_batch: int) -> int:
+    """The rows of the global batch each data rank trains on."""
+    return global_batch // (dims.get("dp_replicate", 1) * dims.get("dp_shard", 1))
 
 
 def lean_runs(layouts: list[tuple[str, dict, dict]]) -> list[dict]:

@@ -7,12 +7,12 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from micro_batches import lean_micro_batch
+from micro_batches import lean_micro_batch, lean_runs
 
 import minidist
 from minidist.compose import theory
 from minidist.compose.dims import ParallelDims
-from minidist.compose.fixture import build, run_rank
+from minidist.compose.fixture import build
 
 GLOBAL_BATCH, MICRO_BATCH = 8, 1
 HEADS, LAYERS, SEQ = 4, 4, 16  # the fixture's sizes
@@ -38,10 +38,6 @@ def _layouts(world: int = 8) -> list[dict]:
 
 
 LAYOUTS = _layouts()
-
-
-def _run(cases):
-    return [run_rank(name, dims, **{"micro_batch": MICRO_BATCH, **kw}) for name, dims, kw in cases]
 
 
 def _planned(name, dims, precision="fp32", recompute=False, micro_batch=MICRO_BATCH):
@@ -86,8 +82,10 @@ def test_every_factorisation_of_8_is_a_layout():
 def test_sampled_layouts_are_planned_to_the_byte(draw):
     cases = []
     for name, dims, precision, recompute in draw:
-        cases.append((name, dims, dict(precision=precision, recompute=recompute)))
-    _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])
+        # micro-batches of one row: a sampled layout draws large micro-batch counts too
+        kw = dict(precision=precision, recompute=recompute, micro_batch=MICRO_BATCH)
+        cases.append((name, dims, kw))
+    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900)[0])
 
 
 def test_the_hard_cases_are_planned_to_the_byte():
@@ -114,4 +112,4 @@ def test_the_hard_cases_are_planned_to_the_byte():
     cases = [
         (name, dims, {"micro_batch": lean_micro_batch(dims), **kw}) for name, dims, kw in cases
     ]
-    _check(cases, minidist.launch(_run, 8, cases, timeout_s=900)[0])
+    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900)[0])

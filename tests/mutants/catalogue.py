@@ -934,6 +934,13 @@ MUTANTS = [
         "the plan sums a layer unit's partial gradients once per step, not per micro-batch",
     ),
     (
+        "parallel",
+        "parallel.py",
+        "                t.copy_(flat[offset : offset + t.numel()].view_as(t))\n                offset += t.numel()",
+        "                t.copy_(flat[offset : offset + t.numel()].view_as(t))",
+        "the initial broadcast's flat copied back from its start into every tensor",
+    ),
+    (
         "backends",
         "ledger.py",
         "        del _active_ledgers[next(i for i, kept in enumerate(_active_ledgers) if kept is ledger)]",
