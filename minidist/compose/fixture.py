@@ -181,8 +181,9 @@ def bytes_by_kind(ledger, grid: Grid) -> dict[str, float]:
       chunks (over dp_shard × cp, and ep_shard for experts), HSDP's all-reduce of the
       gradients (in the parameters' dtype) over dp_replicate;
     - tp: f / g all-reduces, or under sp the all-gathers and reduce-scatters (with the
-      backward re-gather) and the replicated parameters' gradient all-reduces, per
-      micro-batch; the vocab-parallel cross entropy's three all-reduces;
+      backward re-gather), per micro-batch; the vocab-parallel cross entropy's three
+      all-reduces; the replicated parameters' partial gradients' one all-reduce per step
+      (per layer and micro-batch under ZeRO-2/FSDP: `sum_partial_gradients`);
     - pp: each activation and gradient sent (float32, `send`: its bytes; `recv`: 0), the
       loss's broadcast over the pipeline and the tied embedding's all-reduce;
     - cp: ring attention's K/V passes (forward and backward) and the dK/dV accumulators';

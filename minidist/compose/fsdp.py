@@ -60,9 +60,10 @@ class ShardedUnit(ZeroRedundancyOptimizer):
     gradients reduced into `shard.grad` (÷ `divide`) and, if `sharded`, its parameters
     gathered only while a forward or backward needs them."""
 
-    def __init__(self, params, group, divide: int, sharded: bool, index: int):
+    def __init__(self, params, group, divide: int, sharded: bool, index: int, tp_group=None):
         super().__init__(params, torch.optim.Adam, group=group)
         self.divide, self.sharded, self.index = divide, sharded, index
+        self.tp_group = tp_group  # where partial gradients are summed (None: tp = 1)
         self.gathered, self.in_flight = True, None
         self.pending = 0  # backwards begun whose gradients are not all reduced yet (W)
         self.accumulated: set[int] = set()
@@ -73,7 +74,8 @@ class ShardedUnit(ZeroRedundancyOptimizer):
         added into this rank's chunk; the full ones freed."""
         if all(p.grad is None for p in self.params):
             return
-        sum_partial_gradients(self.params)  # over tp first: these are this micro-batch's
+        if self.tp_group is not None:  # over tp first: these are this micro-batch's
+            sum_partial_gradients(self.params, self.tp_group)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self.layout.flatten([g.float() for g in grads]).div_(self.world * self.divide)
         chunk = flat.new_empty(self.layout.chunk)
@@ -183,9 +185,9 @@ class ShardedDataParallel:
         for part, kind, divide in ((dense, "dp_shard_cp", 1), (experts, "ep_shard", dims.ep)):
             if part:
                 sharded = layer and self.mode == "optim_grads_params"
-                unit = ShardedUnit(
-                    [named[n] for n in part], grid.group(kind), divide, sharded, len(self.units)
-                )
+                tp = grid.group("tp") if dims.tp > 1 else None
+                params = [named[n] for n in part]
+                unit = ShardedUnit(params, grid.group(kind), divide, sharded, len(self.units), tp)
                 self.units.append((part, unit))
                 made.append(unit)
         return made

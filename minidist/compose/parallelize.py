@@ -289,7 +289,8 @@ class ComposedParallel(StatePieces, PipelineParallel):
         if self.data_parallel is not None:
             self.data_parallel.finish()
             return
-        sum_partial_gradients(list(self.module.parameters()))  # over tp, once per step
+        if self.dims.tp > 1:  # over tp, once per step
+            sum_partial_gradients(list(self.module.parameters()), self.grid.group("tp"))
         named = self._named()
         for n in self.expert_names:
             if named[n].grad is not None:

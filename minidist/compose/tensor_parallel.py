@@ -33,7 +33,7 @@ transposed), so one set of layers serves both; `transposed` names them for the e
 Gradients of replicated parameters that see only part of the work are summed over tp: under
 sequence parallelism everything the layers, the final norm and learned positions hold whole
 (norms, row biases); K/V kept whole because t does not divide the KV heads (each rank uses
-the heads its queries need). They are marked (`tp_sum_group`) and summed in one all-reduce of
+the heads its queries need). They are marked (`tp_summed`) and summed in one all-reduce of
 their concatenation (`sum_partial_gradients`): once per step, after the last micro-batch
 (Megatron-LM's `finalize_model_grads`), or, where ZeRO-2/FSDP reduces a layer's gradients
 after each micro-batch, just before that reduction, one all-reduce per layer.
@@ -295,7 +295,7 @@ def apply_tensor_parallel(stage: Stage, group, sp: bool, sizes: dict) -> dict[st
         for p in part.parameters():
             if p.requires_grad and not hasattr(p, "tp_split") and not hasattr(p, "tp_whole"):
                 if sp or getattr(p, "tp_partial", False):
-                    p.tp_sum_group = group  # summed by `sum_partial_gradients`
+                    p.tp_summed = True  # a partial sum: `sum_partial_gradients`
     stage.tp_group = group
     return matched
 
@@ -323,11 +323,9 @@ def _vocab(stage: Stage, group) -> VocabParallelEmbedding | None:
     return emb
 
 
-def sum_partial_gradients(params) -> None:
-    """The gradients of `params` marked `tp_sum_group` (partial sums, one per tp rank)
-    summed over their tp group, in one all-reduce of their concatenation; a sum is linear,
-    so once over what the micro-batches accumulated equals once per micro-batch."""
-    grads = [p.grad for p in params if hasattr(p, "tp_sum_group") and p.grad is not None]
-    if grads:
-        group = next(p.tp_sum_group for p in params if hasattr(p, "tp_sum_group"))
-        all_reduce_flat(grads, group, "sp-replicated-grad")
+def sum_partial_gradients(params, group) -> None:
+    """The gradients of `params` marked `tp_summed` (partial sums, one per tp rank) summed
+    over the tp `group`, in one all-reduce of their concatenation; a sum is linear, so once
+    over what the micro-batches accumulated equals once per micro-batch."""
+    grads = [p.grad for p in params if getattr(p, "tp_summed", False) and p.grad is not None]
+    all_reduce_flat(grads, group, "sp-replicated-grad")

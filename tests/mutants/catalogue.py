@@ -915,15 +915,15 @@ MUTANTS = [
     (
         "compose",
         "compose/parallelize.py",
-        "        sum_partial_gradients(list(self.module.parameters()))  # over tp, once per step",
-        "        pass",
+        '            sum_partial_gradients(list(self.module.parameters()), self.grid.group("tp"))',
+        "            pass",
         "the replicated parameters' partial gradients never summed over tp (ZeRO-1)",
     ),
     (
         "compose",
         "compose/fsdp.py",
-        "        sum_partial_gradients(self.params)  # over tp first: these are this micro-batch's",
-        "        pass",
+        "            sum_partial_gradients(self.params, self.tp_group)",
+        "            pass",
         "a layer unit's partial gradients reduce-scattered before they are summed over tp",
     ),
     (
