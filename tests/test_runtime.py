@@ -2,6 +2,7 @@
 
 import faulthandler
 import importlib
+import multiprocessing
 import os
 import resource
 import signal
@@ -210,8 +211,6 @@ def test_run_queue_wait_is_read_for_a_starved_process_and_not_for_a_sleeping_one
     in the run queue at least three quarters of the time (more on a loaded machine). The
     kernel adds a wait to the count when the thread next runs: at nice 19 that was seconds
     apart at load 14, and the count lagged the clock. A sleeping process waits for nothing."""
-    import multiprocessing
-
     import minidist.runtime.collect as collect
 
     core = sorted(os.sched_getaffinity(0))[:1]
@@ -684,3 +683,23 @@ def test_rank_device_is_the_cpu_under_gloo():
         assert minidist.launch(rank_device_name, 1, device="auto") == ["cpu"]
         with pytest.raises(ValueError, match="2 ranks but 0 GPUs"):
             minidist.launch(rank_device_name, 2, device="cuda")
+
+
+def test_a_fatal_error_line_written_in_parts_is_kept_whole():
+    """faulthandler writes "Fatal Python error: " and "Aborted" in separate writes; the
+    parent read the first alone (make test, once in 3,176) and the error ended mid-line."""
+    from minidist.runtime.stderr import _StderrTail
+
+    read_end, write_end = multiprocessing.Pipe(duplex=False)
+    tail = _StderrTail(read_end)
+    try:
+        fd = write_end.fileno()
+        for part in (b"gloo: size mismatch\nFatal Python error: ", b"Abor", b"ted\n\nThread 0x1"):
+            os.write(fd, part)
+            tail.drain()
+        os.write(fd, b" (most recent call first):\n  File x\n" * 100)
+        tail.drain()
+    finally:
+        write_end.close()
+        tail.close()
+    assert tail.last_lines() == "gloo: size mismatch\nFatal Python error: Aborted"

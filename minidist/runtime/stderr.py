@@ -13,6 +13,7 @@ import os
 _STDERR_TAIL_BYTES = 4000  # kept per rank
 _STDERR_TAIL_LINES = 20  # of those, put into the error of a rank that died
 _FATAL = b"Fatal Python error: "  # how faulthandler's dump of a dying rank begins
+_FATAL_LINE_BYTES = 300  # of its first line, kept
 
 
 class _StderrTail:
@@ -35,6 +36,7 @@ class _StderrTail:
         # stack, the extension modules) is forwarded, but would push the cause out of the tail
         self.before_fatal: bytes | None = None
         self.fatal_line = b""
+        self._fatal_open = False  # its first line not ended yet: faulthandler writes it in parts
 
     def read(self) -> bool:
         """Read and forward what the pipe holds now (one chunk); False if nothing or EOF."""
@@ -52,11 +54,15 @@ class _StderrTail:
         _write_fd2(data)
         seen = len(self.tail)
         self.tail += data
+        rest = data if self._fatal_open else None
         if self.before_fatal is None:
             at = self.tail.find(_FATAL, max(0, seen - len(_FATAL)))
             if at >= 0:
-                self.before_fatal = bytes(self.tail[:at])
-                self.fatal_line = bytes(self.tail[at:]).split(b"\n", 1)[0]
+                self.before_fatal, rest = bytes(self.tail[:at]), bytes(self.tail[at:])
+        if rest is not None:
+            line, newline, _ = rest.partition(b"\n")
+            self.fatal_line = (self.fatal_line + line)[:_FATAL_LINE_BYTES]
+            self._fatal_open = not newline and len(self.fatal_line) < _FATAL_LINE_BYTES
         if len(self.tail) > _STDERR_TAIL_BYTES:
             del self.tail[:-_STDERR_TAIL_BYTES]
             self.trimmed = True

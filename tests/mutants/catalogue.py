@@ -934,6 +934,13 @@ MUTANTS = [
         "the plan sums a layer unit's partial gradients once per step, not per micro-batch",
     ),
     (
+        "runtime",
+        "runtime/stderr.py",
+        "            self._fatal_open = not newline and len(self.fatal_line) < _FATAL_LINE_BYTES",
+        "            self._fatal_open = False",
+        "a fatal error's first line kept only as far as the first read reached",
+    ),
+    (
         "parallel",
         "parallel.py",
         "                t.copy_(flat[offset : offset + t.numel()].view_as(t))\n                offset += t.numel()",
