@@ -234,7 +234,11 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert (tmp_path / "died").exists()
-    assert out["resumed_from"] == str(SAVE_AT) and out["step"] == str(STEPS)
+    # once in about 4 runs of make test (load 5-8) the last attempt resumed from step 4: the
+    # restarted world failed after its last save and torchrun restarted it again; its
+    # stderr says why
+    why = done.stderr[-4000:]
+    assert out["resumed_from"] == str(SAVE_AT) and out["step"] == str(STEPS), why
     assert out["loss"] == repr(whole["losses"][-1])
     assert out["params_sha256"] == whole["params_sha256"]
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]

@@ -252,6 +252,12 @@ def run_train(args: argparse.Namespace) -> int:
     dims = dims_of(args)
     world = ParallelDims(**dims).world_size
     results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)
+    if minidist.under_torchrun() and dist.is_initialized():
+        # every rank leaves the world together before it exits, as torchrun advises: a
+        # rank exiting with its group alive, its peer still in gloo's teardown, may fail
+        # its exit, and torchrun would restart a run that had finished
+        dist.barrier()
+        dist.destroy_process_group()
     if results is None or results[0] is None:  # a torchrun rank other than 0
         return 0
     first = results[0]
