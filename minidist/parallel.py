@@ -104,10 +104,15 @@ def broadcast_parameters(module: nn.Module, group=None) -> None:
         for same in by_dtype.values():
             flat = torch.cat([t.reshape(-1) for t in same])
             comm.broadcast(flat, src=first_rank(group), group=group, tag="init")
-            offset = 0
-            for t in same:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+            copy_flat_into(flat, same)
+
+
+def copy_flat_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy a concatenation (`torch.cat` of the tensors flattened) back into the tensors."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def verify_same_model(

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..parallel import broadcast_parameters, verify_same_model
+from ..parallel import broadcast_parameters, copy_flat_into, verify_same_model
 from .moe import MoE
 from .routing import Routing, capacity, route
 
@@ -299,7 +299,4 @@ def all_reduce_flat(grads: list[torch.Tensor], group, tag: str) -> None:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     comm.all_reduce(flat, group=group, tag=tag)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    copy_flat_into(flat, grads)

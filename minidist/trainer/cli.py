@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .. import comm
 from ..cli_checks import positive_int
 from ..compose.dims import SCHEDULES, ParallelDims
 from ..compose.fixture import MODELS
@@ -256,7 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
         # every rank leaves the world together before it exits, as torchrun advises: a
         # rank exiting with its group alive, its peer still in gloo's teardown, may fail
         # its exit, and torchrun would restart a run that had finished
-        dist.barrier()
+        comm.barrier(tag="leave")
         dist.destroy_process_group()
     if results is None or results[0] is None:  # a torchrun rank other than 0
         return 0

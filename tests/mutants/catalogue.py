@@ -943,8 +943,8 @@ MUTANTS = [
     (
         "parallel",
         "parallel.py",
-        "                t.copy_(flat[offset : offset + t.numel()].view_as(t))\n                offset += t.numel()",
-        "                t.copy_(flat[offset : offset + t.numel()].view_as(t))",
+        "        t.copy_(flat[offset : offset + t.numel()].view_as(t))\n        offset += t.numel()",
+        "        t.copy_(flat[offset : offset + t.numel()].view_as(t))",
         "the initial broadcast's flat copied back from its start into every tensor",
     ),
     (
