@@ -127,6 +127,34 @@ def _json(capsys) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
+def test_a_kernel_whose_death_is_seen_only_after_the_timeout_died_and_did_not_hang(
+    tmp_path, monkeypatch
+):
+    """On a loaded machine nbclient's poll for a dead kernel can come after the cell's
+    timeout (make test at load 12: "hung past 8 s"); here the poll never sees it. The
+    kernel's process has ended: the row says it died, not that it ignored the interrupt."""
+    from nbclient import NotebookClient
+
+    async def never_sees_it(self):
+        return None
+
+    monkeypatch.setattr(NotebookClient, "_async_check_alive", never_sees_it)
+    monkeypatch.setattr(grade_kernel, "PING_TIMEOUT_S", 2)
+    nb = _notebook(
+        tmp_path / "dies.ipynb",
+        CHECKER,
+        ("md", "## Exercise 1: the kernel dies"),
+        ("code", "check_add(lambda a, b: os._exit(1))"),
+        ("md", "## Exercise 2: never reached"),
+        ("code", "check_add(lambda a, b: a + b)"),
+    )
+    rows = grade.grade_notebook(nb, timeout_s=3, released=None)
+    assert [(r.status, r.message) for r in rows] == [
+        ("FAIL", "the kernel died while running cell 2"),
+        ("FAIL", "not run: the kernel died while running cell 2"),
+    ]
+
+
 def test_table_and_usage_errors(tmp_path, capsys):
     """Usage errors: one line on stderr and exit status 2, before anything runs; a folder of
     notebooks with no exercises is a warning, not a pass."""

@@ -82,9 +82,17 @@ def run_cell(client, cell, index: int, timeout_s: float) -> str | None:
     except DeadKernelError:
         return f"the kernel died while running cell {index}"
     if client.timed_out and not kernel_answers(client):
+        if kernel_exited(client):  # nbclient polls for a death; on a loaded machine the
+            return f"the kernel died while running cell {index}"  # timeout may come first
         client.shutdown_kernel = "immediate"  # a graceful shutdown would wait for it
         return f"cell {index} hung past {timeout_s:g} s and ignored the interrupt"
     return None
+
+
+def kernel_exited(client) -> bool:
+    """Has the kernel's process (bubblewrap's, under the sandbox, which ends with it) ended?"""
+    process = getattr(getattr(client.km, "provisioner", None), "process", None)
+    return process is not None and process.poll() is not None
 
 
 def kernel_answers(client) -> bool:

@@ -259,7 +259,9 @@ def run_train(args: argparse.Namespace) -> int:
         # its exit, and torchrun would restart a run that had finished
         comm.barrier(tag="leave")
         dist.destroy_process_group()
-    if results is None or results[0] is None:  # a torchrun rank other than 0
+    # under torchrun every rank has every rank's results: rank 0 alone prints them, or each
+    # rank's lines land in the one stdout torchrun shares, interleaved write by write
+    if results is None or (minidist.under_torchrun() and int(os.environ["RANK"]) != 0):
         return 0
     first = results[0]
     lines = {
