@@ -264,6 +264,31 @@ def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():
     print(f"a 0.5-CPU-second world under {len(hogs)} busy processes: {wall:.1f} s by the clock")
 
 
+def test_a_hung_world_on_a_loaded_core_is_stopped_as_idle_not_at_its_timeout():
+    """Twelve busy processes and the world's ranks on one core: the rank inside the
+    collective blocks, but gloo's transport thread still wakes ~85 times a second and each
+    wake-up waits for the core. Counted as demand, it kept the world "busy" until its
+    timeout (3 runs of 3; make test's sequence-parallel catalogue took 253 s at load 10)."""
+    importlib.import_module("torch._dynamo")
+    core = sorted(os.sched_getaffinity(0))[:1]
+    mine = os.sched_getaffinity(0)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(12)]
+    try:
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, core)
+        os.sched_setaffinity(0, core)  # the forked ranks inherit it
+        t0 = time.monotonic()
+        with pytest.raises(minidist.WorldTimeoutError) as info:
+            minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=30, idle_s=1)
+        wall = time.monotonic() - t0
+    finally:
+        os.sched_setaffinity(0, mine)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert info.value.why == "idle" and wall < 20, (wall, str(info.value))
+
+
 def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():
     with pytest.raises(minidist.WorldTimeoutError) as info:
         minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=3)

@@ -1226,6 +1226,13 @@ MUTANTS = [
     (
         "runtime",
         "runtime/collect.py",
+        'POLLING_THREADS = (b"gloo_tcp_loop",)',
+        "POLLING_THREADS = ()",
+        "gloo's polling thread's run-queue waits counted: a hung world under load never idle",
+    ),
+    (
+        "runtime",
+        "runtime/collect.py",
         "spinning = [r for r in running if cpu[r] >= self.cpu_s]",
         "spinning = [r for r in running if sum(cpu.values()) >= self.cpu_s]",
         "cpu_s compared with the whole world's CPU time, not one rank's",
