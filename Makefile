@@ -36,13 +36,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Two pytest workers (pytest-xdist), one test file or notebook at a time each: one process
-# alone keeps two cores about 1.4 busy (worlds wait in gloo, graders on their kernels, a
-# notebook's kernel uses about 1.2). tests/conftest.py orders the files, slowest first, then
-# the notebooks alternating with the other files. JOBS=1 for one worker. `test-all` (what
-# `make test` runs) is `test-unit` and `test-notebooks` in one session, so that neither
-# waits for the other's idle core.
-JOBS ?= 2
+# Three pytest workers (pytest-xdist), one test file or notebook at a time each: one process
+# alone keeps two cores about 1.4 busy (worlds wait in gloo, graders on their kernels and
+# timeouts, a notebook's kernel uses about 1.2); two kept them 173% busy, three 191% (on 2
+# cores: 1,002 s against 1,077 s for the same tests). tests/conftest.py orders the files,
+# slowest first, then the notebooks alternating with the other files. JOBS=1 for one
+# worker. `test-all` (what `make test` runs) is `test-unit` and `test-notebooks` in one
+# session, so that neither waits for the other's idle core.
+JOBS ?= 3
 
 test-all: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(JOBS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks solutions

@@ -40,8 +40,8 @@ def run_tour_row(tmp_path_factory):
     return run
 
 
-# `make test` runs the tests and the notebooks (nbval) in one session on two workers
-# (pytest-xdist, `-n 2 --dist loadfile`): a world of forked ranks waits in gloo, a grading
+# `make test` runs the tests and the notebooks (nbval) in one session on three workers
+# (pytest-xdist, `-n 3 --dist loadfile`): a world of forked ranks waits in gloo, a grading
 # test waits for its kernels, a notebook's kernel keeps about 1.2 cores busy, and one process
 # alone leaves part of two cores idle. Each file runs whole on one worker, so that its
 # module fixtures (a catalogue's shared worlds, the executed exercises) run once, and a
