@@ -161,7 +161,7 @@ def test_a_rank_finishing_starts_the_idle_window_again(monkeypatch):
     monkeypatch.setattr(collect, "_cpu_s", lambda pid: cpu[pid])
     monkeypatch.setattr(collect, "_waited_s", lambda pid: 0.0)
     procs = [types.SimpleNamespace(pid=r) for r in range(3)]
-    watch = collect.Watch(idle_s=1.0)
+    watch = collect.CpuLimits(idle_s=1.0)
     for step in range(6):  # rank 1 computes
         clock[0], cpu[1] = 0.2 * step, 0.2 * step
         watch.check(procs, [0, 1, 2], None)
@@ -185,7 +185,7 @@ def test_a_rank_starved_of_cpu_is_not_idle(monkeypatch):
     monkeypatch.setattr(collect, "_cpu_s", lambda pid: cpu[pid])
     monkeypatch.setattr(collect, "_waited_s", lambda pid: waited[pid])
     procs = [types.SimpleNamespace(pid=r) for r in range(2)]
-    watch = collect.Watch(idle_s=1.0)
+    watch = collect.CpuLimits(idle_s=1.0)
     for step in range(16):  # 3 s: rank 1 waits for a CPU the whole time, rank 0 in a collective
         clock[0], waited[1] = 0.2 * step, 0.19 * step
         watch.check(procs, [0, 1], None)

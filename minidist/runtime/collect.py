@@ -9,7 +9,7 @@ death: so the root cause is the earliest failure that is *not* such a lost conne
 the others are reported as having lost their peer. A world that outlives `timeout_s` is
 stopped with an error naming the ranks still running and, from the call board
 (`board.py`), which of them were inside a collective and which call
-(`WorldTimeoutError`). With `Watch` limits it is stopped sooner, and whatever the machine's
+(`WorldTimeoutError`). With `CpuLimits` it is stopped sooner, and whatever the machine's
 load, by what its ranks do with the CPU: all of them idle (a hang: a rank waiting in a
 collective uses none) or one of them computing past a budget (a loop that never ends).
 """
@@ -140,7 +140,7 @@ def _waited_s(pid: int) -> float:
 
 
 @dataclass
-class Watch:
+class CpuLimits:
     """Limits on a world by CPU time, which a loaded machine does not stretch: `idle_s`
     seconds in which none of its running ranks uses the CPU or waits for one, `cpu_s`
     seconds of one rank's CPU time. Where a rank's CPU time cannot be read, `cpu_s` is a
@@ -189,10 +189,10 @@ def _collect(
     timeout_s,
     board_path: str | None = None,
     peaks: list | None = None,
-    watch: Watch | None = None,
+    limits: CpuLimits | None = None,
 ) -> list:
     """Wait for every rank; on the first failure, stop the world and report its root cause.
-    `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured); `watch`
+    `peaks`, if given, gets each rank's peak CUDA bytes (None where not measured); `limits`
     stops the world on its CPU limits too."""
     results: dict[int, Any] = {}
     failures: dict[int, tuple[float, str]] = {}  # rank -> (time it failed, traceback)
@@ -211,9 +211,9 @@ def _collect(
         waiting += [s for s, r in by_sentinel.items() if r not in results and r not in failures]
         # Stderr is read for as long as it is open, so that no rank blocks on a full pipe.
         waiting += [c for c, e in by_err.items() if not e.eof]
-        if watch is not None and not failures:
+        if limits is not None and not failures:
             running = [r for r in range(len(procs)) if r not in results]
-            watch.check(procs, running, board_path)
+            limits.check(procs, running, board_path)
             remaining = min(remaining, _POLL_S)
         for ready in wait(waiting, timeout=remaining):
             if ready in by_err:

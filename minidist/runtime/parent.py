@@ -32,7 +32,7 @@ import cloudpickle
 from . import cuda_memory
 from .backend import _pick_start_method
 from .board import create_board
-from .collect import Watch, _collect
+from .collect import CpuLimits, _collect
 from .device import world_backend
 from .rank import _rank_main
 from .stderr import _StderrTail
@@ -127,7 +127,7 @@ def launch(
             raise ValueError(
                 f"launch: {name} must be None or > 0 and finite (seconds), got {limit!r}"
             )
-    watch = Watch(idle_s, cpu_s) if idle_s is not None or cpu_s is not None else None
+    limits = CpuLimits(idle_s, cpu_s) if idle_s is not None or cpu_s is not None else None
     backend = world_backend(device, backend, world_size)
     method = _pick_start_method(start_method, backend, threads_per_rank)
     if method == "fork":
@@ -156,7 +156,7 @@ def launch(
             procs,
             conns,
             errs,
-            watch,
+            limits,
         )
     finally:
         _clean_up(procs, conns, errs, folder)
@@ -173,7 +173,7 @@ def _run_world(
     procs,
     conns,
     errs,
-    watch=None,
+    limits=None,
 ) -> list[Any]:
     """Start the ranks (appending to `procs`, `conns`, `errs`) and collect their results."""
     create_board(os.path.join(folder, "board"), world_size)
@@ -207,7 +207,7 @@ def _run_world(
                 err_send.close()
             procs.append(p)
     peaks = [None] * world_size if cfg["cuda_peak"] else None
-    results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks, watch)
+    results = _collect(procs, conns, errs, timeout_s, cfg["board_path"], peaks, limits)
     if peaks is not None:
         cuda_memory.record(peaks)
     return results
