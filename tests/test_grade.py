@@ -155,6 +155,26 @@ def test_a_kernel_whose_death_is_seen_only_after_the_timeout_died_and_did_not_ha
     ]
 
 
+def test_a_notebook_without_minidist_is_graded_without_importing_torch(tmp_path):
+    """The checker machinery is dropped and re-imported only as a checker imports it: a
+    notebook whose checkers do not use minidist never imports torch (2 core-s a kernel)."""
+    checker = (
+        "code",
+        "import sys\n"
+        "def check_add(add):\n"
+        "    assert add(1, 2) == 3\n"
+        "    print('PASSED; torch imported:', 'torch' in sys.modules)",
+    )
+    nb = _notebook(
+        tmp_path / "lab.ipynb",
+        checker,
+        ("md", "## Exercise 1: add"),
+        ("code", "check_add(lambda a, b: a + b)"),
+    )
+    (row,) = grade.grade_notebook(nb, released=None)
+    assert (row.status, row.message) == ("PASS", "PASSED; torch imported: False")
+
+
 def test_table_and_usage_errors(tmp_path, capsys):
     """Usage errors: one line on stderr and exit status 2, before anything runs; a folder of
     notebooks with no exercises is a warning, not a pass."""

@@ -6,7 +6,9 @@ The verdict. The grader opens a pipe for each notebook and the kernel inherits o
 write end (`VERDICT_FD`). A check cell is run as `check_cell_runner` builds it: the modules
 the cell imports its `check_*` from (`minidist.zero.check`), and the course's checker
 machinery, are dropped from `sys.modules` and imported afresh from disk (a learner's cell
-that reassigned `check_x`, or patched the module, is undone); each checker the cell calls is
+that reassigned `check_x`, or patched the module, is undone; the machinery is imported when
+a checker imports it, so that a notebook without minidist does not import torch for every
+check cell); each checker the cell calls is
 wrapped to count its calls and its returns; the checkers' world and in-process time limits
 are stretched by `slack` (room for a loaded machine); the cell runs. The verdict is computed
 from the checkers' returns and the exception the cell raised, not from anything displayed
@@ -44,7 +46,7 @@ def _minidist_check(source, slack, fresh, machinery, checks, fd, token, folder, 
 
     ns = get_ipython().user_ns
     for name in list(sys.modules):
-        if any(name == f or name.startswith(f + ".") for f in fresh):
+        if any(name == f or name.startswith(f + ".") for f in (*fresh, *machinery)):
             del sys.modules[name]
     mine = any(f.startswith("minidist.") and f not in machinery for f in fresh)
     if slack != 1 and (mine or "minidist" in sys.modules):
@@ -67,6 +69,8 @@ def _minidist_check(source, slack, fresh, machinery, checks, fd, token, folder, 
             modules.append(importlib.import_module(name))
         except Exception:  # the cell's own import raises it again, in its row
             pass
+    # the machinery the checkers imported, which must come from the course's files too
+    modules += [sys.modules[n] for n in machinery if n in sys.modules and n not in fresh]
     calls = {"made": 0, "returned": 0, "depth": 0}
 
     def counted(check):
@@ -141,7 +145,7 @@ def check_cell_runner(
     imported afresh; the verdict goes to `fd` tagged with `token`. `guard`: (the
     submission's folder, when its run started) for a released check cell, whose checker
     modules must come from neither."""
-    fresh = sorted(set(CHECK_IMPORT.findall(source)) | set(MACHINERY))
+    fresh = sorted(set(CHECK_IMPORT.findall(source)))
     checks = sorted(set(CHECK_CALL.findall(source)))
     folder, since = guard or (None, 0.0)
     course = str(Path(__file__).resolve().parents[1]) + os.sep  # minidist's own files
