@@ -312,12 +312,12 @@ def test_one_learner_never_stops_the_class(tmp_path, capsys, monkeypatch, reques
     with open(table_csv, newline="") as f:
         rows = list(csv.DictReader(f))
     by = {r["student"]: r for r in rows}
-    assert sorted(by) == sorted(["'=HYPERLINK(1)", *list(learners)[1:]])  # every student
-    assert len(rows) == len(learners)
-    assert by["'=HYPERLINK(1)"]["status"] == "PASS"  # the malformed message is ignored
-    assert by["nameless check"]["status"] == "FAIL"
-    assert "MalformedKernelMessage" in by["nameless check"]["message"]
-    assert by["deep"]["status"] == "PASS"
+    assert sorted(by) == sorted(["'=HYPERLINK(1)", *list(learners)[1:]]), rows  # everyone
+    assert len(rows) == len(learners), rows
+    assert by["'=HYPERLINK(1)"]["status"] == "PASS", rows  # the malformed message is ignored
+    assert by["nameless check"]["status"] == "FAIL", rows
+    assert "MalformedKernelMessage" in by["nameless check"]["message"], rows
+    assert by["deep"]["status"] == "PASS", rows
     assert by["huge"]["status"] == "FAIL" and len(by["huge"]["message"]) < 2200
     assert "more characters: see the executed notebook" in by["huge"]["message"]
     executed = (feedback / "huge" / "lab.ipynb").read_text()
