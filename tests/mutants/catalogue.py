@@ -1753,6 +1753,20 @@ MUTANTS = [
     ),
     (
         "grade",
+        "course/grade_client.py",
+        "if kernel_exited(client):",
+        "if False:",
+        "a kernel whose death nbclient saw only after the cell's timeout called hung",
+    ),
+    (
+        "grade",
+        "course/grade_kernel.py",
+        "    fresh = sorted(set(CHECK_IMPORT.findall(source)))",
+        "    fresh = sorted(set(CHECK_IMPORT.findall(source)) | set(MACHINERY))",
+        "the checker machinery imported by every check cell: torch in a notebook without minidist",
+    ),
+    (
+        "grade",
         "course/grade_reap.py",
         "            _subreaper(True)",
         "            _subreaper(False)",
@@ -1820,6 +1834,13 @@ MUTANTS = [
         '            out.writerow((*map(spreadsheet_safe, texts), f"{r.seconds:.2f}"))',
         '            out.writerow((*texts, f"{r.seconds:.2f}"))',
         "the CSV written without neutralising its fields",
+    ),
+    (
+        "resilience",
+        "trainer/cli.py",
+        'if results is None or (minidist.under_torchrun() and int(os.environ["RANK"]) != 0):',
+        "if results is None or results[0] is None:",
+        "under torchrun every rank prints the result lines, interleaved in torchrun's one stdout",
     ),
     (
         "resilience",
