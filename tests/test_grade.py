@@ -60,6 +60,14 @@ CHECKER = (
 )
 
 
+DIES = (  # a kernel that exits inside its first check, and the exercise after it
+    ("md", "## Exercise 1: the kernel dies"),
+    ("code", "check_add(lambda a, b: os._exit(1))"),
+    ("md", "## Exercise 2: never reached"),
+    ("code", "check_add(lambda a, b: a + b)"),
+)
+
+
 def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
     # Limits by the clock (the grader's are: a sleeping cell uses no CPU) that a cell of
     # microseconds meets at load 20: 3 s and a 2 s ping failed "right" at load 13
@@ -80,10 +88,7 @@ def test_timeouts_crashes_and_the_cli(tmp_path, capsys, monkeypatch):
     crash = _notebook(
         tmp_path / "b.ipynb",
         CHECKER,
-        ("md", "## Exercise 1: the kernel dies"),
-        ("code", "check_add(lambda a, b: os._exit(1))"),
-        ("md", "## Exercise 2: never reached"),
-        ("code", "check_add(lambda a, b: a + b)"),
+        *DIES,
     )
     deaf = _notebook(
         tmp_path / "c.ipynb",
@@ -143,10 +148,7 @@ def test_a_kernel_whose_death_is_seen_only_after_the_timeout_died_and_did_not_ha
     nb = _notebook(
         tmp_path / "dies.ipynb",
         CHECKER,
-        ("md", "## Exercise 1: the kernel dies"),
-        ("code", "check_add(lambda a, b: os._exit(1))"),
-        ("md", "## Exercise 2: never reached"),
-        ("code", "check_add(lambda a, b: a + b)"),
+        *DIES,
     )
     rows = grade.grade_notebook(nb, timeout_s=3, released=None)
     assert [(r.status, r.message) for r in rows] == [

@@ -1,5 +1,6 @@
 """launch: results in rank order, fast failure with the rank's traceback, timeouts, no orphans."""
 
+import contextlib
 import faulthandler
 import importlib
 import multiprocessing
@@ -249,19 +250,14 @@ def test_a_right_world_on_a_loaded_machine_is_not_taken_for_a_hang():
     world whose ranks compute 0.5 s each takes several seconds by the clock, and passes
     limits of 1 s idle and 2 s of CPU time, which a wall limit of 2 s would not."""
     importlib.import_module("torch._dynamo")  # what launch imports first, before the load
-    cores = os.cpu_count() or 1
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6 * cores)]
-    try:
+    hogs = 6 * (os.cpu_count() or 1)
+    with _busy_loops(hogs):
         time.sleep(0.5)
         t0 = time.monotonic()
         got = minidist.launch(computes_then_reduces, 2, 0.5, timeout_s=120, idle_s=1, cpu_s=2)
         wall = time.monotonic() - t0
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
     assert got == [2.0, 2.0]
-    print(f"a 0.5-CPU-second world under {len(hogs)} busy processes: {wall:.1f} s by the clock")
+    print(f"a 0.5-CPU-second world under {hogs} busy processes: {wall:.1f} s by the clock")
 
 
 def test_a_hung_world_on_a_loaded_core_is_stopped_as_idle_not_at_its_timeout():
@@ -272,21 +268,30 @@ def test_a_hung_world_on_a_loaded_core_is_stopped_as_idle_not_at_its_timeout():
     importlib.import_module("torch._dynamo")
     core = sorted(os.sched_getaffinity(0))[:1]
     mine = os.sched_getaffinity(0)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(12)]
-    try:
-        for hog in hogs:
-            os.sched_setaffinity(hog.pid, core)
+    with _busy_loops(12, core):
         os.sched_setaffinity(0, core)  # the forked ranks inherit it
-        t0 = time.monotonic()
-        with pytest.raises(minidist.WorldTimeoutError) as info:
-            minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=30, idle_s=1)
-        wall = time.monotonic() - t0
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(minidist.WorldTimeoutError) as info:
+                minidist.launch(all_reduce_while_rank_one_sleeps, 2, timeout_s=30, idle_s=1)
+            wall = time.monotonic() - t0
+        finally:
+            os.sched_setaffinity(0, mine)
+    assert info.value.why == "idle" and wall < 20, (wall, str(info.value))
+
+
+@contextlib.contextmanager
+def _busy_loops(n: int, core: list[int] | None = None):
+    """`n` processes spinning a core each (all on `core` when given), killed on exit."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        for hog in hogs if core else []:
+            os.sched_setaffinity(hog.pid, core)
+        yield
     finally:
-        os.sched_setaffinity(0, mine)
         for hog in hogs:
             hog.kill()
             hog.wait()
-    assert info.value.why == "idle" and wall < 20, (wall, str(info.value))
 
 
 def test_a_hang_names_the_ranks_inside_a_collective_and_the_call():

@@ -253,7 +253,8 @@ def run_train(args: argparse.Namespace) -> int:
     dims = dims_of(args)
     world = ParallelDims(**dims).world_size
     results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)
-    if minidist.under_torchrun() and dist.is_initialized():
+    torchrun = minidist.under_torchrun()
+    if torchrun and dist.is_initialized():
         # every rank leaves the world together before it exits, as torchrun advises: a
         # rank exiting with its group alive, its peer still in gloo's teardown, may fail
         # its exit, and torchrun would restart a run that had finished
@@ -261,7 +262,7 @@ def run_train(args: argparse.Namespace) -> int:
         dist.destroy_process_group()
     # under torchrun every rank has every rank's results: rank 0 alone prints them, or each
     # rank's lines land in the one stdout torchrun shares, interleaved write by write
-    if results is None or (minidist.under_torchrun() and int(os.environ["RANK"]) != 0):
+    if results is None or (torchrun and int(os.environ["RANK"]) != 0):
         return 0
     first = results[0]
     lines = {

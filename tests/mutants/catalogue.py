@@ -1838,7 +1838,7 @@ MUTANTS = [
     (
         "resilience",
         "trainer/cli.py",
-        'if results is None or (minidist.under_torchrun() and int(os.environ["RANK"]) != 0):',
+        'if results is None or (torchrun and int(os.environ["RANK"]) != 0):',
         "if results is None or results[0] is None:",
         "under torchrun every rank prints the result lines, interleaved in torchrun's one stdout",
     ),
