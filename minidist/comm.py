@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 
@@ -44,6 +45,7 @@ from .ledger import (  # noqa: F401 (minidist.comm's names since lesson 00)
     ring_bytes,
     unrecorded,
 )
+from .runtime.host import dumps_on_host
 
 ReduceOp = dist.ReduceOp
 
@@ -271,15 +273,18 @@ def barrier(group=None, tag=""):
 
 def all_gather_object(output: list, obj, group=None, tag=""):
     """`output[r]` receives rank r's picklable `obj` (recorded without a byte count: the
-    pickled size is not known before; used for checks, not for training traffic)."""
-    return _run(
+    pickled size is not known before; used for checks, not for training traffic). Pickled
+    as a rank's result is (`dumps_on_host`: CPU tensors, their bytes sent as they are)."""
+    pickled = [None] * len(output)
+    _run(
         "all_gather_object",
         _NO_PAYLOAD,
         group,
         False,
-        lambda: dist.all_gather_object(output, obj, group=group),
+        lambda: dist.all_gather_object(pickled, dumps_on_host(obj), group=group),
         tag,
     )
+    output[:] = [cloudpickle.loads(p) for p in pickled]
 
 
 def send(tensor, dst, group=None, tag=""):

@@ -25,6 +25,19 @@ def _device_guard_in_this_process():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _intra_op_threads_as_found():
+    """A test that changes torch's thread count (to fork after a team of threads ran) leaves
+    the next tests of its process one thread: with two, OpenMP's spinning threads made a
+    later test's own compute cost 3-5 core-s where it costs 0.5 (make test, three workers)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def run_tour_row(tmp_path_factory):
     """`run_tour_row(name)`: tour row `name` on 4 ranks, run once per session (the tour test

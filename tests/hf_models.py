@@ -119,3 +119,11 @@ def decoder_layers(model) -> list:
 def qwen2_factory():
     """A `--model hf_models:qwen2_factory` for the trainer: a function of no arguments."""
     return build("qwen2", layers=2)
+
+
+# transformers imports a model's classes at its first use (1.9 s for these nine, on this
+# machine's core). Done once here, in the test process, a world's forked ranks inherit them
+# instead of each importing them again. (The random weights drawn leave torch's seed as it was.)
+with torch.random.fork_rng():
+    for _name in (*MODELS, "qwen2_moe", "deepseek_v3"):
+        transformers.AutoModelForCausalLM.from_config(config(_name, layers=1))

@@ -229,7 +229,8 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
         str(tmp_path / "died"),
     ]
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    # TMPDIR: torchrun's own log folders (torchelastic_*), which it leaves, in tmp_path
+    env = {**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path)}
     done = run_session(cmd, 600, env=env, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "=" in line]

@@ -643,7 +643,9 @@ def test_joins_a_torchrun_world(tmp_path):
         "2",
         str(script),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    # TMPDIR: torchrun's own log folders (torchelastic_*), which it leaves, in tmp_path
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RESULTS [(0, 2.0), (1, 2.0)]" in out.stdout
 

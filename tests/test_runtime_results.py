@@ -108,3 +108,89 @@ def test_each_ranks_peak_cuda_memory_reaches_cuda_peaks(monkeypatch):
     assert outer == [[100, 200], [100, 200, 300]] and inner == [[100, 200, 300]]
     minidist.launch(_allocates, 2)  # no block open: nothing asked of the ranks
     assert cuda_memory._active == [] and outer == [[100, 200], [100, 200, 300]]
+
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.float8_e4m3fn,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
+
+
+def _tensors_of_every_kind(rank: int) -> dict:
+    """Tensors of every dtype and of shapes 0-d, empty, odd; a Parameter with an attribute;
+    a view of a larger storage; a transposed (non-contiguous) one; a sparse one."""
+    g = torch.Generator().manual_seed(rank)
+    out = {}
+    for i, dtype in enumerate(DTYPES):
+        shape = [(), (0, 3), (3, 5), (7,)][i % 4]
+        out[str(dtype)] = (torch.randn(shape, generator=g, device="cpu") * 3).to(dtype)
+    weight = torch.nn.Parameter(torch.randn(3, 2, generator=g, device="cpu"))
+    weight.tp_split = (0, rank)
+    base = torch.arange(10.0, device="cpu") + rank
+    out.update(
+        weight=weight,
+        weight_again=weight,  # one Parameter returned twice is still one
+        view=base[3:7],
+        transposed=torch.randn(3, 5, generator=g, device="cpu").t(),
+        grad_leaf=torch.ones(2, requires_grad=True, device="cpu") * 1,  # not a leaf
+        sparse=torch.eye(3, device="cpu").to_sparse(),
+    )
+    return out
+
+
+def _gathers_every_kind() -> tuple:
+    everyone = [None] * dist.get_world_size()
+    minidist.comm.all_gather_object(everyone, _tensors_of_every_kind(dist.get_rank()))
+    return everyone, _tensors_of_every_kind(dist.get_rank())
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same_tensors(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, w in want.items():
+        g = got[name]
+        assert type(g) is type(w) and g.dtype == w.dtype and g.shape == w.shape, name
+        assert g.requires_grad == w.requires_grad and g.layout == w.layout, name
+        if w.layout == torch.strided:
+            assert torch.equal(_bytes(g), _bytes(w)), name  # NaN, float8: exactly
+        else:
+            assert torch.equal(g.to_dense(), w.to_dense()), name
+    assert (
+        got["weight"] is got["weight_again"] and got["weight"].tp_split == want["weight"].tp_split
+    )
+    assert got["view"].untyped_storage().nbytes() == 16  # the view's 4 floats, not the 10
+    for g in got.values():
+        if g.layout == torch.strided:
+            g.detach().zero_()  # writable, not a read-only buffer
+
+
+def test_tensors_of_every_dtype_and_shape_come_back_and_gather_bit_for_bit():
+    ranks = minidist.launch(_gathers_every_kind, 3)
+    for rank, (everyone, mine) in enumerate(ranks):
+        _same_tensors(mine, _tensors_of_every_kind(rank))
+        for other, theirs in enumerate(everyone):
+            _same_tensors(theirs, _tensors_of_every_kind(other))
+
+
+def test_a_plain_cpu_tensor_travels_as_its_bytes_not_as_a_torch_save_file():
+    import pickle
+
+    from minidist.runtime import dumps_on_host
+
+    data = dumps_on_host([torch.randn(64, 32, device="cpu") for _ in range(3)])
+    assert b"_load_from_bytes" not in data and b"_from_bytes" in data
+    assert len(data) < 3 * 64 * 32 * 4 + 1024  # the bytes and little else
+    assert b"_load_from_bytes" in pickle.dumps(
+        torch.randn(2, device="cpu")
+    )  # torch's own way, for contrast

@@ -12,6 +12,7 @@ no system call. Collectives that bypass `comm` (DCP's, torch's own) are not seen
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import sys
@@ -35,7 +36,7 @@ class CallBoard:
 
     def enter(self, op: str, tag: str, group_size: int) -> None:
         frame = sys._getframe(2)
-        while frame is not None and os.path.abspath(frame.f_code.co_filename) == _COMM_FILE:
+        while frame is not None and _short(frame.f_code.co_filename) is None:  # inside comm
             frame = frame.f_back
         where = ""
         if frame is not None:
@@ -49,10 +50,14 @@ class CallBoard:
         self._map[self._at] = 2 if async_op else 0  # the description stays: the last call
 
 
-def _short(filename: str) -> str:
+@functools.cache  # a collective's every call asks, for the few files that make them
+def _short(filename: str) -> str | None:
     """minidist/... for the library's files, the file's name for others (a notebook cell's
-    file is named after its code, so the name stays when the notebook runs again)."""
+    file is named after its code, so the name stays when the notebook runs again); None for
+    `comm` itself."""
     path = os.path.abspath(filename)
+    if path == _COMM_FILE:
+        return None
     if path.startswith(_PACKAGE + os.sep):
         return os.path.join("minidist", os.path.relpath(path, _PACKAGE))
     return os.path.basename(filename)

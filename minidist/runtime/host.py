@@ -11,11 +11,18 @@ the tensor's Python attributes are kept). The parent gets CPU tensors whichever 
 computed on; CPU tensors pickle as before. Two GPU tensors that are views of one storage come
 back as separate copies (one tensor returned twice is still one tensor). `on_host(obj)` is
 the same round trip in one process, for the results a torchrun world gathers.
+
+A dense, contiguous CPU tensor travels as its raw bytes: torch's own pickling saves and loads
+each storage as a small `torch.save` file, about 16 times slower for the hundreds of small
+tensors a model's state is (130 µs against 8 µs each), and sends a view's whole storage.
+Neither keeps two views sharing their storage. Other tensors (subclasses such as DTensor,
+sparse, quantized, non-contiguous) keep torch's pickling.
 """
 
 from __future__ import annotations
 
 import io
+import pickle
 
 import cloudpickle
 import torch
@@ -30,13 +37,41 @@ def _rebuild(host: torch.Tensor, parameter: bool, requires_grad: bool, attrs: di
     return out
 
 
+def _from_bytes(data: bytearray, dtype, shape, parameter: bool, requires_grad: bool, attrs):
+    """A tensor `_HostPickler` sent as its bytes (a writable bytearray: no copy here)."""
+    if len(data):
+        host = torch.frombuffer(data, dtype=torch.uint8).view(dtype).view(shape)
+    else:
+        host = torch.empty(shape, dtype=dtype, device="cpu")
+    return _rebuild(host, parameter, requires_grad, attrs)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A dense, contiguous CPU tensor or Parameter (no subclass, no lazy conjugate)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not (t.is_conj() or t.is_neg())
+        and t.is_contiguous()
+    )
+
+
 class _HostPickler(cloudpickle.Pickler):
-    """cloudpickle, with every tensor off the CPU pickled as its CPU copy."""
+    """cloudpickle, with every tensor off the CPU pickled as its CPU copy, and a plain CPU
+    tensor as its bytes."""
 
     def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+        if isinstance(obj, torch.Tensor):
             parameter = isinstance(obj, torch.nn.Parameter)
-            return _rebuild, (obj.detach().cpu(), parameter, obj.requires_grad, dict(obj.__dict__))
+            meta = (parameter, obj.requires_grad, dict(obj.__dict__))
+            if obj.device.type not in ("cpu", "meta"):
+                return _rebuild, (obj.detach().cpu(), *meta)
+            if _plain(obj):
+                # protocol 5 pickles a writable buffer as a bytearray, which loads writable
+                data = pickle.PickleBuffer(obj.detach().reshape(-1).view(torch.uint8).numpy())
+                return _from_bytes, (data, obj.dtype, tuple(obj.shape), *meta)
         return super().reducer_override(obj)
 
 
