@@ -18,6 +18,10 @@ hold the same model: a rank with a different layer shape or layer count would is
 collectives of other sizes or in another order, which hangs or aborts inside the backend
 much later. `verify_same_model` checks it with one small collective and names the first
 parameter that differs (DDP's `_verify_param_shape_across_processes` does the same).
+
+**Flat collectives.** `broadcast_parameters` and `all_reduce_flat` (lesson 16's gradient sums,
+lesson 17's HSDP and replicated-weight sums) send many tensors as one concatenation, one call
+per group, as DDP's buckets do; `copy_flat_into` copies the result back.
 """
 
 from __future__ import annotations
@@ -113,6 +117,15 @@ def copy_flat_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
+
+
+def all_reduce_flat(grads: list[torch.Tensor], group, tag: str) -> None:
+    """Sum `grads` over `group` in one all-reduce of their concatenation, then copy back."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat, group=group, tag=tag)
+    copy_flat_into(flat, grads)
 
 
 def verify_same_model(

@@ -42,7 +42,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..expert_parallel.gpt import is_expert
-from ..expert_parallel.parallel import all_reduce_flat
+from ..parallel import all_reduce_flat
 from ..zero.optimizer import ZeroRedundancyOptimizer
 from .tensor_parallel import sum_partial_gradients
 

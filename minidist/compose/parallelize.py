@@ -42,9 +42,8 @@ import torch.nn as nn
 from .. import comm
 from ..context_parallel.split import positions
 from ..expert_parallel.gpt import is_expert
-from ..expert_parallel.parallel import all_reduce_flat
 from ..model_parts import family, find_parts
-from ..parallel import ParallelModule
+from ..parallel import ParallelModule, all_reduce_flat
 from ..pipeline.engine import PipelineParallel
 from ..pipeline.schedules import schedule, virtual_stage
 from ..pipeline.stages import Stage, StageContext

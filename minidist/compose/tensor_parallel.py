@@ -54,7 +54,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..expert_parallel.parallel import all_reduce_flat
 from ..megatron.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -64,6 +63,7 @@ from ..megatron.layers import (
 from ..megatron.ops import copy_to_tp
 from ..megatron.sequence import gather_from_sequence, scatter_to_sequence
 from ..model_parts import is_hf
+from ..parallel import all_reduce_flat
 from ..pipeline.stages import Stage, _hidden_arg, _with_hidden
 
 HF_PLAN = {

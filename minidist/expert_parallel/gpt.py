@@ -26,9 +26,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..models import GPT, GPTConfig, require_course_gpt
-from ..parallel import broadcast_parameters, verify_same_model
+from ..parallel import all_reduce_flat, broadcast_parameters, verify_same_model
 from .moe import MoE
-from .parallel import ExpertParallelMoE, all_reduce_flat
+from .parallel import ExpertParallelMoE
 
 
 class MoEMLP(nn.Module):

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..parallel import broadcast_parameters, copy_flat_into, verify_same_model
+from ..parallel import all_reduce_flat, broadcast_parameters, verify_same_model
 from .moe import MoE
 from .routing import Routing, capacity, route
 
@@ -291,12 +291,3 @@ def check_grid(ep_group, dp_group, world=None) -> None:
                 f"rank {r}, {problem} (each rank's two groups must meet in that rank alone; "
                 "dp_group joins the ranks holding the same experts, one per ep group)"
             )
-
-
-def all_reduce_flat(grads: list[torch.Tensor], group, tag: str) -> None:
-    """Sum `grads` over `group` in one all-reduce of their concatenation, then copy back."""
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, group=group, tag=tag)
-    copy_flat_into(flat, grads)
