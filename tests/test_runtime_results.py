@@ -126,7 +126,8 @@ DTYPES = [
 
 def _tensors_of_every_kind(rank: int) -> dict:
     """Tensors of every dtype and of shapes 0-d, empty, odd; a Parameter with an attribute;
-    a view of a larger storage; a transposed (non-contiguous) one; a sparse one."""
+    a view of a larger storage; a transposed (non-contiguous) one; a sparse one; a lazily
+    conjugated and a lazily negated one."""
     g = torch.Generator().manual_seed(rank)
     out = {}
     for i, dtype in enumerate(DTYPES):
@@ -142,6 +143,9 @@ def _tensors_of_every_kind(rank: int) -> dict:
         transposed=torch.randn(3, 5, generator=g, device="cpu").t(),
         grad_leaf=torch.ones(2, requires_grad=True, device="cpu") * 1,  # not a leaf
         sparse=torch.eye(3, device="cpu").to_sparse(),
+        # lazily conjugated or negated: their bytes are not their values
+        conjugate=torch.randn(3, dtype=torch.complex64, generator=g, device="cpu").conj(),
+        negated=torch._neg_view(torch.randn(4, generator=g, device="cpu")),
     )
     return out
 
@@ -163,6 +167,7 @@ def _same_tensors(got: dict, want: dict) -> None:
         assert type(g) is type(w) and g.dtype == w.dtype and g.shape == w.shape, name
         assert g.requires_grad == w.requires_grad and g.layout == w.layout, name
         if w.layout == torch.strided:
+            w, g = w.resolve_conj().resolve_neg(), g.resolve_conj().resolve_neg()
             assert torch.equal(_bytes(g), _bytes(w)), name  # NaN, float8: exactly
         else:
             assert torch.equal(g.to_dense(), w.to_dense()), name

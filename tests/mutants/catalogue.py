@@ -1204,6 +1204,27 @@ MUTANTS = [
     ),
     (
         "runtime",
+        "runtime/host.py",
+        "        and not (t.is_conj() or t.is_neg())\n",
+        "",
+        "a lazily conjugated or negated tensor sent as its raw bytes",
+    ),
+    (
+        "runtime",
+        "runtime/host.py",
+        "    return _rebuild(host, parameter, requires_grad, attrs)",
+        "    return _rebuild(host, False, requires_grad, attrs)",
+        "a Parameter sent as its bytes comes back a plain tensor",
+    ),
+    (
+        "runtime",
+        "comm.py",
+        "    output[:] = [cloudpickle.loads(p) for p in pickled]",
+        "    output[:] = [cloudpickle.loads(pickled[0]) for p in pickled]",
+        "all_gather_object gives every rank's slot the first rank's object",
+    ),
+    (
+        "runtime",
         "runtime/collect.py",
         "rank = min(causes, key=lambda r: failures[r][0])",
         "rank = max(causes, key=lambda r: failures[r][0])",
