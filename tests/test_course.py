@@ -106,3 +106,26 @@ def test_text_names_only_lessons_that_exist(path):
         named.update(f"{n:02d}" for n in range(int(first), int(last or first) + 1))
     existing = {p.name[:2] for p in (ROOT / "notebooks").glob("*.ipynb")}
     assert named <= existing, f"{path.name} names lessons {sorted(named - existing)}"
+
+
+NOTEBOOKS = sorted(
+    [
+        *ROOT.glob("notebooks/*.ipynb"),
+        *ROOT.glob("solutions/*.ipynb"),
+        *ROOT.glob("exercises/*.ipynb"),
+    ]
+)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.name}" for p in NOTEBOOKS])
+def test_a_notebook_removes_the_temporary_folders_it_makes(path):
+    """A folder a notebook makes with `mkdtemp` is removed by a later cell (`rmtree`); a
+    `TemporaryDirectory` block removes its own. Lessons 13, 18 and 19 left theirs in the
+    learner's /tmp (and one each per `make test`: 63 folders on this machine over a day)."""
+    cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    for i, source in enumerate(cells):
+        for name in re.findall(r"^(\w+)\s*=.*\bmkdtemp\(", source, flags=re.M):
+            later = "\n".join(cells[i:])
+            assert re.search(rf"\brmtree\(\s*{name}\b", later), f"{path.name}: {name} is left"
+        # a mkdtemp() whose folder is not kept in a name cannot be removed
+        assert not re.search(r"^(?!\s*\w+\s*=).*\bmkdtemp\(", source, flags=re.M), path.name
