@@ -2,10 +2,13 @@
 CUDA memory reaches `cuda_peaks()` (runtime/cuda_memory.py). Checked on CPUs: with tensors
 that report a GPU, as an NCCL rank's do, and with the CUDA memory calls replaced."""
 
+import math
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minidist
 from minidist.runtime import cuda_memory, cuda_peaks, on_host
@@ -199,3 +202,27 @@ def test_a_plain_cpu_tensor_travels_as_its_bytes_not_as_a_torch_save_file():
     assert b"_load_from_bytes" in pickle.dumps(
         torch.randn(2, device="cpu")
     )  # torch's own way, for contrast
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+    transpose=st.booleans(),
+    offset=st.integers(0, 3),
+)
+def test_any_dtype_shape_and_layout_comes_back_bit_for_bit(dtype, shape, transpose, offset):
+    """`on_host` (the pickling of a rank's result) over sampled dtypes, shapes (0-d, empty,
+    sizes 3 and 5), transposed (non-contiguous: torch's pickling) and offset views (a
+    contiguous part of a larger storage: its own bytes only)."""
+    g = torch.Generator().manual_seed(len(shape) * 7 + offset)
+    numel = offset + math.prod(shape)
+    base = (torch.randn(numel, generator=g, device="cpu") * 3).to(dtype)
+    t = base[offset:].view(shape)
+    if transpose and t.dim() >= 2:
+        t = t.transpose(0, 1)
+    back = on_host(t)
+    assert back.dtype == t.dtype and back.shape == t.shape
+    assert torch.equal(_bytes(back), _bytes(t))
+    if t.is_contiguous():  # sent as its bytes: a storage of its own size
+        assert back.untyped_storage().nbytes() == t.nbytes
