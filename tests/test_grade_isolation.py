@@ -6,6 +6,7 @@ sandbox's home and host sockets checked under bubblewrap itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -242,6 +243,39 @@ def test_without_the_subreaper_the_kernels_process_group_is_still_killed(tmp_pat
     for pid in (int(line.split()[0]) for line in left):  # the test's own clean-up
         subprocess.run(["kill", "-9", str(pid)], capture_output=True)
     assert left == [], left
+
+
+def test_a_kernel_between_its_fork_and_exec_outlives_another_notebooks_end(tmp_path, monkeypatch):
+    """With -j 2, notebook A ends while B's kernel starts. Between its fork and its exec
+    B's kernel is a child of the grader with the grader's environment, no run marker: A's
+    sweep took it for an orphan and killed it ("Kernel died before replying to kernel_info",
+    make test under load 15). While a kernel starts, no unmarked child is swept; once none
+    starts, an unmarked child of the grader is an orphan again and dies with the next end."""
+    env = {k: v for k, v in os.environ.items() if k != grade_reap.RUN_MARKER}
+    with grade_reap.reaping("a"), grade_reap.reaping("b"):
+        with grade_reap.starting("b"):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+            try:
+                assert child.pid not in grade_reap.end_run("a", None, None)
+                assert child.poll() is None  # B's kernel-to-be lives on
+            except BaseException:
+                child.kill()
+                raise
+        assert child.pid in grade_reap.end_run("a", None, None)  # nobody's: an orphan
+        assert not Path(f"/proc/{child.pid}").exists()  # killed and reaped by the sweep
+    # and the grader declares each kernel's start
+    real, declared = grade_reap.starting, []
+
+    @contextlib.contextmanager
+    def declare(marker):
+        with real(marker):
+            declared.append(marker)
+            yield
+
+    monkeypatch.setattr(grade_reap, "starting", declare)
+    nb = _notebook(tmp_path / "one.ipynb", CHECKER, ("code", "check_add(lambda a, b: a + b)"))
+    assert [r.status for r in grade.grade_notebook(nb, released=None)] == ["PASS"]
+    assert len(declared) == 1
 
 
 def test_the_sandbox_hides_a_home_holding_python_and_covers_host_sockets(tmp_path):

@@ -9,9 +9,9 @@ the end of each notebook the grader kills, again and again until none is left (b
 descendants, every process carrying the run's marker (`RUN_MARKER`, in the environment the
 kernel was started with), and every child of the grader that is no other running notebook's
 (with `-j N` a process whose parent died and that cleared its marker cannot be told from
-another notebook's: it is ended at the end of the first notebook to finish). Each killed
-child of the grader is reaped. Elsewhere than on Linux only the group and the marker
-remain.
+another notebook's: it is ended at the end of the first notebook to finish while no kernel
+is starting). Each killed child of the grader is reaped. Elsewhere than on Linux only the
+group and the marker remain.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 _lock = threading.Lock()
 _kernels: dict[str, int | None] = {}  # run marker -> kernel pid, for every notebook running
+# The runs whose kernel is starting. Between its fork and its exec a kernel is an unmarked
+# child of the grader (it still has the grader's environment), as an orphan that cleared its
+# marker is: another notebook's end, sweeping then, killed it ("Kernel died before replying
+# to kernel_info", once in a make test at -j 2 under load 15).
+_starting: set[str] = set()
 _before: set[int] = set()  # the grader's own children before grading started: never touched
 
 
@@ -56,6 +61,19 @@ def reaping(marker: str):
             del _kernels[marker]
             if not _kernels:
                 _subreaper(False)
+
+
+@contextmanager
+def starting(marker: str):
+    """Around the start of run `marker`'s kernel, until it has replied (so it has exec'd and
+    carries the marker): meanwhile no other run's end takes an unmarked child for an orphan."""
+    with _lock:
+        _starting.add(marker)
+    try:
+        yield
+    finally:
+        with _lock:
+            _starting.discard(marker)
 
 
 def started(marker: str, kernel: int | None) -> None:
@@ -97,6 +115,7 @@ def _members(marker: str, kernel: int | None, pgid: int | None) -> tuple[list[in
     me, table = os.getpid(), _table()
     with _lock:
         others = {m: k for m, k in _kernels.items() if m != marker}
+        orphans_known = not (_starting - {marker})  # no unmarked kernel of another run
     roots = set()
     for pid, (ppid, group) in table.items():
         if pid == me:
@@ -104,7 +123,7 @@ def _members(marker: str, kernel: int | None, pgid: int | None) -> tuple[list[in
         carries = _markers(pid)
         if marker in carries or pid == kernel or (pgid and group == pgid):
             roots.add(pid)
-        elif ppid == me and pid not in _before and pid not in others.values():
+        elif ppid == me and orphans_known and pid not in _before and pid not in others.values():
             if not carries & set(others):  # another notebook's process: its own sweep's
                 roots.add(pid)
     children: dict[int, list[int]] = {}

@@ -275,7 +275,8 @@ def _started(client, env: dict, pass_fds: tuple[int, ...] = ()):
 
     setup = client.setup_kernel(env=env, stdout=subprocess.DEVNULL, pass_fds=pass_fds)
     try:
-        setup.__enter__()
+        with grade_reap.starting(env[grade_reap.RUN_MARKER]):
+            setup.__enter__()
     except Exception as exc:
         _close_sockets(client)
         raise KernelStartError(f"the kernel did not start ({type(exc).__name__}: {exc})") from exc

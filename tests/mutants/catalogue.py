@@ -1767,6 +1767,20 @@ MUTANTS = [
     # == caught by a test added for it (planted by hand and seen to fail) =================
     (
         "grade",
+        "course/grade_reap.py",
+        "        orphans_known = not (_starting - {marker})  # no unmarked kernel of another run",
+        "        orphans_known = True",
+        "a notebook's end kills another's kernel between its fork and its exec",
+    ),
+    (
+        "grade",
+        "course/grade_run.py",
+        "        with grade_reap.starting(env[grade_reap.RUN_MARKER]):\n            setup.__enter__()",
+        "        setup.__enter__()",
+        "the grader does not declare its kernel's start to the other runs' sweeps",
+    ),
+    (
+        "grade",
         "course/grade_run.py",
         "        if passed and not errors:",
         "        if passed is not False and not errors:",
