@@ -144,6 +144,7 @@ def _tensors_of_every_kind(rank: int) -> dict:
         weight_again=weight,  # one Parameter returned twice is still one
         view=base[3:7],
         transposed=torch.randn(3, 5, generator=g, device="cpu").t(),
+        transposed_float8=torch.randn(3, 5, generator=g, device="cpu").to(torch.float8_e4m3fn).t(),
         grad_leaf=torch.ones(2, requires_grad=True, device="cpu") * 1,  # not a leaf
         sparse=torch.eye(3, device="cpu").to_sparse(),
         # lazily conjugated or negated: their bytes are not their values
@@ -213,8 +214,8 @@ def test_a_plain_cpu_tensor_travels_as_its_bytes_not_as_a_torch_save_file():
 )
 def test_any_dtype_shape_and_layout_comes_back_bit_for_bit(dtype, shape, transpose, offset):
     """`on_host` (the pickling of a rank's result) over sampled dtypes, shapes (0-d, empty,
-    sizes 3 and 5), transposed (non-contiguous: torch's pickling) and offset views (a
-    contiguous part of a larger storage: its own bytes only)."""
+    sizes 3 and 5), transposed and offset views: each comes back as its own bytes (torch's
+    pickling failed on a transposed float8 tensor, found by this test)."""
     g = torch.Generator().manual_seed(len(shape) * 7 + offset)
     numel = offset + math.prod(shape)
     base = (torch.randn(numel, generator=g, device="cpu") * 3).to(dtype)
@@ -224,5 +225,4 @@ def test_any_dtype_shape_and_layout_comes_back_bit_for_bit(dtype, shape, transpo
     back = on_host(t)
     assert back.dtype == t.dtype and back.shape == t.shape
     assert torch.equal(_bytes(back), _bytes(t))
-    if t.is_contiguous():  # sent as its bytes: a storage of its own size
-        assert back.untyped_storage().nbytes() == t.nbytes
+    assert back.is_contiguous() and back.untyped_storage().nbytes() == t.nbytes  # its bytes

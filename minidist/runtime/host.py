@@ -12,11 +12,12 @@ computed on. Two tensors that are views of one storage come back as separate cop
 tensor returned twice is still one tensor). `on_host(obj)` is the same round trip in one
 process, for the results a torchrun world gathers; `comm.all_gather_object` pickles so too.
 
-A dense, contiguous CPU tensor travels as its raw bytes: torch's own pickling saves and loads
-each storage as a small `torch.save` file, 8 times slower for the hundreds of small tensors a
-model's state is (a 32 × 64 float32 tensor there and back: 135 µs against 16 µs), and sends a
-view's whole storage. Other tensors (subclasses such as DTensor, sparse, quantized,
-non-contiguous) keep torch's pickling.
+A dense CPU tensor travels as its raw bytes, in its logical order (a transposed one comes back
+contiguous): torch's own pickling saves and loads each storage as a small `torch.save` file,
+8 times slower for the hundreds of small tensors a model's state is (a 32 × 64 float32
+tensor there and back: 135 µs against 16 µs), sends a view's whole storage, and fails on a
+float8 tensor's. Other tensors (subclasses such as DTensor, sparse, quantized, lazily
+conjugated or negated) keep torch's pickling.
 """
 
 from __future__ import annotations
@@ -47,14 +48,13 @@ def _from_bytes(data: bytearray, dtype, shape, parameter: bool, requires_grad: b
 
 
 def _plain(t: torch.Tensor) -> bool:
-    """A dense, contiguous CPU tensor or Parameter (no subclass, no lazy conjugate)."""
+    """A dense CPU tensor or Parameter (no subclass, no lazy conjugate)."""
     return (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.device.type == "cpu"
         and t.layout == torch.strided
         and not t.is_quantized
         and not (t.is_conj() or t.is_neg())
-        and t.is_contiguous()
     )
 
 
@@ -70,7 +70,8 @@ class _HostPickler(cloudpickle.Pickler):
                 return _rebuild, (obj.detach().cpu(), *meta)
             if _plain(obj):
                 # protocol 5 pickles a writable buffer as a bytearray, which loads writable
-                data = pickle.PickleBuffer(obj.detach().reshape(-1).view(torch.uint8).numpy())
+                flat = obj.detach().contiguous().reshape(-1)
+                data = pickle.PickleBuffer(flat.view(torch.uint8).numpy())
                 return _from_bytes, (data, obj.dtype, tuple(obj.shape), *meta)
         return super().reducer_override(obj)
 
