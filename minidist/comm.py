@@ -284,6 +284,8 @@ def all_gather_object(output: list, obj, group=None, tag=""):
         lambda: dist.all_gather_object(pickled, dumps_on_host(obj), group=group),
         tag,
     )
+    # Bytes from this world's own ranks over its process group, never from a file (as torch's
+    # all_gather_object, which unpickles them too): checkpoints are read by checkpoint_safe.
     output[:] = [cloudpickle.loads(p) for p in pickled]
 
 
