@@ -12,6 +12,7 @@ Adam's moments within 1e-5 (measured ≤ 3e-7).
 import pytest
 import torch
 from micro_batches import lean_micro_batch
+from worlds import HUNG_S
 
 import minidist
 from minidist import comm
@@ -57,7 +58,7 @@ LAYOUTS_8 = [
 
 
 def test_the_issues_layouts_on_8_ranks_equal_one_process():
-    results = minidist.launch(several, 8, LAYOUTS_8, timeout_s=600)
+    results = minidist.launch(several, 8, LAYOUTS_8, timeout_s=600, idle_s=HUNG_S)
     for i, (name, _) in enumerate(LAYOUTS_8):
         check(name, results[0][i])
         for rank in results[1:]:  # every rank reports the same curve
@@ -202,7 +203,7 @@ def recomputed(layouts):
 
 
 def test_recompute_with_the_zero_bubble_schedules_equals_one_process():
-    results = minidist.launch(recomputed, 4, RECOMPUTED_SPLIT, timeout_s=600)
+    results = minidist.launch(recomputed, 4, RECOMPUTED_SPLIT, timeout_s=600, idle_s=HUNG_S)
     for i, (name, _) in enumerate(RECOMPUTED_SPLIT):
         check(name, results[0][i])
 
@@ -250,7 +251,7 @@ def test_zero_bubble_w_runs_no_collective_and_gives_1f1bs_gradients():
     and 819,200 cp bytes against 524,288; the MoE's all-to-alls 160,256 and 174,848 ep bytes
     against 127,488."""
     cases = [(n, {**d, "schedule": s}, r) for n, d, r in SPLIT_LAYOUTS for s in SCHEDULES]
-    ranks = minidist.launch(grads_and_bytes, 4, cases, timeout_s=900)
+    ranks = minidist.launch(grads_and_bytes, 4, cases, timeout_s=900, idle_s=HUNG_S)
     for i, (name, dims, recompute) in enumerate(cases):
         model, batches = build(name, steps=1)
         x, y = batches[0]
@@ -278,7 +279,7 @@ MOE_TP = [  # experts whole on every tp rank, reduced over expert_dp within it (
 
 
 def test_the_moe_under_tensor_parallelism_equals_one_process():
-    results = minidist.launch(several, 4, MOE_TP, timeout_s=600)
+    results = minidist.launch(several, 4, MOE_TP, timeout_s=600, idle_s=HUNG_S)
     for i, (name, _) in enumerate(MOE_TP):
         check(name, results[0][i])
 

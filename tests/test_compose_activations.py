@@ -11,6 +11,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_trainer import _runs
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose import activations
@@ -50,7 +51,7 @@ def _check(argvs, results):
 
 def test_planned_activations_equal_the_measured_peak_on_4_ranks():
     argvs = [[*a, "--steps", "1"] for a in FOUR]
-    _check(argvs, minidist.launch(_runs, 4, argvs, timeout_s=900))
+    _check(argvs, minidist.launch(_runs, 4, argvs, timeout_s=900, idle_s=HUNG_S))
 
 
 @settings(max_examples=3, deadline=None)
@@ -72,7 +73,7 @@ def test_planned_activations_equal_the_measured_peak_on_2_ranks_sampled(
     argv = ["--model", model, *layout, "--layers", str(layers), "--precision", precision]
     argv += ["--micro-batch", str(micro_batch), "--steps", "1"]
     argv += ["--recompute"] if recompute else []
-    _check([argv], minidist.launch(_runs, 2, [argv], timeout_s=600))
+    _check([argv], minidist.launch(_runs, 2, [argv], timeout_s=600, idle_s=HUNG_S))
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

@@ -11,6 +11,7 @@ import pytest
 from micro_batches import lean_micro_batch, lean_microbatches, lean_runs
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
 from test_compose_optim import CFG, STEPS
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose import parallelize, theory
@@ -38,7 +39,7 @@ LAYOUTS_8 = [
 
 
 def test_fsdp_and_zero2_layouts_of_8_ranks_equal_one_process_and_their_plan():
-    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900)
+    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900, idle_s=HUNG_S)
     for i, (name, dims, kw) in enumerate(LAYOUTS_8):
         got, want = results[0][i], ref(name)
         loss_tol, param_tol, optim_tol = (
@@ -157,7 +158,7 @@ def test_transformers_models_under_fsdp_and_zero2_equal_one_process():
     pytest.importorskip("transformers")
     import hf_runs
 
-    results = minidist.launch(hf_runs.several, 4, HF_RUNS_4, timeout_s=900)
+    results = minidist.launch(hf_runs.several, 4, HF_RUNS_4, timeout_s=900, idle_s=HUNG_S)
     for i, (name, dims, kw) in enumerate(HF_RUNS_4):
         got, want = results[0][i], hf_runs.reference(name)
         loss_tol, param_tol, optim_tol = (
@@ -181,7 +182,7 @@ def _optim_runs():
 
 def test_clipped_adamw_with_a_schedule_under_fsdp_and_zero2_equals_torchs():
     """Tolerances as tests/test_compose_optim.py's in float32 (the norm within 1e-5 relative)."""
-    runs = minidist.launch(_optim_runs, 4, timeout_s=600)[0]
+    runs = minidist.launch(_optim_runs, 4, timeout_s=600, idle_s=HUNG_S)[0]
     for (model, dims, _), got in zip(OPTIM_LAYOUTS, runs):
         want = reference(model, STEPS, 8, optim=CFG)
         assert got["losses"] == pytest.approx(want["losses"], abs=LOSS_TOL), dims

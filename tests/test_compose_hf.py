@@ -23,6 +23,7 @@ moves the first loss by far more than 1e-5.
 import hf_models
 import hf_runs
 import pytest
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.dims import ParallelDims
@@ -51,7 +52,7 @@ def check(name, options, result):
 
 
 def run_and_check(runs, world):
-    results = minidist.launch(hf_runs.several, world, runs, timeout_s=900)
+    results = minidist.launch(hf_runs.several, world, runs, timeout_s=900, idle_s=HUNG_S)
     for i, (name, _, options) in enumerate(runs):
         check(name, options, results[0][i])
         for rank in results[1:]:  # every rank reports the same curve
@@ -174,7 +175,7 @@ def test_zero_bubble_sends_the_tp_and_cp_bytes_of_1f1b():
     ZB-H1 equal 1F1B's on every rank, ZB-V's over the world (its ranks hold other layers)."""
     schedules = ("1f1b", "zb-h1", "zb-v")
     runs = [("llama", {**d, "schedule": s}, r) for d, r in ZB_BYTES for s in schedules]
-    ranks = minidist.launch(hf_runs.step_bytes, 4, runs, timeout_s=900)
+    ranks = minidist.launch(hf_runs.step_bytes, 4, runs, timeout_s=900, idle_s=HUNG_S)
     for i in range(0, len(runs), len(schedules)):
         one_f_one_b = [rank[i] for rank in ranks]
         assert [rank[i + 1] for rank in ranks] == one_f_one_b, runs[i + 1]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_compose import check, several
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.dims import ParallelDims
@@ -25,7 +26,7 @@ from minidist.training import max_abs_diff
 def test_16_ranks_hsdp_and_the_full_layout_in_bf16_with_recompute():
     layouts = [("llama", dict(dp_replicate=2, dp_shard=2, tp=2, pp=2))]
     full = dict(dp_shard=2, tp=2, pp=2, cp=2)
-    results = minidist.launch(_bf16_too, 16, layouts, full, timeout_s=600)[0]
+    results = minidist.launch(_bf16_too, 16, layouts, full, timeout_s=600, idle_s=HUNG_S)[0]
     check("llama", results[0])
     want = reference("gpt")
     assert results[1]["losses"] == pytest.approx(want["losses"], abs=1e-2)
@@ -63,7 +64,7 @@ def factorisations(model: str) -> list[tuple[str, dict]]:
 )
 @given(st.tuples(*(st.sampled_from(factorisations(m)) for m in ("gpt", "moe", "llama"))))
 def test_sampled_factorisations_of_8_equal_one_process(layouts):
-    results = minidist.launch(several, 8, list(layouts), timeout_s=600)[0]
+    results = minidist.launch(several, 8, list(layouts), timeout_s=600, idle_s=HUNG_S)[0]
     for (name, _), result in zip(layouts, results):
         check(name, result)
 
@@ -194,7 +195,7 @@ def _pieces_round_trip():
 
 
 def test_a_users_hf_layout_model_and_the_pieces_round_trip():
-    results = minidist.launch(_hf_and_pieces, 8, timeout_s=600)
+    results = minidist.launch(_hf_and_pieces, 8, timeout_s=600, idle_s=HUNG_S)
     want = reference(HFLlama)
     assert results[0][0]["losses"] == pytest.approx(want["losses"], abs=1e-5)
     assert max_abs_diff(results[0][0]["params"], want["params"]) < 1e-3

@@ -13,6 +13,7 @@ import pytest
 from micro_batches import lean_microbatches, lean_runs
 from test_compose import LOSS_TOL, OPTIM_TOL, PARAM_TOL, ref
 from test_compose_optim import CFG, STEPS
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose import theory
@@ -50,7 +51,7 @@ def _planned(name, dims, kw):
 
 
 def test_offloaded_layouts_of_8_ranks_equal_one_process_and_their_plan():
-    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900)
+    results = minidist.launch(lean_runs, 8, LAYOUTS_8, timeout_s=900, idle_s=HUNG_S)
     for i, (name, dims, kw) in enumerate(LAYOUTS_8):
         got, want = results[0][i], ref(name)
         loss_tol, param_tol, optim_tol = (
@@ -93,7 +94,7 @@ def _optim_runs():
 def test_clipped_adamw_with_a_schedule_offloaded_equals_torchs():
     """The clipping norm sums squares of host chunks on the device (tolerances as
     tests/test_compose_optim.py's; the norm within 1e-5 relative)."""
-    runs = minidist.launch(_optim_runs, 4, timeout_s=600)[0]
+    runs = minidist.launch(_optim_runs, 4, timeout_s=600, idle_s=HUNG_S)[0]
     for model, got in zip(("llama", "gpt"), runs):
         want = reference(model, STEPS, 8, optim=CFG)
         assert got["losses"] == pytest.approx(want["losses"], abs=LOSS_TOL), model

@@ -11,6 +11,8 @@ another class). Layouts with pp (1F1B, interleaved, ZB-V), tp with sp, cp, ep, a
 recompute; and lesson 15's `ContextParallelGPT`, which swaps the same kernel call.
 """
 
+from worlds import HUNG_S
+
 import minidist
 from minidist.compose.dims import Grid, ParallelDims
 from minidist.compose.fixture import build, data_rows, one_step
@@ -75,7 +77,7 @@ def count_calls(layouts) -> list[dict]:
 
 
 def test_the_course_models_own_forward_runs_once_per_micro_batch_on_every_layout():
-    ranks = minidist.launch(count_calls, 2, LAYOUTS, timeout_s=600)
+    ranks = minidist.launch(count_calls, 2, LAYOUTS, timeout_s=600, idle_s=HUNG_S)
     for rank in ranks:
         for (name, dims, recompute), got in zip(LAYOUTS, rank):
             model_cls, attention_cls, _ = OWN[name]

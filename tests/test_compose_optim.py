@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from micro_batches import lean_micro_batch
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.fixture import reference, run_rank
@@ -56,7 +57,7 @@ def test_the_schedule_warms_up_then_decays_to_min_lr_at_the_last_step():
 def test_clipped_adamw_with_a_schedule_equals_torchs_on_six_layouts():
     want = {m: reference(m, STEPS, 8, optim=CFG) for m in ("llama", "gpt", "moe")}
     assert all(n > CFG.clip_grad for n in want["llama"]["norms"])  # clipping is on each step
-    runs = minidist.launch(_layouts, 4, timeout_s=600)[0]
+    runs = minidist.launch(_layouts, 4, timeout_s=600, idle_s=HUNG_S)[0]
     for (model, dims, precision), got in zip(LAYOUTS, runs):
         ref = want[model]
         bf16 = precision == "bf16"

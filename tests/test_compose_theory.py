@@ -8,6 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from micro_batches import lean_micro_batch, lean_runs
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose import theory
@@ -85,7 +86,7 @@ def test_sampled_layouts_are_planned_to_the_byte(draw):
         # micro-batches of one row: a sampled layout draws large micro-batch counts too
         kw = dict(precision=precision, recompute=recompute, micro_batch=MICRO_BATCH)
         cases.append((name, dims, kw))
-    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900)[0])
+    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900, idle_s=HUNG_S)[0])
 
 
 def test_the_hard_cases_are_planned_to_the_byte():
@@ -112,4 +113,4 @@ def test_the_hard_cases_are_planned_to_the_byte():
     cases = [
         (name, dims, {"micro_batch": lean_micro_batch(dims), **kw}) for name, dims, kw in cases
     ]
-    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900)[0])
+    _check(cases, minidist.launch(lean_runs, 8, cases, timeout_s=900, idle_s=HUNG_S)[0])

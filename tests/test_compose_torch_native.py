@@ -7,6 +7,7 @@ import hf_models
 import hf_runs
 import pytest
 import torch
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose import torch_native
@@ -76,7 +77,11 @@ def test_torch_composition_equals_one_process(dims):
     gradient is near ε = 1e-8 a rounding-size change in it moves the element by a good part
     of lr (the largest seen: 7e-5, always in elements whose gradient is below 1e-6)."""
     world = dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp
-    _check(minidist.launch(_rank, world, dims, timeout_s=300), world // dims.pp, *_reference())
+    _check(
+        minidist.launch(_rank, world, dims, timeout_s=300, idle_s=HUNG_S),
+        world // dims.pp,
+        *_reference(),
+    )
 
 
 def _check(results, last_ranks, ref_losses, ref_params):
@@ -131,7 +136,7 @@ def test_torch_composition_runs_the_transformers_models_own_forward(name, dims):
     transformers models with -100 labels, equal the untouched model (tolerances above)."""
     pytest.importorskip("transformers")
     world = dims.dp_replicate * dims.dp_shard * dims.tp * dims.pp
-    results = minidist.launch(_hf_rank, world, name, dims, timeout_s=300)
+    results = minidist.launch(_hf_rank, world, name, dims, timeout_s=300, idle_s=HUNG_S)
     _check(results, world // dims.pp, *_hf_reference(name))
 
 

@@ -16,6 +16,7 @@ import hf_runs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import HUNG_S
 
 import minidist
 from minidist.deepseek import theory
@@ -123,7 +124,7 @@ def test_engine_runs_dualpipev_equal_to_one_process(world):
     """DeepSeek-V3 (latent attention, experts) at pp 2, Llama at pp 4 (8 micro-batches) and
     pp 2 · dp_shard 2 (4 each), a chunk of one layer each: equal to one process."""
     runs = RUNS[world]
-    results = minidist.launch(hf_runs.several, world, runs, timeout_s=600)
+    results = minidist.launch(hf_runs.several, world, runs, timeout_s=600, idle_s=HUNG_S)
     for i, (name, _, extra) in enumerate(runs):
         want, got = hf_runs.reference(name, **extra), results[0][i]
         assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
@@ -165,7 +166,7 @@ def test_trainer_runs_dualpipev_equal_to_one_process_and_refuses_too_few_microba
         "--steps",
         "2",
     ]
-    got = minidist.launch(_train, 2, [argv], timeout_s=600)[0][0]
+    got = minidist.launch(_train, 2, [argv], timeout_s=600, idle_s=HUNG_S)[0][0]
     want = reference(parse(argv))
     assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
     assert max_abs_diff(got["params"], want["params"]) < 1e-3
@@ -296,5 +297,5 @@ def test_torchs_own_dualpipev_through_the_same_stages_equals_one_process(dp_shar
     import test_compose_torch_native as native
 
     dims = native._dims(dp_shard=dp_shard, pp=2, schedule="dualpipev")
-    results = minidist.launch(_torch_rank, 2 * dp_shard, dims, timeout_s=300)
+    results = minidist.launch(_torch_rank, 2 * dp_shard, dims, timeout_s=300, idle_s=HUNG_S)
     native._check(results, dp_shard, *native._reference())

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.dims import Grid, ParallelDims
@@ -258,7 +259,7 @@ def test_converted_llama_under_parallelize_dp2_equals_one_process():
         loss.backward()
         opt.step()
         want.append(loss.item())
-    results = minidist.launch(_composed_dp2, 2, steps, timeout_s=300)
+    results = minidist.launch(_composed_dp2, 2, steps, timeout_s=300, idle_s=HUNG_S)
     for losses, params in results:
         assert losses == pytest.approx(want, abs=1e-5)
         for name, p in model.named_parameters():

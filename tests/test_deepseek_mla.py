@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import HUNG_S
 
 from minidist.deepseek.mla import (
     attention_from_cache,
@@ -174,7 +175,7 @@ def test_latent_attention_under_tp_2_equals_one_process():
         ("deepseek_v3", dict(tp=2), dense),
         ("deepseek_v3", dict(tp=2, sp=True), {**dense, "q_lora_rank": None}),
     ]
-    got = minidist.launch(hf_runs.several, 2, runs, timeout_s=600)[0]
+    got = minidist.launch(hf_runs.several, 2, runs, timeout_s=600, idle_s=HUNG_S)[0]
     for (name, _, extra), result in zip(runs, got):
         want = hf_runs.reference(name, **extra)
         assert result["losses"] == pytest.approx(want["losses"], abs=1e-5)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import HUNG_S
 
 import minidist
 from minidist.deepseek.moe import (
@@ -99,7 +100,7 @@ RUNS_4 = [(dict(dp_replicate=2, dp_shard=2, ep=2), SPEED), (dict(pp=2, dp_shard=
 def test_global_load_under_composition_equals_one_process(world, runs):
     want = deepseek_runs.reference(SPEED)
     assert any(b.abs().max() > 0 for b in want["biases"].values())
-    results = minidist.launch(deepseek_runs.several, world, runs, timeout_s=600)
+    results = minidist.launch(deepseek_runs.several, world, runs, timeout_s=600, idle_s=HUNG_S)
     for i in range(len(runs)):
         got = results[0][i]
         assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
@@ -159,11 +160,13 @@ def test_the_trainer_updates_the_bias_and_a_resume_on_another_layout_keeps_it(tm
     ]
     before = [*run, "1", "--dp-shard", "2", "--ep", "2", "--save", ck]
     after = [*run, "3", "--pp", "2", "--resume", ck]
-    saved = minidist.launch(deepseek_runs.trained, 2, [before], timeout_s=600)[0][0]
+    saved = minidist.launch(deepseek_runs.trained, 2, [before], timeout_s=600, idle_s=HUNG_S)[0][0]
     key = "model.layers.1.mlp.gate.e_score_correction_bias"  # read back from the checkpoint
-    bias = minidist.launch(deepseek_runs.saved_tensor, 1, ck, key, (8,), timeout_s=600)[0]
+    bias = minidist.launch(
+        deepseek_runs.saved_tensor, 1, ck, key, (8,), timeout_s=600, idle_s=HUNG_S
+    )[0]
     assert set((bias / 0.5).tolist()) <= {-1, 0, 1} and bias.abs().max() > 0  # one step
-    resumed = minidist.launch(deepseek_runs.trained, 2, [after], timeout_s=600)[0][0]
+    resumed = minidist.launch(deepseek_runs.trained, 2, [after], timeout_s=600, idle_s=HUNG_S)[0][0]
     want = reference(parse(after))
     assert saved["losses"] == pytest.approx(want["losses"][:1], abs=1e-5)
     assert resumed["resumed_from"] == 1
@@ -196,7 +199,7 @@ def test_export_hf_keeps_the_trained_routing_bias(tmp_path):
         "2",
     ]
     got = minidist.launch(
-        deepseek_runs.trained, 2, [[*run, "--export-hf", str(out)]], timeout_s=600
+        deepseek_runs.trained, 2, [[*run, "--export-hf", str(out)]], timeout_s=600, idle_s=HUNG_S
     )[0][0]
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
     key = "model.layers.1.mlp.gate.e_score_correction_bias"

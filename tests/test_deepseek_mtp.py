@@ -10,6 +10,7 @@ import hf_models
 import pytest
 import torch
 import torch.nn.functional as F
+from worlds import HUNG_S
 
 import minidist
 from minidist.data_parallel.bucketed import BucketedDataParallel
@@ -103,7 +104,7 @@ def test_mtp_under_dp2_equals_one_process():
     mean of the two (DDP's averaged gradients) is the global batch's."""
     model = add_multi_token_prediction(hf_models.build("llama"), weight=LAMBDA)
     want = _train(model, _batches())
-    for losses, params in minidist.launch(_dp2, 2, timeout_s=300):
+    for losses, params in minidist.launch(_dp2, 2, timeout_s=300, idle_s=HUNG_S):
         rank_mean = sum(losses) / len(losses)
         assert rank_mean == pytest.approx(sum(want) / len(want), rel=0.05)
         for name, p in model.named_parameters():

@@ -5,6 +5,7 @@ argument that differs between ranks is refused, naming it, on every rank (issue 
 import pytest
 import torch
 import torch.distributed as dist
+from worlds import HUNG_S
 
 import minidist
 from minidist.context_parallel import ContextParallelGPT
@@ -82,7 +83,7 @@ def _replicas_on_rank() -> dict[str, list[str]]:
 
 
 def test_every_wrapper_gives_ranks_seeded_differently_one_model():
-    differ = minidist.launch(_replicas_on_rank, 2, timeout_s=300)[0]
+    differ = minidist.launch(_replicas_on_rank, 2, timeout_s=300, idle_s=HUNG_S)[0]
     assert differ == {name: [] for name in WRAPPERS}
 
 

@@ -10,6 +10,7 @@ import io
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import HUNG_S
 
 import minidist
 from minidist.__main__ import main
@@ -140,7 +141,9 @@ def _padded_rank(dims: dict) -> dict:
 
 @pytest.mark.parametrize("dims", [dict(dp_shard=2, ep=2), dict(dp_shard=2, ep=2, tp=2)])
 def test_padded_experts_send_the_padded_plan_to_the_byte(dims):
-    got = minidist.launch(_padded_rank, ParallelDims(**dims).world_size, dims, timeout_s=300)
+    got = minidist.launch(
+        _padded_rank, ParallelDims(**dims).world_size, dims, timeout_s=300, idle_s=HUNG_S
+    )
     model, _ = build("moe")
     want = theory.ep_bytes(model, ParallelDims(**dims), 8, 1, padded=True)
     bound = theory.ep_bytes_bound(model, ParallelDims(**dims), 8, 1)

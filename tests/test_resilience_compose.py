@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from session import run_session
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.fixture import LR, reference
@@ -67,7 +68,7 @@ def _same_layouts(ck: str) -> list[tuple[dict, dict]]:
 
 
 def test_a_resume_on_the_same_layout_is_bit_for_bit(tmp_path):
-    runs = minidist.launch(_same_layouts, 4, str(tmp_path / "ck"), timeout_s=600)[0]
+    runs = minidist.launch(_same_layouts, 4, str(tmp_path / "ck"), timeout_s=600, idle_s=HUNG_S)[0]
     for layout, (whole, resumed) in zip(SAME_LAYOUTS, runs):
         assert resumed["resumed_from"] == SAVE_AT and resumed["step"] == STEPS
         assert resumed["losses"] == whole["losses"][SAVE_AT:], layout  # exactly
@@ -128,8 +129,8 @@ def test_a_resume_on_another_layout_goes_on_as_the_one_process_run(tmp_path, cha
     ck = str(tmp_path / "ck")
     before = ["--model", model, *before, "--steps", str(SAVE_AT), "--save", ck]
     after = ["--model", model, *after, "--steps", str(STEPS), "--resume", ck]
-    saved = minidist.launch(_run, _world(before), before, timeout_s=600)[0]
-    resumed = minidist.launch(_run, _world(after), after, timeout_s=600)
+    saved = minidist.launch(_run, _world(before), before, timeout_s=600, idle_s=HUNG_S)[0]
+    resumed = minidist.launch(_run, _world(after), after, timeout_s=600, idle_s=HUNG_S)
     want = reference(model, STEPS)
     loss_tol, param_tol = (1e-2, 2 * STEPS * LR) if "bf16" in change else (1e-5, 1e-3)
     assert resumed[0]["resumed_from"] == SAVE_AT
@@ -163,7 +164,7 @@ def _refused(ck: str) -> str:
 
 
 def test_a_checkpoint_of_another_depth_is_refused_naming_both_layouts(tmp_path):
-    message = minidist.launch(_refused, 2, str(tmp_path / "ck"), timeout_s=600)[0]
+    message = minidist.launch(_refused, 2, str(tmp_path / "ck"), timeout_s=600, idle_s=HUNG_S)[0]
     assert "'layers': 2" in message and "'layers': 4" in message, message
     assert "saved with model" in message and "this run has model" in message, message
 
@@ -192,7 +193,9 @@ def test_torchrun_restarts_a_killed_rank_of_minidist_train_bit_for_bit(tmp_path)
     import sys
 
     layout = ["--model", "llama", "--tp", "2", "--sp", "--micro-batch", "4"]
-    whole = minidist.launch(_run, 2, layout + ["--steps", str(STEPS)], timeout_s=600)[0]
+    whole = minidist.launch(
+        _run, 2, layout + ["--steps", str(STEPS)], timeout_s=600, idle_s=HUNG_S
+    )[0]
     ck, log = str(tmp_path / "ck"), tmp_path / "log.jsonl"
     cmd = [
         sys.executable,

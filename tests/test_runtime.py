@@ -199,6 +199,29 @@ def test_a_rank_starved_of_cpu_is_not_idle(monkeypatch):
     assert info.value.why == "idle"
 
 
+def test_a_long_idle_limit_reads_proc_a_twentieth_as_often_and_still_stops_a_hang(monkeypatch):
+    """idle_s=60 (the tests' long worlds): /proc is read every 3 s, not every 0.2 s or at
+    every wake-up (a rank's stderr, a result): 16 ranks of ~20 threads each were read 5 times
+    a second. A hang is still stopped once 60 s have passed, within one read."""
+    import minidist.runtime.collect as collect
+
+    assert collect.CpuLimits(idle_s=1.0).poll_s == 0.2
+    assert collect.CpuLimits(idle_s=60.0, cpu_s=2.0).poll_s == 0.2  # the shorter limit
+    assert collect.CpuLimits(idle_s=60.0).poll_s == 3.0
+    clock, reads = [0.0], []
+    monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(collect, "_cpu_s", lambda pid: reads.append(clock[0]) or 0.0)
+    monkeypatch.setattr(collect, "_waited_s", lambda pid: 0.0)
+    watch = collect.CpuLimits(idle_s=60.0)
+    procs = [types.SimpleNamespace(pid=0)]
+    with pytest.raises(minidist.WorldTimeoutError) as info:
+        for step in range(1000):  # woken every 0.1 s
+            clock[0] = 0.1 * step
+            watch.check(procs, [0], None)
+    assert info.value.why == "idle" and 60.0 <= clock[0] <= 63.0
+    assert 20 <= len(reads) <= 42 and min(b - a for a, b in zip(reads, reads[1:])) >= 1.5
+
+
 def _starved(ready):
     os.nice(5)  # a weight of 335 against the hog's 1024: a quarter of their core at most
     ready.set()

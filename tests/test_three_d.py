@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from worlds import HUNG_S
 
 import minidist
 from minidist.data import shard_batch
@@ -21,7 +22,7 @@ LOSS_TOL, PARAM_TOL = 1e-5, 1e-5
 def test_3d_run_equals_one_process():
     model, batches, loss_fn = build("gpt", **GPT_3D)
     ref = train(model, batches, loss_fn, make_optimizer(model.parameters()))
-    results = minidist.launch(train_3d, 8, timeout_s=300)
+    results = minidist.launch(train_3d, 8, timeout_s=300, idle_s=HUNG_S)
     assert results[0]["losses"] == pytest.approx(reference_losses(), abs=LOSS_TOL)
     for r in results:
         assert r["losses"] == results[0]["losses"]  # every rank reports the same curve

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.dims import ParallelDims
@@ -111,7 +112,7 @@ def test_models_of_any_size_on_real_data_equal_one_process(tmp_path):
             "3",
         ],
     ]
-    runs = minidist.launch(_runs, 4, sized, timeout_s=600)[0]
+    runs = minidist.launch(_runs, 4, sized, timeout_s=600, idle_s=HUNG_S)[0]
     for argv, got in zip(sized, runs):
         _close_to_one_process(got, argv)
         assert got["samples"] == [0, 1, 2]
@@ -134,7 +135,7 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_as_one_process(tmp
     ]
     padded[1] += ["--micro-batch", "4"]  # the fewest micro-batches: tests/micro_batches.py
     padded[2] += ["--micro-batch", "2"]
-    runs = minidist.launch(_runs, 4, padded, timeout_s=600)[0]
+    runs = minidist.launch(_runs, 4, padded, timeout_s=600, idle_s=HUNG_S)[0]
     for argv, got in zip(padded, runs):
         _close_to_one_process(got, argv)
         vocab = int(argv[argv.index("--vocab") + 1])
@@ -143,7 +144,7 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_as_one_process(tmp
         if "llama" in argv:
             assert got["params"]["lm_head.weight"].shape[0] == vocab
     after = [*llama, "--steps", "3", "--dp-shard", "2", "--resume", ck, "--export-hf", out]
-    resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
+    resumed = minidist.launch(_runs, 2, [after], timeout_s=600, idle_s=HUNG_S)[0][0]
     assert resumed["resumed_from"] == 2
     _close_to_one_process(resumed, after, start=2)
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -156,8 +157,8 @@ def test_a_resume_on_another_layout_continues_the_data_and_other_data_is_refused
     run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", *OPTIM, "--steps"]
     before = [*run, "2", "--dp-shard", "2", "--save", ck]
     after = [*run, "4", "--dp-shard", "2", "--tp", "2", "--resume", ck]
-    saved = minidist.launch(_runs, 2, [before], timeout_s=600)[0][0]
-    resumed = minidist.launch(_runs, 4, [after], timeout_s=600)[0][0]
+    saved = minidist.launch(_runs, 2, [before], timeout_s=600, idle_s=HUNG_S)[0][0]
+    resumed = minidist.launch(_runs, 4, [after], timeout_s=600, idle_s=HUNG_S)[0][0]
     assert saved["samples"] == [0, 1] and resumed["samples"] == [2, 3]  # none repeated
     assert resumed["resumed_from"] == 2
     _close_to_one_process(resumed, after, start=2)
@@ -187,7 +188,7 @@ def test_keep_last_keeps_the_newest_saves_and_a_resume_goes_on_from_the_newest_c
     keep = ["--save", str(ck), "--save-every", "1", "--keep-last", "2"]
     before = [*run, "--steps", "5", "--dp-shard", "2", *keep, "--async-save"]
     check_run(parse(before))
-    saved = minidist.launch(_runs, 2, [before], timeout_s=600)[0][0]
+    saved = minidist.launch(_runs, 2, [before], timeout_s=600, idle_s=HUNG_S)[0][0]
     users = ["notes.txt", "step_00000099", "step_x"]
     assert sorted(p.name for p in ck.iterdir()) == sorted(
         ["step_00000004", "step_00000005", *users]
@@ -197,7 +198,7 @@ def test_keep_last_keeps_the_newest_saves_and_a_resume_goes_on_from_the_newest_c
     (ck / ".step_00000006.unfinished" / "__0_0.distcp").write_bytes(b"half")
     after = [*run, "--steps", "7", "--tp", "2", "--resume", str(ck), *keep]
     check_run(parse(after))  # the parent reads step 5's record too
-    resumed = minidist.launch(_runs, 2, [after], timeout_s=600)[0][0]
+    resumed = minidist.launch(_runs, 2, [after], timeout_s=600, idle_s=HUNG_S)[0][0]
     assert resumed["resumed_from"] == 5 and resumed["samples"] == [5, 6]
     _close_to_one_process(resumed, after, start=5)
     assert sorted(p.name for p in ck.iterdir()) == sorted(
@@ -245,7 +246,7 @@ def test_export_hf_loads_with_from_pretrained_and_the_eval_loss_is_the_held_out_
     ]
     from minidist.__main__ import main
 
-    got = minidist.launch(_export_and_eval, 2, argv, timeout_s=600)[0]
+    got = minidist.launch(_export_and_eval, 2, argv, timeout_s=600, idle_s=HUNG_S)[0]
     args = parse(argv)
     data, config, _ = prepare(args)
     trained = build_model(config)
@@ -289,7 +290,7 @@ def test_init_from_hf_trains_a_transformers_model_as_one_process(tmp_path):
         "2",
         *OPTIM,
     ]
-    got = minidist.launch(_runs, 2, [argv], timeout_s=600)[0][0]
+    got = minidist.launch(_runs, 2, [argv], timeout_s=600, idle_s=HUNG_S)[0][0]
     _close_to_one_process(got, argv)
 
 
@@ -338,7 +339,7 @@ def test_a_transformers_model_with_ignored_labels_trains_composed_and_exports(tm
         "--export-hf",
         str(out),
     ]
-    got = minidist.launch(_runs, 4, [argv], timeout_s=600)[0][0]
+    got = minidist.launch(_runs, 4, [argv], timeout_s=600, idle_s=HUNG_S)[0][0]
     _close_to_one_process(got, [a for a in argv if a not in ("--export-hf", str(out))])
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert max_abs_diff(dict(back.named_parameters()), got["params"]) == 0.0
@@ -364,7 +365,7 @@ def test_a_users_factory_names_the_model(tmp_path):
         "2",
         "--sp",
     ]
-    got = minidist.launch(_runs, 4, [argv], timeout_s=600)[0][0]
+    got = minidist.launch(_runs, 4, [argv], timeout_s=600, idle_s=HUNG_S)[0][0]
     _close_to_one_process(got, argv)
 
 
@@ -529,7 +530,7 @@ def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):
 
     run = ["--model", "llama", "--data", str(TEXT), "--seq-len", "32", "--steps", "3"]
     argv = [*run, "--optimizer", "adamw", "--betas", "0.5,0.9", "--eps", "1e-3", "--tp", "2"]
-    got = minidist.launch(_runs, 2, [argv], timeout_s=600)[0][0]
+    got = minidist.launch(_runs, 2, [argv], timeout_s=600, idle_s=HUNG_S)[0][0]
     _close_to_one_process(got, argv)
     args = parse(argv)
     opt, _ = torch_optimizer(build_model(prepare(args)[1]), optimizer_config(args), 3)
@@ -626,7 +627,7 @@ def test_built_in_models_on_ignored_labels_take_the_global_valid_token_mean(tmp_
         ["--model", "gpt", "--cp", "2", "--tp", "2", "--sp", "--micro-batch", "2", *data],
         ["--model", "moe", "--dp-shard", "4", "--ep", "2", *data],
     ]
-    ranks = minidist.launch(_runs, 4, argvs, timeout_s=600)
+    ranks = minidist.launch(_runs, 4, argvs, timeout_s=600, idle_s=HUNG_S)
     for i, argv in enumerate(argvs):
         _close_to_one_process(ranks[0][i], argv)
         args = parse(argv)

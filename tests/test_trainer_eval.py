@@ -16,6 +16,7 @@ training step's (the activations, not their gradients).
 import pytest
 import torch
 from micro_batches import lean_microbatches
+from worlds import HUNG_S
 
 import minidist
 from minidist import comm
@@ -102,7 +103,7 @@ def _evaluate_layouts() -> list[dict]:
 
 
 def test_evaluation_is_forward_only_and_equals_one_process_on_every_layout():
-    runs = minidist.launch(_evaluate_layouts, 4, timeout_s=600)
+    runs = minidist.launch(_evaluate_layouts, 4, timeout_s=600, idle_s=HUNG_S)
     for (name, dims), got in zip(LAYOUTS, runs[0]):
         model, batches = _model(name)
         missing, unexpected = model.load_state_dict(got["params"], strict=False)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from worlds import HUNG_S
 
 import minidist
 from minidist.trainer.cli import dims_of, kill_rank_after, parse
@@ -27,13 +28,13 @@ def _run(argv: list[str], die: bool = False) -> dict:
 
 
 def test_a_dead_rank_is_named_and_the_same_command_resumes_bit_for_bit(tmp_path):
-    whole = minidist.launch(_run, 2, LAYOUT, timeout_s=600)[0]
+    whole = minidist.launch(_run, 2, LAYOUT, timeout_s=600, idle_s=HUNG_S)[0]
     ck = str(tmp_path / "ck")
     argv = [*LAYOUT, "--save", ck, "--save-every", str(EVERY), "--resume", ck]
     with pytest.raises(minidist.RankFailedError, match=r"rank 1"):
-        minidist.launch(_run, 2, argv, True, timeout_s=600)
+        minidist.launch(_run, 2, argv, True, timeout_s=600, idle_s=HUNG_S)
     assert not (tmp_path / ".ck.unfinished").exists()  # no save was under way
-    again = minidist.launch(_run, 2, argv, timeout_s=600)[0]
+    again = minidist.launch(_run, 2, argv, timeout_s=600, idle_s=HUNG_S)[0]
     assert again["resumed_from"] == DIE_AT - DIE_AT % EVERY and again["step"] == STEPS
     assert again["samples"] == list(range(again["resumed_from"], STEPS))
     assert again["params_sha256"] == whole["params_sha256"]
@@ -52,12 +53,20 @@ def test_an_async_save_run_equals_a_synchronous_one_and_logs_the_blocking_time(t
             str(tmp_path / f"{mode}.jsonl"),
         ]
         runs[mode] = minidist.launch(
-            _run, 2, argv + (["--async-save"] if mode == "async" else []), timeout_s=600
+            _run,
+            2,
+            argv + (["--async-save"] if mode == "async" else []),
+            timeout_s=600,
+            idle_s=HUNG_S,
         )[0]
     assert runs["async"]["params_sha256"] == runs["sync"]["params_sha256"]
     log = [json.loads(line) for line in Path(tmp_path / "async.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "save_blocked_s" in r] == [2, 4, 6]
     resumed = minidist.launch(
-        _run, 2, [*LAYOUT, "--steps", "7", "--resume", str(tmp_path / "async")], timeout_s=600
+        _run,
+        2,
+        [*LAYOUT, "--steps", "7", "--resume", str(tmp_path / "async")],
+        timeout_s=600,
+        idle_s=HUNG_S,
     )[0]
     assert resumed["resumed_from"] == STEPS  # the last async save was whole

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_compose_hf import run_and_check
 from test_trainer import _close_to_one_process, _runs
+from worlds import HUNG_S
 
 import minidist
 from minidist.compose.dims import ParallelDims
@@ -41,7 +42,7 @@ COURSE = [
 
 def test_the_course_models_on_uneven_stages_equal_one_process_and_their_plan():
     argvs = [[*a, "--steps", "2"] for a in COURSE]
-    results = minidist.launch(_runs, 4, argvs, timeout_s=900)
+    results = minidist.launch(_runs, 4, argvs, timeout_s=900, idle_s=HUNG_S)
     for i, argv in enumerate(argvs):
         _close_to_one_process(results[0][i], argv)
         args = parse(argv)

@@ -17,6 +17,7 @@ collective uses none) or one of them computing past a budget (a loop that never 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -151,10 +152,22 @@ class CpuLimits:
     # (time, {running rank: CPU seconds it used or waited for}): its demand for the CPU
     _samples: list = field(default_factory=list)
     _start: float = field(default_factory=time.monotonic)
+    _read: float = -math.inf  # when /proc was last read
+
+    @property
+    def poll_s(self) -> float:
+        """How often the ranks' /proc is read: a twentieth of the shorter limit, at least
+        `_POLL_S`. A 16-rank world has ~20 threads a rank to read, and a 60 s limit needs no
+        reading 5 times a second."""
+        limit = min((x for x in (self.idle_s, self.cpu_s) if x is not None), default=0.0)
+        return max(_POLL_S, limit / 20)
 
     def check(self, procs, running: list[int], board_path: str | None) -> None:
         """Raise `WorldTimeoutError` if the running ranks broke a limit."""
         now = time.monotonic()
+        if now - self._read < self.poll_s / 2:  # woken early (a rank's stderr, a result)
+            return
+        self._read = now
         cpu = {r: _cpu_s(procs[r].pid) for r in running}
         if any(c is None for c in cpu.values()):
             if self.cpu_s is not None and now - self._start >= self.cpu_s:
@@ -214,7 +227,7 @@ def _collect(
         if limits is not None and not failures:
             running = [r for r in range(len(procs)) if r not in results]
             limits.check(procs, running, board_path)
-            remaining = min(remaining, _POLL_S)
+            remaining = min(remaining, limits.poll_s)
         for ready in wait(waiting, timeout=remaining):
             if ready in by_err:
                 by_err[ready].drain(max_chunks=16)
