@@ -573,10 +573,26 @@ def test_plot_run_draws_a_log_and_refuses_what_is_not_one(tmp_path, capsys):
     log.write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert main(["plot-run", str(log)]) == 0
     assert (tmp_path / "run.png").stat().st_size > 0
-    (tmp_path / "bad.jsonl").write_text("not json\n")
-    with pytest.raises(SystemExit) as e:
-        main(["plot-run", str(tmp_path / "bad.jsonl")])
-    assert e.value.code == 2 and "is not a train --log file" in capsys.readouterr().err
+    good = json.dumps(lines[0])
+    for text, why in [
+        ("not json", "line 1: Expecting value"),
+        (f"{good}\n3", "line 2: 3 is not a step's record"),
+        ("[1, 2]", "[1, 2] is not a step's record"),
+        ('{"loss": 1.0, "tokens_per_s": 1.0}', "step=None is not a step number"),
+        ('{"step": true, "loss": 1.0, "tokens_per_s": 1.0}', "step=True is not"),
+        ('{"step": -1, "loss": 1.0, "tokens_per_s": 1.0}', "step=-1 is not"),
+        ('{"step": 1, "loss": 1.0}', "tokens_per_s=None is not a number"),  # a log by hand
+        ('{"step": 1, "loss": "1.0", "tokens_per_s": 1.0}', "loss='1.0' is not a number"),
+        ('{"step": 1, "loss": 1, "tokens_per_s": 1, "eval_loss": null}', "eval_loss=None"),
+        ('{"step": 1, "loss": 1, "tokens_per_s": 1, "memory_per_rank": [{"a": "x"}]}', "memo"),
+        ('{"step": 1, "loss": 1, "tokens_per_s": 1, "memory_per_rank": [{"a": 1}, {}]}', "memo"),
+    ]:
+        (tmp_path / "bad.jsonl").write_text(text + "\n")
+        with pytest.raises(SystemExit) as e:
+            main(["plot-run", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "bad.png")])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and "is not a train --log file" in err and why in err, text
+    assert not (tmp_path / "bad.png").exists()
 
 
 @pytest.mark.parametrize(

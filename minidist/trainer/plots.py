@@ -12,9 +12,39 @@ from matplotlib.figure import Figure
 
 
 def read_log(path: str | Path) -> list[dict]:
-    """The log's lines, the last one of each step, in step order."""
-    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return sorted({r["step"]: r for r in lines}.values(), key=lambda r: r["step"])
+    """The log's lines, the last one of each step, in step order. ValueError naming the line
+    and the field where a line is not a step's record (what `plot_run` draws: `step`,
+    `loss`, `tokens_per_s`; `eval_loss` and `memory_per_rank` where present)."""
+    records = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(_record(json.loads(line)))
+            except ValueError as e:
+                raise ValueError(f"line {n}: {e}") from None
+    return sorted({r["step"]: r for r in records}.values(), key=lambda r: r["step"])
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _record(r) -> dict:
+    if not isinstance(r, dict):
+        raise ValueError(f"{json.dumps(r)[:40]} is not a step's record (a JSON object)")
+    if not isinstance(r.get("step"), int) or isinstance(r["step"], bool) or r["step"] < 0:
+        raise ValueError(f"step={r.get('step')!r} is not a step number (an integer >= 0)")
+    for key in ("loss", "tokens_per_s", "eval_loss"):
+        if (key in r or key != "eval_loss") and not _number(r.get(key)):
+            raise ValueError(f"{key}={r.get(key)!r} is not a number")
+    ranks = r.get("memory_per_rank", [])
+    if not (
+        isinstance(ranks, list)
+        and all(isinstance(m, dict) and all(map(_number, m.values())) for m in ranks)
+        and len({tuple(m) for m in ranks}) <= 1
+    ):
+        raise ValueError("memory_per_rank is not a list of {kind: bytes}, one per rank")
+    return r
 
 
 def loss_panel(ax, records: list[dict], label: str = "") -> None:
