@@ -19,7 +19,9 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null \
 	  || [ "$$(uname -s)" != "Linux" ] || $(PY) -m pip install --quiet "triton==3.8.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	# ipykernel stages the spec in a mkdtemp it never removes: give it a folder of its own
+	d=$$(mktemp -d) && TMPDIR=$$d $(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null \
+	  && rm -rf "$$d"
 	touch $(STAMP)
 
 tour: $(STAMP)
