@@ -95,6 +95,11 @@ def test_weight_decay_spares_norms_and_biases_in_one_process():
         (dict(betas=(-0.1, 0.9)), "--betas=-0.1,0.9 must be two numbers"),
         (dict(eps=0.0), "--eps=0.0 must be a finite number > 0"),
         (dict(eps=float("inf")), "--eps=inf must be a finite number > 0"),
+        (dict(lr=float("inf")), "--lr=inf must be > 0 and finite"),
+        (dict(lr=float("inf"), min_lr=float("inf")), "--lr=inf must be > 0 and finite"),
+        (dict(weight_decay=float("inf")), "--weight-decay=inf must be >= 0 and finite"),
+        (dict(clip_grad=float("inf")), "--clip-grad=inf must be > 0 and finite"),
+        (dict(clip_grad=float("nan")), "--clip-grad=nan must be > 0 and finite"),
     ],
 )
 def test_bad_optimizer_options_are_refused_naming_the_option(options, message):

@@ -54,12 +54,12 @@ class OptimizerConfig:
             raise ValueError(f"--optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"--lr-schedule={self.lr_schedule!r} must be one of {LR_SCHEDULES}")
-        if not self.lr > 0:
-            raise ValueError(f"--lr={self.lr} must be > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr={self.lr} must be > 0 and finite")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"--min-lr={self.min_lr} must be in [0, --lr={self.lr}]")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"--weight-decay={self.weight_decay} must be >= 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"--weight-decay={self.weight_decay} must be >= 0 and finite")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             betas = ",".join(str(b) for b in self.betas)
             raise ValueError(f"--betas={betas} must be two numbers B1,B2, each in [0, 1)")
@@ -67,8 +67,10 @@ class OptimizerConfig:
             raise ValueError(f"--eps={self.eps} must be a finite number > 0")
         if not 0 <= self.warmup < steps:
             raise ValueError(f"--warmup={self.warmup} must be >= 0 and < --steps={steps}")
-        if self.clip_grad is not None and not self.clip_grad > 0:
-            raise ValueError(f"--clip-grad={self.clip_grad} must be > 0")
+        if self.clip_grad is not None and not (
+            math.isfinite(self.clip_grad) and self.clip_grad > 0
+        ):
+            raise ValueError(f"--clip-grad={self.clip_grad} must be > 0 and finite")
         return self
 
     def lr_at(self, step: int, steps: int) -> float:
