@@ -12,6 +12,7 @@ are compared exactly (the sample indices each step trained on).
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -501,6 +502,24 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--global-batch", "1000000000"], "of the course's text: 5000000000 rows of 16"),
         (["--log", "{nowhere}"], "run.jsonl: its folder"),
         (["--save", "{mine}"], "exists and is not a checkpoint: it would not be replaced"),
+        (["--lr", "inf"], "--lr=inf must be > 0 and finite"),
+        (["--weight-decay", "inf"], "--weight-decay=inf must be >= 0 and finite"),
+        (["--clip-grad", "inf"], "--clip-grad=inf must be > 0 and finite"),
+        (["--seed", "-1"], "--seed=-1 must be an int in [0, 2**63)"),
+        (["--seed", str(2**64)], f"--seed={2**64} must be an int in [0, 2**63)"),
+        (["--async-save"], "--async-save needs --save DIR"),
+        (["--die-at", "6"], "--die-at=6 must be a step of the run, in [1, --steps]"),
+        (["--die-at", "0"], "--die-at=0 must be a step of the run"),
+        (["--die-rank", "3"], "--die-rank needs --die-at STEP"),
+        (["--die-once", "{nowhere}"], "--die-once needs --die-at STEP"),
+        (["--data", ""], "--data '': an empty path names no file"),
+        (["--save", ""], "--save '': an empty path names no file"),
+        (["--resume", ""], "--resume '': an empty path names no file"),
+        (["--model", "llama", "--export-hf", ""], "--export-hf '': an empty path"),
+        (["--resume", "{small}"], "small.txt: not a folder (a checkpoint is a folder)"),
+        (["--log", "{small}"], "small.txt: exists and is not a JSONL log"),
+        (["--log", "{fifo}"], "fifo: not a regular file (a JSONL log is one)"),
+        (["--log", "{mine}"], "is a folder, not a file"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
@@ -510,7 +529,9 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
         "bad_toml": tmp_path / "bad.toml",
         "nowhere": tmp_path / "missing" / "run.jsonl",
         "mine": tmp_path / "mine",  # a user's folder, not a checkpoint
+        "fifo": tmp_path / "fifo",  # no reader: an open for writing would wait forever
     }
+    os.mkfifo(files["fifo"])
     files["mine"].mkdir()
     (files["mine"] / "notes.txt").write_text("keep me")
     files["empty"].write_text("")
@@ -519,6 +540,7 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in argv]
     assert words in _main_error(capsys, argv)
     assert (files["mine"] / "notes.txt").read_text() == "keep me"
+    assert files["small"].read_text() == "hello world, this is some text"
 
 
 def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):

@@ -16,9 +16,15 @@ import torch
 from ..cli_checks import writable_file, writable_folder
 from ..compose.dims import ParallelDims
 
+PATHS = ("config", "data", "tokenizer", "save", "resume", "log", "init_from_hf", "export_hf")
+MAX_SEED = 2**63  # TOML's integers (the resolved configuration) and torch's seeds: int64
+
 
 def check(args: argparse.Namespace) -> argparse.Namespace:
     """`args`, or a ValueError naming the option and the rule it broke (no rank started)."""
+    for name in PATHS:  # "" is no path: it would have meant "not given" (no save, no data)
+        if getattr(args, name, None) == "":
+            raise ValueError(f"--{name.replace('_', '-')} '': an empty path names no file")
     for name in ("steps", "global_batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
@@ -26,6 +32,10 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--save-every={args.save_every} needs --save DIR and must be >= 0")
     if args.keep_last < 0 or (args.keep_last and not args.save):
         raise ValueError(f"--keep-last={args.keep_last} needs --save DIR and must be >= 0")
+    if args.async_save and not args.save:
+        raise ValueError("--async-save needs --save DIR (it writes the saves in the background)")
+    if not 0 <= args.seed < MAX_SEED:
+        raise ValueError(f"--seed={args.seed} must be an int in [0, 2**63)")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every={args.eval_every} must be >= 0")
     if args.no_reshard_after_forward and args.dp_shard_mode != "optim_grads_params":
@@ -57,9 +67,22 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             f"micro_batch) = {m} >= 2·pp = {2 * args.pp} (both chunks' "
             "pipelines filled)"
         )
-    if args.die_at is not None and not 0 <= args.die_rank < world:
-        raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
+    check_die(args, world)
     return args
+
+
+def check_die(args: argparse.Namespace, world: int) -> None:
+    """Lesson 18's dead rank: --die-rank and --die-once only with --die-at, a step of the run,
+    and a rank of the world (else the run would never die, silently)."""
+    if args.die_at is None:
+        for name in ("die_rank", "die_once"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} needs --die-at STEP")
+        return
+    if not 1 <= args.die_at <= args.steps:
+        raise ValueError(f"--die-at={args.die_at} must be a step of the run, in [1, --steps]")
+    if not 0 <= (args.die_rank or 0) < world:
+        raise ValueError(f"--die-rank={args.die_rank} must be a rank of the {world}")
 
 
 def physical_memory() -> int:
@@ -142,12 +165,39 @@ def check_run(args: argparse.Namespace) -> dict:
         check_export(config, args.export_hf)
     if args.save:
         check_kept(args)
-    if args.log and (why := writable_file(Path(args.log))):
-        raise ValueError(f"--log {args.log}: {why}")
+    if args.log:
+        check_log(Path(args.log))
+    if args.resume and Path(args.resume).exists() and not Path(args.resume).is_dir():
+        raise ValueError(f"--resume {args.resume}: not a folder (a checkpoint is a folder)")
     resume = newest(args.resume) if args.resume else None
     if resume is not None:
         refuse_another_run(resume, layout_of(args, dims_of(args), config, data.identity()))
     return config
+
+
+def check_log(path: Path) -> None:
+    """--log FILE: a file rank 0 may append to: a new one, or a log of an earlier run (its
+    first line a JSON object); never a user's other file, nor a FIFO or device (a FIFO
+    without a reader blocks rank 0's open forever)."""
+    import json
+
+    if why := writable_file(path):
+        raise ValueError(f"--log {path}: {why}")
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise ValueError(f"--log {path}: not a regular file (a JSONL log is one)")
+    with open(path, "rb") as f:
+        first = f.readline(1 << 20)
+    try:
+        ok = not first.strip() or isinstance(json.loads(first), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"--log {path}: exists and is not a JSONL log (its first line is not a JSON "
+            "object): never appended to; log into a new file"
+        )
 
 
 def check_routers(config: dict, seed: int) -> None:

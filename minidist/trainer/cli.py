@@ -114,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", "--log-jsonl", dest="log", help="JSONL file (rank 0 appends)")
     p.add_argument("--peak-flops", type=float, help="FLOP/s per rank the MFU is against")
     p.add_argument("--die-at", type=int, help=argparse.SUPPRESS)  # lesson 18's dead rank
-    p.add_argument("--die-rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--die-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--die-once", help=argparse.SUPPRESS)
     options.add_arguments(p)
 
@@ -185,7 +185,9 @@ def command_rank(args: argparse.Namespace, dims: dict, progress: bool = True) ->
         return show_progress(args.steps - start, tokens)
 
     die = (
-        None if args.die_at is None else kill_rank_after(args.die_at, args.die_rank, args.die_once)
+        None
+        if args.die_at is None
+        else kill_rank_after(args.die_at, args.die_rank or 0, args.die_once)
     )
     return train_rank(args, dims, show if progress else None, die)
 
