@@ -520,6 +520,8 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--log", "{small}"], "small.txt: exists and is not a JSONL log"),
         (["--log", "{fifo}"], "fifo: not a regular file (a JSONL log is one)"),
         (["--log", "{mine}"], "is a folder, not a file"),
+        (["--config", "{latin1}"], "latin1.toml: not TOML (not UTF-8 text"),
+        (["--config", "{fifo}"], "fifo: not a regular file (a FIFO or device is never read)"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
@@ -532,6 +534,8 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
         "fifo": tmp_path / "fifo",  # no reader: an open for writing would wait forever
     }
     os.mkfifo(files["fifo"])
+    files["latin1"] = tmp_path / "latin1.toml"
+    files["latin1"].write_bytes("data = 'caf\u00e9.txt'\n".encode("latin-1"))
     files["mine"].mkdir()
     (files["mine"] / "notes.txt").write_text("keep me")
     files["empty"].write_text("")
@@ -541,6 +545,12 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
     assert words in _main_error(capsys, argv)
     assert (files["mine"] / "notes.txt").read_text() == "keep me"
     assert files["small"].read_text() == "hello world, this is some text"
+
+
+def test_a_config_key_may_be_any_long_name_of_its_option(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('log-jsonl = "run.jsonl"\n')  # --log's torchrun spelling
+    assert parse(["--config", str(toml)]).log == "run.jsonl"
 
 
 def test_betas_and_eps_train_as_torchs_adamw_with_the_same_values(tmp_path):

@@ -97,6 +97,8 @@ def _read_toml(path: str) -> dict:
             raise ValueError(
                 f"--config {path}: reading TOML needs Python >= 3.11 or the tomli package"
             ) from None
+    if Path(path).exists() and not Path(path).is_dir() and not Path(path).is_file():
+        raise ValueError(f"--config {path}: not a regular file (a FIFO or device is never read)")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -104,20 +106,26 @@ def _read_toml(path: str) -> dict:
         raise ValueError(f"--config {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not TOML ({e})") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8 text
+        raise ValueError(f"--config {path}: not TOML (not UTF-8 text: {e.reason})") from None
 
 
 def config_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """`argv` with the `--config` file's options put first (so the command line wins)."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     if known.config is None:
         return argv
     actions = {a.dest: a for a in parser._actions if a.option_strings}
+    for a in parser._actions:  # an option's other long names too (log-jsonl for log)
+        for name in a.option_strings:
+            if name.startswith("--"):
+                actions.setdefault(name[2:].replace("-", "_"), a)
     out = []
     for key, value in _read_toml(known.config).items():
         dest = key.replace("-", "_")
-        if dest not in actions or dest in ("config", "help"):
+        if dest not in actions or actions[dest].dest in ("config", "help"):
             raise ValueError(
                 f"--config {known.config}: unknown key {key!r} (keys are the "
                 "options' names, e.g. lr, global-batch)"
