@@ -522,6 +522,14 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--log", "{mine}"], "is a folder, not a file"),
         (["--config", "{latin1}"], "latin1.toml: not TOML (not UTF-8 text"),
         (["--config", "{fifo}"], "fifo: not a regular file (a FIFO or device is never read)"),
+        (["--data", "{fifo}"], "fifo: not a regular file or folder"),
+        (["--data", "{odd_bin}"], "3 bytes, not a token file of uint16 ids"),
+        (["--data", "{empty_bin}"], "0 bytes, not a token file of uint16 ids"),
+        (["--data", "{text_npz}"], "text.npz: not an .npz archive"),
+        (["--data", "{npy_npz}"], "npy.npz: an .npy array, not an .npz archive"),
+        (["--data", "{object_npz}"], "must be plain integer arrays"),
+        (["--data", "{seq1_npz}"], "rows of 1 tokens: a row needs >= 2"),
+        (["--data", "{small}", "--tokenizer", "{small}"], "not a tokenizers JSON file"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
@@ -534,6 +542,18 @@ def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, a
         "fifo": tmp_path / "fifo",  # no reader: an open for writing would wait forever
     }
     os.mkfifo(files["fifo"])
+    for name, data in (("odd.bin", b"abc"), ("empty.bin", b""), ("text.npz", b"not a zip")):
+        files[name.replace(".", "_")] = tmp_path / name
+        files[name.replace(".", "_")].write_bytes(data)
+    ids = np.zeros((8, 4), dtype=np.int64)
+    for name, arrays in (
+        ("npy", None),
+        ("object", dict(input_ids=np.array([[1], [1, 2]], dtype=object), labels=ids)),
+        ("seq1", dict(input_ids=ids[:, :1], labels=ids[:, :1])),
+    ):
+        files[f"{name}_npz"] = tmp_path / f"{name}.npz"
+        with open(files[f"{name}_npz"], "wb") as f:
+            np.save(f, ids) if arrays is None else np.savez(f, **arrays)
     files["latin1"] = tmp_path / "latin1.toml"
     files["latin1"].write_bytes("data = 'caf\u00e9.txt'\n".encode("latin-1"))
     files["mine"].mkdir()

@@ -26,6 +26,7 @@ checkpoint (a resume on other data is refused).
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -127,22 +128,49 @@ def _tokenize(path: Path, tokenizer: str | None) -> tuple[np.ndarray, int, str]:
         return np.frombuffer(data, dtype=np.uint8).astype(np.int64), 256, "bytes"
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(tokenizer)
+    try:
+        tok = Tokenizer.from_file(tokenizer)
+    except Exception as e:  # the Rust library's own exception: not valid JSON, not a tokenizer
+        raise ValueError(
+            f"--tokenizer {tokenizer}: not a tokenizers JSON file ({str(e).splitlines()[0]})"
+        ) from None
     ids = [i for f in files for i in tok.encode(f.read_text(errors="replace")).ids]
     return np.asarray(ids, dtype=np.int64), tok.get_vocab_size(), f"tokenizers:{tokenizer}"
 
 
-def _npz(path: Path, seq_len: int | None) -> TokenData:
-    with np.load(path) as f:
+def _npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and labels of the .npz at `path`, read as plain arrays (never a pickle)."""
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"--data {path}: not an .npz archive ({str(e).splitlines()[0]})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"--data {path}: an .npy array, not an .npz archive of arrays")
+    with f:
         if "input_ids" not in f or "labels" not in f:
             raise ValueError(
                 f"--data {path}: an .npz needs arrays input_ids and labels, has {sorted(f.keys())}"
             )
-        ids, labels = f["input_ids"], f["labels"]
+        try:
+            return f["input_ids"], f["labels"]
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # object arrays
+            raise ValueError(
+                f"--data {path}: input_ids and labels must be plain integer arrays "
+                f"({str(e).splitlines()[0]})"
+            ) from None
+
+
+def _npz(path: Path, seq_len: int | None) -> TokenData:
+    ids, labels = _npz_arrays(path)
     if ids.ndim != 2 or ids.shape != labels.shape or ids.dtype.kind not in "iu":
         raise ValueError(
             f"--data {path}: input_ids and labels must be integer arrays of one shape "
             f"[N, seq], got {ids.shape} {ids.dtype} and {labels.shape}"
+        )
+    if ids.shape[1] < 2:
+        raise ValueError(
+            f"--data {path}: rows of {ids.shape[1]} tokens: a row needs >= 2 (the last "
+            "position has no target)"
         )
     if seq_len is not None and seq_len != ids.shape[1]:
         raise ValueError(f"--seq-len={seq_len}: the .npz rows have {ids.shape[1]} tokens")
@@ -169,12 +197,20 @@ def load_data(path: str, seq_len: int | None, tokenizer: str | None = None) -> T
     p = Path(path)
     if not p.exists():
         raise ValueError(f"--data {path}: no such file or folder")
+    if not (p.is_file() or p.is_dir()):  # a FIFO would block, /dev/zero never end
+        raise ValueError(f"--data {path}: not a regular file or folder")
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise ValueError(f"--tokenizer {tokenizer}: no such file")
     if p.suffix == ".npz":
         return _npz(p, seq_len)
     seq_len = seq_len or 16  # lesson 17's
     if p.suffix == ".bin":
+        size = p.stat().st_size
+        if size == 0 or size % 2:
+            raise ValueError(
+                f"--data {path}: {size} bytes, not a token file of uint16 ids "
+                "(a positive, even number of bytes)"
+            )
         tokens = np.memmap(p, dtype=np.uint16, mode="r")
         vocab, kind = None, "bin-uint16"
         what = {"path": str(p), "kind": kind, "tokens": len(tokens), "sha256": _digest(tokens)}
