@@ -50,7 +50,12 @@ def find_parts(model: nn.Module) -> Parts:
     head = "lm_head" if isinstance(getattr(model, "lm_head", None), nn.Linear) else None
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
         out = model.get_output_embeddings()
-        head = next(n for n, m in model.named_children() if m is out)
+        head = next((n for n, m in model.named_children() if m is out), None)
+        if head is None:
+            raise ValueError(
+                f"parallelize: {type(model).__name__}'s output embeddings are not a child of "
+                "the model (a causal LM's head is its lm_head)"
+            )
     tok = getattr(base, embeddings[0]) if embeddings else None
     if hasattr(model, "get_input_embeddings"):
         tok = model.get_input_embeddings()

@@ -530,6 +530,13 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--data", "{object_npz}"], "must be plain integer arrays"),
         (["--data", "{seq1_npz}"], "rows of 1 tokens: a row needs >= 2"),
         (["--data", "{small}", "--tokenizer", "{small}"], "not a tokenizers JSON file"),
+        (["--vocab", str(10**13)], "the gpt model (vocab=10000000000000, hidden=32;"),
+        (["--model", "llama", "--ffn", str(10**12)], "ffn=1000000000000; --vocab, --hidden"),
+        (["--model", "llama", "--export-hf", "{small}/x"], "small.txt is not a folder"),
+        (
+            ["--model", "llama", "--export-hf", "{nowhere}", "--save", "{nowhere}"],
+            "overlaps --save",
+        ),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_rank(tmp_path, capsys, argv, words):
@@ -675,6 +682,74 @@ def test_a_transformers_model_a_layout_cannot_take_is_refused_before_any_rank(
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / name)
     argv = ["--init-from-hf", str(tmp_path / name), "--data", str(TEXT), "--seq-len", "16", *layout]
     assert words in _main_error(capsys, argv)
+
+
+def _damage_weights(folder: Path, how: str) -> None:
+    import safetensors.torch
+
+    weights = folder / "model.safetensors"
+    tensors = safetensors.torch.load_file(weights)
+    if how == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif how == "no weights":
+        weights.unlink()
+    elif how == "a pickle only":  # a pytorch_model.bin whose unpickling would run code
+        weights.unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"cos\nsystem\n(S'touch pwned'\ntR.")
+    elif how in ("a tensor missing", "a tensor of another shape"):
+        name = "model.norm.weight"
+        if how == "a tensor missing":
+            del tensors[name]
+        else:
+            tensors[name] = torch.zeros(tensors[name].numel() + 1)
+        safetensors.torch.save_file(tensors, weights, metadata={"format": "pt"})
+    elif how == "config not JSON":
+        (folder / "config.json").write_text("{not json")
+    elif how == "config of an encoder-decoder":
+        transformers = pytest.importorskip("transformers")
+        transformers.T5Config(d_model=32, num_layers=1, num_heads=4).save_pretrained(folder)
+    elif how == "config of a masked LM":
+        transformers = pytest.importorskip("transformers")
+        config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
+        config.save_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("truncated", "its weights cannot be loaded (SafetensorError"),
+        ("no weights", "no model.safetensors"),
+        ("a pickle only", "only pytorch_model.bin, a pickle: never loaded"),
+        ("a tensor missing", "its weights do not cover the model (missing ['model.norm.weight']"),
+        ("a tensor of another shape", "other shapes ['model.norm.weight']"),
+        ("config not JSON", "config.json is not usable (OSError"),
+        ("config of an encoder-decoder", "its t5 config builds no causal LM"),
+        ("config of a masked LM", "its bert config builds no causal LM"),
+    ],
+)
+def test_an_init_from_hf_folder_that_cannot_be_loaded_is_refused_before_any_rank(
+    tmp_path, capsys, monkeypatch, how, words
+):
+    """Every rank would load the folder with `from_pretrained`: the parent loads it first
+    (safetensors only), so a damaged folder is one line, exit 2, and no world starts."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    folder = tmp_path / "hf"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    _damage_weights(folder, how)
+    monkeypatch.setattr(minidist, "launch", lambda *a, **k: pytest.fail("a world started"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--init-from-hf", str(folder), "--data", str(TEXT), "--seq-len", "16"]
+    assert words in _main_error(capsys, argv)
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_built_in_models_on_ignored_labels_take_the_global_valid_token_mean(tmp_path):

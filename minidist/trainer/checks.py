@@ -122,6 +122,26 @@ def check_memory(args: argparse.Namespace, world: int) -> None:
             )
 
 
+def check_model_memory(model: torch.nn.Module, config: dict, world: int) -> None:
+    """The whole model (built on the meta device: its sizes, nothing allocated) in float32 on
+    every rank, against this machine's memory: the vocabulary and the MLP's width count too."""
+    n = sum(p.numel() for p in model.parameters())
+    ram = physical_memory()
+    if world * 4 * n > ram:
+        sizes = ", ".join(f"{k}={config[k]}" for k in ("vocab", "hidden", "ffn") if k in config)
+        given = (
+            f"--init-from-hf {config['path']}'s config.json"
+            if config["model"] == "hf"
+            else "--vocab, --hidden, --ffn or --data's largest token id"
+        )
+        raise ValueError(
+            f"the {config['model']} model ({sizes}; {given}) has {n:,} parameters: each "
+            f"rank builds it whole, {world} x "
+            f"{4 * n / 1e9:.3g} GB of float32 weights at least, more than this machine's "
+            f"{ram / 1e9:.3g} GB"
+        )
+
+
 def dims_of(args: argparse.Namespace) -> dict:
     return dict(
         dp_replicate=args.dp_replicate,
@@ -143,7 +163,7 @@ def check_run(args: argparse.Namespace) -> dict:
     from ..checkpoint_files import newest
     from ..compose.layout_check import check_course_layout, check_layout
     from .loop import layout_of, prepare, refuse_another_run
-    from .models import build_model, check_export, skeleton
+    from .models import build_model, check_export, check_hf_weights, hf_skeleton
 
     check(args)
     data, config, _ = prepare(args)
@@ -151,18 +171,23 @@ def check_run(args: argparse.Namespace) -> dict:
     ParallelDims(**dims_of(args)).check_model(
         config["heads"], config["layers"], data.seq_len, experts
     )
+    world = ParallelDims(**dims_of(args)).world_size
     if config["model"] == "hf":  # what parallelize cannot compose, from the bare structure
-        check_layout(skeleton(config), ParallelDims(**dims_of(args)), data.seq_len)
+        model = hf_skeleton(config)
+        check_model_memory(model, config, world)
+        check_layout(model, ParallelDims(**dims_of(args)), data.seq_len)
+        check_hf_weights(model, config["path"])
     if config["model"] in ("gpt", "llama", "moe"):  # the course's models, built on meta
         with torch.device("meta"):
             model = build_model(config, args.seed)
+        check_model_memory(model, config, world)
         check_course_layout(model, ParallelDims(**dims_of(args)))
     if config["model"] == "factory":
         check_layout(build_model(config, args.seed), ParallelDims(**dims_of(args)), data.seq_len)
     if args.moe_bias_update_speed:
         check_routers(config, args.seed)
     if args.export_hf:
-        check_export(config, args.export_hf)
+        check_export(config, args.export_hf, args.save)
     if args.save:
         check_kept(args)
     if args.log:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -90,8 +91,13 @@ def _hf_config(args, data) -> dict:
     path = Path(args.init_from_hf)
     if not (path / "config.json").is_file():
         raise ValueError(f"--init-from-hf {path}: no config.json (a save_pretrained folder)")
-    config = AutoConfig.from_pretrained(path)
-    vocab = config.vocab_size
+    try:  # trust_remote_code stays off: a config.json's auto_map is refused, never imported
+        config = AutoConfig.from_pretrained(path)
+        vocab = config.vocab_size
+    except Exception as e:  # not JSON, an unknown model_type, remote code, no vocab_size
+        raise ValueError(
+            f"--init-from-hf {path}: config.json is not usable ({_first(e)})"
+        ) from None
     if vocab <= data.max_id:
         raise ValueError(
             f"--init-from-hf {path}: its vocab_size={vocab} must exceed the "
@@ -173,7 +179,9 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
         from transformers.utils import logging
 
         logging.disable_progress_bar()  # the progress line is the trainer's
-        return AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(
+            cfg["path"], dtype=torch.float32, use_safetensors=True
+        )
     sizes = dict(
         vocab_size=cfg["vocab"],
         seq_len=cfg["seq_len"],
@@ -188,6 +196,71 @@ def build_model(cfg: dict, seed: int = 0) -> nn.Module:
     return GPT(GPTConfig(**sizes))
 
 
+def _first(e: BaseException) -> str:
+    """An exception's type and first line of text (transformers' run to pages)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def hf_skeleton(cfg: dict) -> nn.Module:
+    """`skeleton(cfg)`, or a ValueError naming --init-from-hf when transformers builds no
+    causal LM of its config (T5's, an encoder's) or finds none of its parts."""
+    from ..model_parts import find_parts
+
+    try:
+        model = skeleton(cfg)
+        find_parts(model)
+    except Exception as e:
+        raise ValueError(
+            f"--init-from-hf {cfg['path']}: its {cfg['model_type']} config builds no causal LM "
+            f"with a layer list and a head here ({_first(e)})"
+        ) from None
+    return model
+
+
+def check_hf_weights(model: nn.Module, path: str) -> None:
+    """--init-from-hf's weights, read in the parent as every rank will (`build_model`): the
+    safetensors files only (a `pytorch_model.bin` is a pickle: never loaded), every tensor
+    of the model present with its shape, the files whole."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    folder = Path(path)
+    if not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.glob("*.bin"))
+        raise ValueError(
+            f"--init-from-hf {path}: no model.safetensors"
+            + (
+                f" (only {pickles[0]}, a pickle: never loaded; save it as safetensors)"
+                if pickles
+                else ""
+            )
+        )
+    logging.disable_progress_bar()
+    try:
+        _, info = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=torch.float32,
+            use_safetensors=True,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported below, by name
+        )
+    except Exception as e:  # a truncated file, a tensor of another shape
+        raise ValueError(
+            f"--init-from-hf {path}: its weights cannot be loaded ({_first(e)})"
+        ) from None
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(
+        str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
+    )
+    if missing or mismatched:
+        raise ValueError(
+            f"--init-from-hf {path}: its weights do not cover the model (missing {missing[:3]}"
+            f"{', ...' if len(missing) > 3 else ''}, other shapes {mismatched[:3]}): they would "
+            "be initialised at random"
+        )
+
+
 def skeleton(cfg: dict) -> nn.Module:
     """The transformers model of `cfg` (an --init-from-hf folder) on the meta device: its
     structure and config, no weights read or allocated."""
@@ -197,8 +270,11 @@ def skeleton(cfg: dict) -> nn.Module:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg["path"]))
 
 
-def check_export(cfg: dict, out: str) -> None:
-    """ValueError when `--export-hf out` cannot be written for this model (before training)."""
+def check_export(cfg: dict, out: str, save: str | None = None) -> None:
+    """ValueError when `--export-hf out` cannot be written for this model (before training):
+    a folder that can be made, apart from the checkpoint folder `save`."""
+    from ..cli_checks import writable_folder
+
     if cfg["model"] in ("gpt", "moe"):
         raise ValueError(
             f"--export-hf: the built-in {cfg['model']} has no Hugging Face class "
@@ -209,6 +285,15 @@ def check_export(cfg: dict, out: str) -> None:
         raise ValueError(
             f"--export-hf {out}: exists and is not an empty folder (never overwritten)"
         )
+    if why := writable_folder(path):
+        raise ValueError(f"--export-hf {out}: {why}")
+    if save is not None:
+        a, b = path.resolve(), Path(save).resolve()
+        if a == b or b in a.parents or a in b.parents:
+            raise ValueError(
+                f"--export-hf {out}: overlaps --save {save} (the checkpoint's folder): "
+                "export into another folder"
+            )
 
 
 def hf_model(cfg: dict) -> nn.Module:
@@ -258,10 +343,18 @@ def export_hf(state: dict[str, torch.Tensor], cfg: dict, out: str) -> Path:
             f"{sorted(unexpected)[:4]}"
         )
     path = Path(out)
-    unfinished = path.with_name(f".{path.name}.unfinished")
-    shutil.rmtree(unfinished, ignore_errors=True)
-    model.save_pretrained(unfinished)
-    if path.exists():
-        path.rmdir()  # empty (check_export)
-    os.replace(unfinished, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a staging folder of this export's own (never a name another run or the user holds)
+    unfinished = Path(
+        tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".unfinished", dir=path.parent)
+    )
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(unfinished, 0o777 & ~umask)  # mkdtemp's is 0700: the folder as mkdir makes it
+    try:
+        model.save_pretrained(unfinished)
+        os.replace(unfinished, path)  # onto a missing or empty folder only (check_export)
+    except OSError as e:
+        shutil.rmtree(unfinished, ignore_errors=True)
+        raise ValueError(f"--export-hf {out}: not written ({e})") from e
     return path
