@@ -752,6 +752,21 @@ def test_an_init_from_hf_folder_that_cannot_be_loaded_is_refused_before_any_rank
     assert not (tmp_path / "pwned").exists()
 
 
+def test_export_hf_never_touches_a_folder_it_did_not_create(tmp_path):
+    """The export is staged in a folder of its own: a user's `.out.unfinished` (the name an
+    earlier version staged in, and removed first) is left as it was."""
+    from minidist.trainer.models import export_hf
+
+    _, cfg, _ = prepare(parse(["--model", "llama"]))
+    mine = tmp_path / ".out.unfinished"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    export_hf(build_model(cfg).state_dict(), cfg, str(tmp_path / "out"))
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.unfinished", "out"]
+
+
 def test_built_in_models_on_ignored_labels_take_the_global_valid_token_mean(tmp_path):
     """An .npz whose labels are -100 at uneven places in each row: the built-in models'
     loss is the mean over the global batch's valid targets, not each micro-batch's mean
