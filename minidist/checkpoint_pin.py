@@ -25,6 +25,7 @@ A save tells every rank the same error (`raise_everywhere`), never one rank alon
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -116,11 +117,52 @@ def _open_in(dfd: int, path: Path, name: str) -> int:
     """`name` inside the directory `dfd`, a regular file (never waiting on a FIFO)."""
     if not name or "/" in name or name in (".", ".."):
         raise CheckpointError(f"{path}: {CHECKSUMS} lists {name!r}, which is no file name")
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=dfd)
+    try:  # O_NOFOLLOW: a link inside the checkpoint (to /etc/passwd, to another run's file)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=dfd)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise CheckpointError(
+            f"{path / name} is not a regular file (a symbolic link: a checkpoint's files are "
+            "its own, never read through a link)"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CheckpointError(f"{path / name} is not a regular file")
     return fd
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _malformed(record) -> str | None:
+    """What in a checksums record is not as `write_checksums` writes it (every reader then
+    indexes it freely), or None: files {name: {bytes, sha256?}}, entries [{file, start,
+    length, sha256}], tensors {name: sha256}."""
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        return "no files {name: {bytes, sha256}}"
+    for name, rec in record["files"].items():
+        if not (isinstance(rec, dict) and _count(rec.get("bytes"))) or not isinstance(
+            rec.get("sha256", ""), str
+        ):
+            return f"files[{name!r}] = {rec!r} is not {{bytes: int >= 0, sha256: str}}"
+    entries = record.get("entries", [])
+    if not isinstance(entries, list):
+        return "entries is not a list"
+    for e in entries:
+        if not (
+            isinstance(e, dict)
+            and isinstance(e.get("file"), str)
+            and _count(e.get("start"))
+            and _count(e.get("length"))
+            and isinstance(e.get("sha256"), str)
+        ):
+            return f"entry {e!r} is not {{file, start, length, sha256}}"
+    tensors = record.get("tensors", {})
+    if not isinstance(tensors, dict) or not all(isinstance(v, str) for v in tensors.values()):
+        return "tensors is not {name: sha256}"
+    return None
 
 
 def _pin_dir(path: Path, dfd: int) -> Pinned | None:
@@ -135,6 +177,8 @@ def _pin_dir(path: Path, dfd: int) -> Pinned | None:
             names = list(record["files"])
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{path / CHECKSUMS} cannot be read as JSON ({e})") from e
+        if why := _malformed(record):
+            raise CheckpointError(f"{path / CHECKSUMS} is not a checksums record: {why}")
         for name in names:
             fds[name] = _open_in(dfd, path, name)
     except FileNotFoundError as e:

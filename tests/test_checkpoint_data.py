@@ -408,11 +408,45 @@ def test_an_embedding_rank_file_with_a_payload_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("how", ["longer", "fifo", "a path as a name"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "longer",
+        "fifo",
+        "a path as a name",
+        "a link outside",
+        "sizes not numbers",
+        "an entry without its range",
+        "entries not a list",
+        "no entries",
+    ],
+)
 def test_files_that_are_not_what_the_checksums_list_are_refused(saved, tmp_path, how):
     crafted = _copy(saved, tmp_path)
     shard = sorted(crafted.glob("*.distcp"))[0]
-    if how == "longer":  # every chunk intact, bytes appended
+    record = read_json(crafted / CHECKSUMS)
+    if how == "a link outside":  # resealed to the outside file: a checksum cannot tell
+        outside = tmp_path / "passwd"
+        outside.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+        shard.unlink()
+        shard.symlink_to(outside)
+        record["files"][shard.name] = file_record(outside)
+        write_json(crafted / CHECKSUMS, record)
+        want = f"{shard.name} is not a regular file (a symbolic link"
+    elif how in ("sizes not numbers", "an entry without its range", "entries not a list"):
+        if how == "sizes not numbers":
+            record["files"][shard.name]["bytes"] = str(record["files"][shard.name]["bytes"])
+        elif how == "an entry without its range":
+            del record["entries"][0]["start"]
+        else:
+            record["entries"] = {"0": record["entries"][0]}
+        write_json(crafted / CHECKSUMS, record)
+        want = f"{CHECKSUMS} is not a checksums record"
+    elif how == "no entries":  # nothing vouches for any stored tensor
+        del record["entries"]
+        write_json(crafted / CHECKSUMS, record)
+        want = "is stored in bytes no checksum covers"
+    elif how == "longer":  # every chunk intact, bytes appended
         shard.write_bytes(shard.read_bytes() + b"\0" * 8)
         want = f"{shard.name} is longer"
     elif how == "fifo":  # a symlink to a FIFO: refused, never waited on
@@ -421,7 +455,6 @@ def test_files_that_are_not_what_the_checksums_list_are_refused(saved, tmp_path,
         shard.symlink_to(tmp_path / "fifo")
         want = f"{shard.name} is not a regular file"
     else:
-        record = read_json(crafted / CHECKSUMS)
         record["files"]["../elsewhere"] = {"bytes": 0}
         write_json(crafted / CHECKSUMS, record)
         want = "lists '../elsewhere', which is no file name"

@@ -196,11 +196,11 @@ def verify(pinned: Pinned) -> Metadata:
     for name, rec in record["files"].items():
         if name != ".metadata":
             pinned.check(name, rec)
-    for e in record["entries"]:
+    for e in record.get("entries", []):
         if pinned.sha256(e["file"], e["start"], e["length"]) != e["sha256"]:
             raise CheckpointError(
-                f"{path / e['file']}: tensor {e['entry']} differs from the checksum recorded "
-                f"at save (bytes {e['start']}..{e['start'] + e['length']})"
+                f"{path / e['file']}: tensor {e.get('entry', e['file'])} differs from the "
+                f"checksum recorded at save (bytes {e['start']}..{e['start'] + e['length']})"
             )
     cover(meta, record, path)
     return meta
@@ -213,7 +213,7 @@ def _refuse(path: Path, fqn: str, why: str) -> CheckpointError:
 def cover(meta: Metadata, record: dict, path: Path) -> None:
     """Raise unless the metadata describes exactly what the verified files hold (see the
     module): checked before a load allocates anything from it."""
-    checked = {(e["file"], e["start"], e["length"]) for e in record["entries"]}
+    checked = {(e["file"], e["start"], e["length"]) for e in record.get("entries", [])}
     for index, info in meta.storage_data.items():
         size = record["files"].get(info.relative_path, {}).get("bytes")
         if size is None or not 0 <= info.offset <= info.offset + info.length <= size:

@@ -204,7 +204,7 @@ def _sha(blob: bytes) -> str:
 
 
 def _checksums(sums: dict) -> dict[tuple[str, int], str]:
-    return {(e["file"], e["start"]): e["sha256"] for e in sums["entries"]}
+    return {(e["file"], e["start"]): e["sha256"] for e in sums.get("entries", [])}
 
 
 def _payloads(meta) -> dict[tuple[str, int], int]:
