@@ -27,7 +27,7 @@ from minidist.trainer.cli import _planned, check_run, dims_of, parse
 from minidist.trainer.data import load_data
 from minidist.trainer.loop import prepare, reference, train_rank
 from minidist.trainer.models import build_model
-from minidist.trainer.options import config_path, resolved_toml
+from minidist.trainer.options import SAVED_BY, config_path, resolved_toml
 from minidist.training import max_abs_diff
 
 TEXT = Path(argparse.__file__)  # real text this machine has: a standard-library module
@@ -609,9 +609,34 @@ def test_the_resolved_config_is_saved_beside_the_checkpoint_and_printed(tmp_path
     ck = tmp_path / "ck"
     assert main(["train", "--model", "llama", "--steps", "1", "--save", str(ck)]) == 0
     saved = config_path(str(ck)).read_text()
-    assert 'model = "llama"' in saved and saved in capsys.readouterr().err
+    assert saved.startswith(SAVED_BY + "\n") and 'model = "llama"' in saved
+    assert saved.split("\n", 1)[1] in capsys.readouterr().err
     record = json.loads(json.dumps(vars(parse(["--config", str(config_path(str(ck)))]))))
     assert record["save"] == str(ck) and record["steps"] == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "link", "saved by an older minidist"])
+def test_a_users_file_where_the_config_is_saved_is_refused_and_kept(tmp_path, capsys, kind):
+    """`--save DIR` writes DIR.config.toml: a file there that train did not write is the
+    user's (never overwritten: one line, exit 2, before any rank); one train wrote is
+    replaced at the next save, whole (a temporary file, then a rename)."""
+    path = config_path(str(tmp_path / "ck"))
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep me")
+    if kind == "file":
+        path.write_text("my notes\n")
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "link":
+        path.symlink_to(mine)
+    else:
+        path.write_text('model = "llama"\n')
+    before = path.read_text() if path.is_file() else None
+    argv = ["--model", "llama", "--steps", "1", "--save", str(tmp_path / "ck")]
+    assert "was not written by train: never overwritten" in _main_error(capsys, argv)
+    assert (path.read_text() if path.is_file() else None) == before
+    assert mine.read_text() == "keep me" and not (tmp_path / "ck").exists()
 
 
 def test_plot_run_draws_a_log_and_refuses_what_is_not_one(tmp_path, capsys):

@@ -15,6 +15,7 @@ import torch
 
 from ..cli_checks import writable_file, writable_folder
 from ..compose.dims import ParallelDims
+from .options import check_config_path
 
 PATHS = ("config", "data", "tokenizer", "save", "resume", "log", "init_from_hf", "export_hf")
 MAX_SEED = 2**63  # TOML's integers (the resolved configuration) and torch's seeds: int64
@@ -190,6 +191,7 @@ def check_run(args: argparse.Namespace) -> dict:
         check_export(config, args.export_hf, args.save)
     if args.save:
         check_kept(args)
+        check_config_path(args.save)
     if args.log:
         check_log(Path(args.log))
     if args.resume and Path(args.resume).exists() and not Path(args.resume).is_dir():

@@ -249,9 +249,7 @@ def run_train(args: argparse.Namespace) -> int:
     if not minidist.under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
         print(resolved, end="", file=sys.stderr)
         if args.save:
-            path = options.config_path(args.save)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(resolved)
+            options.save_config(args.save, resolved)
     dims = dims_of(args)
     world = ParallelDims(**dims).world_size
     results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)

@@ -15,6 +15,8 @@ start and saved beside the checkpoint): given back with `--config`, it repeats t
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 
 from ..cli_checks import positive_int
@@ -170,3 +172,41 @@ def resolved_toml(args: argparse.Namespace) -> str:
 def config_path(save: str) -> Path:
     """Where the resolved configuration is saved beside checkpoint `save`."""
     return Path(save).with_name(Path(save).name + ".config.toml")
+
+
+# The first line of a configuration `train` saved: what it may replace at a later save.
+SAVED_BY = "# the resolved options of python -m minidist train (--config of it repeats the run)"
+
+
+def check_config_path(save: str) -> None:
+    """ValueError where `config_path(save)` is a user's file or folder, not a configuration
+    `train` saved (never overwritten)."""
+    path = config_path(save)
+    if not path.exists() and not path.is_symlink():
+        return
+    first = b""
+    if path.is_file() and not path.is_symlink():
+        with open(path, "rb") as f:
+            first = f.readline(len(SAVED_BY) + 2)
+    if first.rstrip(b"\r\n") != SAVED_BY.encode():
+        raise ValueError(
+            f"--save {save}: {path} is in the way (the run's configuration is saved there) "
+            "and was not written by train: never overwritten; save into another folder"
+        )
+
+
+def save_config(save: str, resolved: str) -> None:
+    """The resolved configuration beside checkpoint `save`, written whole or not at all."""
+    path = config_path(save)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's is 0600: the file as open() makes it
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{SAVED_BY}\n{resolved}")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
