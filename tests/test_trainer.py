@@ -494,6 +494,8 @@ def _main_error(capsys, argv: list[str]) -> str:
         (["--dp-shard", "2", "--micro-batch", "3"], "must divide by --dp-replicate·--dp-shard"),
         (["--timeout", "0"], "--timeout=0.0 must be a finite number of seconds > 0"),
         (["--timeout", "inf"], "--timeout=inf must be a finite number of seconds > 0"),
+        (["--idle-timeout", "0"], "--idle-timeout=0.0 must be a finite number of seconds > 0"),
+        (["--idle-timeout", "nan"], "--idle-timeout=nan must be a finite number of seconds"),
         (["--peak-flops", "nan"], "--peak-flops=nan must be a finite number > 0"),
         (["--peak-flops", "-1"], "--peak-flops=-1.0 must be a finite number > 0"),
         (["--layers", "100000"], "--layers=100000 must be at most 1024"),
@@ -614,6 +616,49 @@ def test_the_resolved_config_is_saved_beside_the_checkpoint_and_printed(tmp_path
     record = json.loads(json.dumps(vars(parse(["--config", str(config_path(str(ck)))]))))
     assert record["save"] == str(ck) and record["steps"] == 1
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary
+
+
+def _hangs_or_fails(how):
+    def rank(args, dims, *callbacks):
+        import time
+
+        import torch.distributed as dist
+
+        from minidist import comm
+
+        if dist.get_rank() == 1 and how == "fails":
+            raise ValueError("a batch this rank cannot take")
+        if dist.get_rank() == 1:
+            time.sleep(600)  # never joins rank 0's all-reduce
+        comm.all_reduce(torch.zeros(1), tag="never-joined")
+        return {}
+
+    return rank
+
+
+@pytest.mark.parametrize("how", ["hangs", "fails"])
+def test_a_world_that_hangs_or_loses_a_rank_ends_train_with_its_story_not_a_traceback(
+    monkeypatch, capsys, how
+):
+    """The CLI prints the world's account (the rank that failed first, with its own
+    traceback; or where each rank waited once all sat idle `--idle-timeout` seconds), exit
+    1. Before, a hang waited out --timeout (900 s), and either ended in the parent's frames
+    inside launch, the progress line unterminated before them."""
+    import minidist.trainer.loop as loop
+    from minidist.__main__ import main
+
+    monkeypatch.setattr(loop, "train_rank", _hangs_or_fails(how))
+    argv = ["train", "--model", "llama", "--dp-shard", "2", "--steps", "1"]
+    assert main([*argv, "--idle-timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    story = err[err.index("\npython -m minidist train: ") :]
+    assert "minidist/runtime/parent.py" not in err and "Traceback" not in err[: err.index(story)]
+    if how == "hangs":
+        assert "WorldTimeoutError: ranks [0, 1] all sat idle (no CPU used) for idle_s=2" in story
+        assert "rank 0: inside all_reduce (tag 'never-joined')" in story
+    else:
+        assert "RankFailedError: rank 1 failed" in story
+        assert "ValueError: a batch this rank cannot take" in story
 
 
 @pytest.mark.parametrize("kind", ["file", "folder", "link", "saved by an older minidist"])

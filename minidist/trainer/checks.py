@@ -49,8 +49,11 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--moe-bias-update-speed={speed} must be a finite number >= 0")
     if args.micro_batch < 1:
         raise ValueError(f"--micro-batch={args.micro_batch} must be >= 1")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout={args.timeout} must be a finite number of seconds > 0")
+    for name in ("timeout", "idle_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag}={value} must be a finite number of seconds > 0")
     if args.peak_flops is not None and not (math.isfinite(args.peak_flops) and args.peak_flops > 0):
         raise ValueError(f"--peak-flops={args.peak_flops} must be a finite number > 0")
     world = ParallelDims(**dims_of(args)).world_size  # bad sizes refused here too

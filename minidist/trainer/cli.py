@@ -35,6 +35,9 @@
   the MoE's all-to-all follows its routing: `planned_bytes_ep_bound=`, what no routing
   exceeds), `read_bytes_max=` and `shard_bytes_max=` on a resume, and with `--compare`
   the one-process run's differences (`loss_max_abs_diff`, `params_max_abs_diff`).
+- A rank that fails ends the run: the rank that failed first, and its traceback, in a
+  message on stderr, exit status 1. So does a hang: every rank idle (waiting in collectives)
+  for `--idle-timeout` seconds (default 300), with where each rank waited.
 - A dead rank for lesson 18's demonstration: `--die-at S --die-rank R [--die-once MARKER]`,
   rank R SIGKILLs itself after step S's save (once: not again when MARKER exists); the loop
   knows nothing of it (`kill_rank_after`, a callback).
@@ -100,6 +103,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=positive_int, help="default 4 (lesson 17's)")
     p.add_argument("--compare", action="store_true", help="also train in one process")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds every rank may sit idle (waiting in collectives) before the run is "
+        "stopped as hung, naming where each waits (a local world; under torchrun --timeout "
+        "bounds each collective)",
+    )
     p.add_argument("--save", help="checkpoint directory to write")
     p.add_argument("--save-every", type=int, default=0, help="steps between saves")
     p.add_argument("--async-save", action="store_true", help="write saves in the background")
@@ -252,7 +263,15 @@ def run_train(args: argparse.Namespace) -> int:
             options.save_config(args.save, resolved)
     dims = dims_of(args)
     world = ParallelDims(**dims).world_size
-    results = minidist.launch(command_rank, world, args, dims, timeout_s=args.timeout)
+    try:
+        results = minidist.launch(
+            command_rank, world, args, dims, timeout_s=args.timeout, idle_s=args.idle_timeout
+        )
+    except (minidist.RankFailedError, minidist.WorldTimeoutError) as e:
+        # the world's account (the rank that failed first and its traceback, or where each
+        # rank waited), not the parent's frames inside launch; after the progress line
+        print(f"\npython -m minidist train: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     torchrun = minidist.under_torchrun()
     if torchrun and dist.is_initialized():
         # every rank leaves the world together before it exits, as torchrun advises: a
