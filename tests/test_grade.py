@@ -644,3 +644,124 @@ def test_checker_time_limits_stretched(tmp_path, capsys, monkeypatch):
     assert _json(capsys)[0]["message"] == "PASSED: in time"
     assert main(["grade", str(nb), "--json", "--slack", "1"]) == grade.EXIT_FAILED
     assert "still running after 1 s" in _json(capsys)[0]["message"]
+
+
+def test_csv_formulas_are_neutralised_in_every_form():
+    """A formula behind a blank, a control or invisible character, or written in a form that
+    Unicode folds into `=` `+` `-` `@` (full-width, small), and a DDE `|`, gets its `'` too."""
+    from minidist.course.grade_class import spreadsheet_safe
+
+    for text in (" =1+1", " \t=1", "\n=1", "\x00=1", "\u200b=1", "\u3000=1", "\u202e=1"):
+        assert spreadsheet_safe(text) == "'" + text, repr(text)
+    for text in ("＝1+1", "﹦1", "＋1", "－1", "＠SUM(A1)", "|cmd", "｜cmd"):
+        assert spreadsheet_safe(text) == "'" + text, repr(text)
+    for text in ("café", "PASSED: ＝ fine inside", "%d", "1 = 1"):
+        assert spreadsheet_safe(text) == text
+
+
+def test_the_table_prints_no_character_that_moves_the_cursor_or_splits_a_row():
+    """A notebook name, an exercise heading or a message holding an escape sequence (which
+    would erase a row and print a forged PASS over it), a carriage return, a newline or a
+    bidi override is printed escaped, in the rows and in the totals."""
+    from minidist.course.grade_class import totals
+
+    forged = "\x1b[1A\x1b[2Kalice/lab.ipynb  Exercise 1  PASS"
+    rows = [
+        grade.Result("/x/e\x1b[2K.ipynb", "Ex\u202e 1", "FAIL", "gave 2" + forged, 0.1, "bob"),
+        grade.Result("/x/a\nb\r.ipynb", "Ex\r2", "FAIL", "m", 0.1, ""),
+    ]
+    text = grade.format_table(rows) + "\n" + totals(rows)
+    assert not any(c in text for c in "\x1b\r\u202e"), repr(text)
+    assert len(grade.format_table(rows).splitlines()) == 4  # header, 2 rows, summary
+    assert "bob/e\\x1b[2K.ipynb" in text and "Ex\\u202e 1" in text and "/x/a\\nb\\r.ipynb" in text
+
+
+def test_outputs_never_replace_a_file_of_the_users(tmp_path, capsys, monkeypatch):
+    """--csv and --feedback replace only what an earlier `grade` wrote (a CSV with its
+    header, an executed copy it marked): a file of the user's at the CSV's name or at a copy's
+    place (a released notebook, through a symlink too), a file where a copy needs a folder,
+    the CSV at a copy's place: one line, status 2, before any notebook runs; a second run
+    into the same places replaces the first's files."""
+    klass = tmp_path / "class"
+    for who in ("alice", "bob"):
+        (klass / who).mkdir(parents=True)
+        _notebook(klass / who / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    released = tmp_path / "released"
+    released.mkdir()
+    _notebook(released / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    home = tmp_path / "home"
+    (home / "alice").mkdir(parents=True)
+    (home / "notes.csv").write_text("mine\n")
+    (home / "alice" / "lab.ipynb").write_text("mine")
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "alice").write_text("mine")
+    (tmp_path / "notes-link.csv").symlink_to(home / "notes.csv")
+    graded = []
+
+    def fake_grade_one(path, *args):
+        graded.append(path)
+        return [grade.Result(str(path), "x", "FAIL", "no", 0.0)], nbformat.read(path, 4)
+
+    monkeypatch.setattr(grade, "grade_one", fake_grade_one)
+    mine = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    c, r = ["--class", str(klass)], ["--released", str(released)]
+    refused = {
+        (*c, "--csv", str(home / "notes.csv")): "exists and is no table an earlier grade wrote",
+        (*c, "--csv", str(tmp_path / "notes-link.csv")): "exists and is no table",
+        (*c, *r, "--csv", str(released / "lab.ipynb")): "exists and is no table",
+        (*c, "--feedback", str(home)): "exists and is no executed copy an earlier grade wrote",
+        ("--all", str(klass / "alice"), *r, "--feedback", str(released)): "is no executed copy",
+        (*c, "--feedback", str(tmp_path / "files")): "is a file where the executed copy",
+        (
+            *c,
+            "--feedback",
+            str(tmp_path / "fb"),
+            "--csv",
+            str(tmp_path / "fb" / "bob" / "lab.ipynb"),
+        ): ("is where --feedback writes the executed copy"),
+    }
+    (tmp_path / "fb" / "bob").mkdir(parents=True)
+    for args, said in refused.items():
+        assert main(["grade", *args]) == grade.EXIT_USAGE, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minidist grade: error: "), (args, err)
+        assert said in err[0], (args, err)
+    assert graded == []
+    assert {p: p.read_bytes() for p in mine} == mine
+    argv = ["grade", *c, "--feedback", str(tmp_path / "fb"), "--csv", str(tmp_path / "g.csv")]
+    assert main(argv) == grade.EXIT_FAILED
+    assert main(argv) == grade.EXIT_FAILED  # its own files, replaced
+    assert len(graded) == 4
+    copy = nbformat.read(tmp_path / "fb" / "alice" / "lab.ipynb", 4)
+    assert copy.metadata[grade.FEEDBACK_KEY] is True
+
+
+def test_a_submission_linked_outside_its_folder_is_not_graded(tmp_path, capsys, monkeypatch):
+    """A learner's notebook that is a symlink to a file outside their folder (the
+    instructor's solutions, another student's answer) is an ERROR row, not graded as theirs;
+    a link inside the folder, and a notebook named on the command line, are graded."""
+    solutions = _notebook(tmp_path / "solution.ipynb", CHECKER, ("code", "check_add(max)"))
+    klass = tmp_path / "class"
+    for who in ("alice", "bob", "carol"):
+        (klass / who).mkdir(parents=True)
+    _notebook(klass / "alice" / "lab.ipynb", CHECKER, ("code", "check_add(max)"))
+    (klass / "bob" / "lab.ipynb").symlink_to(solutions)
+    (klass / "carol" / "lab.ipynb").symlink_to(klass / "alice" / "lab.ipynb")
+    (klass / "carol" / "mine.ipynb").symlink_to("lab.ipynb")  # resolves outside: alice's
+    (klass / "alice" / "again.ipynb").symlink_to("lab.ipynb")  # inside alice's folder
+    graded = []
+
+    def fake_grade_one(path, *args):
+        graded.append(path)
+        return [grade.Result(str(path), "x", "PASS", "PASSED", 0.0, args[-1])], None
+
+    monkeypatch.setattr(grade, "grade_one", fake_grade_one)
+    assert main(["grade", "--class", str(klass), "--json"]) == grade.EXIT_FAILED
+    rows = {(r["student"], Path(r["notebook"]).name): r for r in _json(capsys)}
+    assert sorted(graded) == [klass / "alice" / "again.ipynb", klass / "alice" / "lab.ipynb"]
+    for key in (("bob", "lab.ipynb"), ("carol", "lab.ipynb"), ("carol", "mine.ipynb")):
+        assert rows[key]["status"] == "ERROR", rows[key]
+        assert "only the submission's own files are graded" in rows[key]["message"]
+    assert main(["grade", "--all", str(klass / "bob"), "--json"]) == grade.EXIT_FAILED
+    assert _json(capsys)[0]["status"] == "ERROR"
+    assert main(["grade", str(klass / "bob" / "lab.ipynb"), "--json"]) == grade.EXIT_PASSED

@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import grade_sandbox
-from .grade_class import grade_all, shown, students, totals, write_csv
+from .grade_class import CSV_COLUMNS, grade_all, shown, students, totals, visible, write_csv
 from .grade_match import CHECK_CALL, EXERCISE_HEADING, find_exercises
 from .grade_run import Result, grade_one, unreadable
 
@@ -72,7 +72,8 @@ def format_table(results: list[Result]) -> str:
     for r in results:
         where = f"{shown(r.student)}/{Path(r.notebook).name}" if r.student else r.notebook
         message = " ⏎ ".join(line.strip() for line in r.message.strip().splitlines())
-        rows.append((where, r.exercise, r.status, f"{r.seconds:.1f} s", message))
+        fields = (where, r.exercise, r.status, f"{r.seconds:.1f} s", message)
+        rows.append(tuple(map(visible, fields)))  # no field can move the cursor or split a row
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4] for row in rows]
     failed = sum(r.status == "FAIL" for r in results)
@@ -135,12 +136,59 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+def _found_in(args, student: str, path: Path) -> Path | None:
+    """The folder a notebook was found in by `--class` (its student's) or `--all`, whose
+    files alone are the submission: None for a notebook named on the command line."""
+    if student:
+        return Path(args.class_dir) / student
+    if args.all is not None and path.parent == Path(args.all):
+        return Path(args.all)
+    return None
+
+
+FEEDBACK_KEY = "minidist_grade_feedback"  # in an executed copy's metadata: ours to replace
+
+
+def _feedback_target(feedback: Path, student: str, path: Path) -> Path:
+    return (feedback / student if student else feedback) / path.name
+
+
+def _write_feedback(executed, target: Path) -> None:
+    """The executed copy, marked as the grader's (a later run may replace it, and only it);
+    a copy that cannot be written is a warning, never the end of the class."""
+    import nbformat
+
+    executed.metadata[FEEDBACK_KEY] = True
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(executed, target)
+    except OSError as exc:
+        print(
+            f"warning: could not write the executed copy {visible(str(target))} ({exc})",
+            file=sys.stderr,
+        )
+
+
+def _ours(path: Path, kind: str) -> bool:
+    """Whether an existing file is one an earlier `grade` wrote (an executed copy carrying
+    FEEDBACK_KEY, a CSV starting with its header), so that replacing it loses nothing."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            if kind == "csv":
+                return f.readline().rstrip("\r\n") == ",".join(CSV_COLUMNS)
+            return json.load(f).get("metadata", {}).get(FEEDBACK_KEY) is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
     """--feedback and --csv are written only where they overwrite nothing that is graded
-    (a submission is never replaced by its executed copy) and only where they can be
-    written, checked before the first notebook runs: a class graded for an hour must not
-    end in a lost table."""
+    (a submission is never replaced by its executed copy) and nothing of the user's (an
+    existing file is replaced only when an earlier `grade` wrote it: an executed copy it
+    marked, a CSV with its header), and only where they can be written, checked before the
+    first notebook runs: a class graded for an hour must not end in a lost table."""
     sources = {p.resolve() for _, p in jobs if p.is_file()}
+    targets: dict[Path, Path] = {}
     if args.feedback is not None:
         feedback = Path(args.feedback).resolve()
         if feedback.exists() and not feedback.is_dir():
@@ -155,10 +203,8 @@ def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
                     "the executed copies would overwrite or mix with the submissions: "
                     "give a folder outside it"
                 )
-        targets: dict[Path, Path] = {}
         for student, path in jobs:
-            target = (feedback / student if student else feedback) / path.name
-            target = target.resolve()
+            target = _feedback_target(feedback, student, path).resolve()
             if target in sources:
                 raise UsageError(
                     f"--feedback {args.feedback}: would overwrite the graded notebook "
@@ -169,6 +215,18 @@ def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
                     f"--feedback {args.feedback}: {targets[target]} and {path} would both be "
                     f"written to {target}; grade them with separate --feedback folders"
                 )
+            blocked = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+            if blocked is not None:
+                raise UsageError(
+                    f"--feedback {args.feedback}: {blocked} is a file where the executed "
+                    f"copy of {path} needs a folder; give another folder"
+                )
+            if path.is_file() and (target.is_dir() or target.exists() and not _ours(target, "")):
+                raise UsageError(
+                    f"--feedback {args.feedback}: {target} exists and is no executed copy "
+                    f"an earlier grade wrote; the copy of {path} would replace it: move it "
+                    "away or give another folder"
+                )
             targets[target] = path
         _writable("--feedback", args.feedback, feedback)
     if args.csv is not None:
@@ -177,8 +235,18 @@ def _check_outputs(args, jobs: list[tuple[str, Path]]) -> None:
             raise UsageError(f"--csv {args.csv}: is a folder; give a file name")
         if table in sources:
             raise UsageError(f"--csv {args.csv}: is a notebook being graded")
+        if table in targets:
+            raise UsageError(
+                f"--csv {args.csv}: is where --feedback writes the executed copy of "
+                f"{targets[table]}; give another file name"
+            )
         if not table.parent.is_dir():
             raise UsageError(f"--csv {args.csv}: the folder {table.parent} does not exist")
+        if table.exists() and not _ours(table, "csv"):
+            raise UsageError(
+                f"--csv {args.csv}: exists and is no table an earlier grade wrote (its first "
+                f"line is not {','.join(CSV_COLUMNS)}); move it away or give another name"
+            )
         _writable("--csv", args.csv, table if table.exists() else table.parent)
 
 
@@ -194,16 +262,23 @@ def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path
     `failed` and gets an ERROR row."""
 
     def grade(student: str, path: Path) -> list[Result]:
-        if path.is_dir():  # a student with no notebooks
+        if path.is_dir() and path.suffix != ".ipynb":  # a student with no notebooks
             why = f"no .ipynb notebooks in {path}"
             return [Result("", "(no notebooks)", "ERROR", why, 0.0, student)]
+        folder = _found_in(args, student, path)
+        if folder is not None and not _within(path.resolve(), folder.resolve()):
+            why = (
+                f"it is a link to {path.resolve()}, outside {folder}: only the submission's "
+                "own files are graded"
+            )
+            return unreadable(path, [], why, student)
         try:
             rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
         except Exception as exc:  # one notebook never stops the class: ERROR rows, go on
             failed.append(path)
             print(
-                f"minidist grade: internal error grading {path} (a bug in the grader; "
-                "grading goes on):",
+                f"minidist grade: internal error grading {visible(str(path))} (a bug in the "
+                "grader; grading goes on):",
                 file=sys.stderr,
             )
             traceback.print_exc()
@@ -211,15 +286,11 @@ def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path
             return unreadable(path, [], why, student)
         if not rows:
             print(
-                f"warning: {path} holds no exercises (no check cell): nothing graded",
+                f"warning: {visible(str(path))} holds no exercises (no check cell): nothing graded",
                 file=sys.stderr,
             )
         if executed is not None and args.feedback is not None:
-            import nbformat
-
-            where = Path(args.feedback) / student if student else Path(args.feedback)
-            where.mkdir(parents=True, exist_ok=True)
-            nbformat.write(executed, where / path.name)
+            _write_feedback(executed, _feedback_target(Path(args.feedback), student, path))
         return rows
 
     return grade

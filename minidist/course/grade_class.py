@@ -36,8 +36,8 @@ def grade_all(
 
     def one(job: tuple[str, Path]) -> list[Result]:
         student, path = job
-        who = f"{student}: " if student else ""
-        print(f"grading {who}{path} ...", file=sys.stderr, flush=True)
+        who = f"{shown(student)}: " if student else ""
+        print(f"grading {who}{visible(str(path))} ...", file=sys.stderr, flush=True)
         return grade(student, path)
 
     if workers <= 1:
@@ -57,14 +57,24 @@ def write_csv(results: list[Result], path: Path) -> None:
             out.writerow((*map(spreadsheet_safe, texts), f"{r.seconds:.2f}"))
 
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_START = ("=", "+", "-", "@", "|")
 
 
 def spreadsheet_safe(text: str) -> str:
-    """OWASP's rule against CSV injection: a field that starts with `=`, `+`, `-`, `@`, a tab
-    or a carriage return gets a leading `'`, so a spreadsheet shows it as text instead of
-    running it as a formula (a learner's message `=HYPERLINK(...)` or `=cmd|...`)."""
-    return f"'{text}" if text.startswith(FORMULA_START) else text
+    """OWASP's rule against CSV injection, made to hold for every way of writing it: a field
+    gets a leading `'`, so a spreadsheet shows it as text instead of running it as a formula
+    (a learner's message `=HYPERLINK(...)` or `=cmd|...`), when it starts with a blank, a
+    control or an invisible character (a tab, a carriage return, a space or a zero-width
+    space, which some spreadsheets skip before a formula), or when it starts with `=`,
+    `+`, `-`, `@` or `|` in any form that Unicode's compatibility normalisation (NFKC)
+    folds into one (a full-width `＝`, a small `﹦`)."""
+    if not text:
+        return text
+    first = text[0]
+    hidden = first.isspace() or unicodedata.category(first) in ("Cc", "Cf", "Zl", "Zp", "Zs")
+    if hidden or unicodedata.normalize("NFKC", first).startswith(FORMULA_START):
+        return f"'{text}"
+    return text
 
 
 def shown(name: str) -> str:
@@ -75,6 +85,16 @@ def shown(name: str) -> str:
     return name if plain else ascii(name)
 
 
+def visible(text: str) -> str:
+    """`text` for a line of the terminal: each character that is not printable (an escape
+    sequence's ESC that would move the cursor over another row, a carriage return, a bidi
+    override that would reorder the line, a newline) written as its escape (`\\x1b`), every
+    other character as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def totals(results: list[Result]) -> str:
     """PASS counts per student and per exercise (lesson / exercise), as two small tables."""
     by_student: dict[str, list[Result]] = defaultdict(list)
@@ -82,7 +102,7 @@ def totals(results: list[Result]) -> str:
     for r in results:
         by_student[r.student].append(r)
         if r.notebook:
-            by_exercise[f"{Path(r.notebook).stem} / {r.exercise}"].append(r)
+            by_exercise[visible(f"{Path(r.notebook).stem} / {r.exercise}")].append(r)
     lines = ["per student:"]
     lines += [f"  {shown(who)}  {_count(rows)}" for who, rows in by_student.items()]
     lines.append("per exercise:")
