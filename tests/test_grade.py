@@ -765,3 +765,40 @@ def test_a_submission_linked_outside_its_folder_is_not_graded(tmp_path, capsys, 
     assert main(["grade", "--all", str(klass / "bob"), "--json"]) == grade.EXIT_FAILED
     assert _json(capsys)[0]["status"] == "ERROR"
     assert main(["grade", str(klass / "bob" / "lab.ipynb"), "--json"]) == grade.EXIT_PASSED
+
+
+def test_a_cell_printing_in_a_loop_does_not_fill_the_grader_s_memory(tmp_path, capsys):
+    """A cell that prints as fast as it can until it is interrupted: ipykernel sends what it
+    printed in one message per flush, hundreds of MB each, which the grader held whole (3 GB
+    after 8 s: with the default 120 s, out of memory and the class lost). The grader's memory
+    stays bounded, the next exercise is graded."""
+    import threading
+
+    nb = _notebook(
+        tmp_path / "flood.ipynb",
+        CHECKER,
+        ("code", "while True:\n    print('x' * 10000)"),
+        ("md", "## Exercise 1: after it"),
+        ("code", "check_add(lambda a, b: a + b)"),
+    )
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * page
+
+    start, peak, done = rss(), [0], threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], rss())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        rows = grade.grade_notebook(nb, timeout_s=5, released=None)
+    finally:
+        done.set()
+        watcher.join()
+    assert [(r.exercise, r.status) for r in rows] == [("Exercise 1: after it", "PASS")]
+    grown = (peak[0] - start) >> 20
+    assert grown < 300, f"the grader grew {grown} MB"  # messages of 32 MB at most

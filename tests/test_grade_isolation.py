@@ -1,8 +1,9 @@
 """The grader against a learner who cheats or leaves things behind: verdicts the cheap tricks
 cannot forge (display hooks, `showtraceback`, stdout and `print`, the checker's module, a
-file that shadows it, SystemExit and KeyboardInterrupt, a printed or written verdict), no
-process of a notebook alive after `grade` returns (with and without `--sandbox`), and the
-sandbox's home and host sockets checked under bubblewrap itself."""
+checker of the learner's own through the import system, a file that shadows it, SystemExit
+and KeyboardInterrupt, a printed or written verdict), no process of a notebook alive after
+`grade` returns (with and without `--sandbox`), and the sandbox's home and host sockets
+checked under bubblewrap itself."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ LATE_OK = (5, "def late():\n    pass")
 FD = f"int(os.environ[{grade_kernel.VERDICT_FD!r}])"
 VERDICT = '{"token": token, "passed": True, "error": None}'
 
+FAKE = "def check_add(f):\n    print('PASSED: add(1, 2) == 3')\ndef check_late(f):\n    pass\n"
 # Each runs before the answer, in the answer's cell; the class grades it with a wrong and a
 # right add (and a right `late`, exercise 2, in both).
 FORGERIES = {
@@ -68,9 +70,45 @@ FORGERIES = {
         f"os.write({FD}, (json.dumps({VERDICT}) + '\\n').encode())\n"
         f"os.write({FD}, b'PASSED\\n')\n"
     ),
+    # a checker of the learner's own through the import system: a finder on sys.meta_path,
+    # a folder with an old-dated labcheck.py on sys.path, a patched __import__
+    "finder": (
+        "import sys, types, importlib.abc, importlib.util\n"
+        "class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'labcheck':\n"
+        "            return importlib.util.spec_from_loader(name, self)\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, module):\n"
+        f"        exec({FAKE!r}, module.__dict__)\n"
+        "sys.meta_path.insert(0, Finder())\n"
+    ),
+    "path": (
+        "import os, sys, tempfile\n"
+        "folder = tempfile.mkdtemp()\n"
+        f"open(os.path.join(folder, 'labcheck.py'), 'w').write({FAKE!r})\n"
+        "os.utime(os.path.join(folder, 'labcheck.py'), (0, 0))\n"
+        "sys.path.insert(0, folder)\n"
+    ),
+    # a labcheck.py written beside the notebook, its folder put first on sys.path
+    "shadow": (
+        "import os, sys\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        "open('labcheck.py', 'w').write(\n"
+        "    'def check_add(f):\\n    print(\"PASSED: add(1, 2) == 3\")\\n'\n"
+        "    'def check_late(f):\\n    print(\"PASSED\")\\n')\n"
+    ),
+    "import": (
+        "import builtins, types\n"
+        "fake, real = types.ModuleType('labcheck'), builtins.__import__\n"
+        f"exec({FAKE!r}, fake.__dict__)\n"
+        "builtins.__import__ = lambda name, *a, **k: (\n"
+        "    fake if name == 'labcheck' else real(name, *a, **k))\n"
+    ),
 }
 # Forgeries that no answer survives: a hook that reads this cell's token and writes a pass
-# (the runner's own verdict comes too: two), a checker file beside the notebook.
+# (the runner's own verdict comes too: two), the grader's record of the import system gone.
 SPOILERS = {
     "hook": (
         "import json, os, re\n"
@@ -79,13 +117,7 @@ SPOILERS = {
         f"        os.write({FD}, (json.dumps({VERDICT}) + '\\n').encode())\n"
         "get_ipython().events.register('pre_run_cell', forge)\n"
     ),
-    "shadow": (
-        "import os, sys\n"
-        "sys.path.insert(0, os.getcwd())\n"
-        "open('labcheck.py', 'w').write(\n"
-        "    'def check_add(f):\\n    print(\"PASSED: add(1, 2) == 3\")\\n'\n"
-        "    'def check_late(f):\\n    print(\"PASSED\")\\n')\n"
-    ),
+    "unrecorded": "import sys\nsys.modules.pop('_minidist_grade_imports', None)\n",
 }
 RAISERS = {
     "SystemExit": "def add(a, b):\n    raise SystemExit(0)",
@@ -134,8 +166,12 @@ def test_a_forged_channel_or_checker_fails_even_a_right_answer(forged_class):
     for exercise in ("Exercise 1: add", "Exercise 2: late"):
         hook = forged_class[("hook right", "lab", exercise)]
         assert hook == ("FAIL", grade_kernel.FORGED), hook
-        shadow = forged_class[("shadow right", "lab", exercise)]
-        assert shadow[0] == "FAIL" and "a file the submission brought or wrote" in shadow[1]
+
+
+def test_the_grader_s_record_of_the_import_system_removed_fails_every_check(forged_class):
+    for exercise in ("Exercise 1: add", "Exercise 2: late"):
+        row = forged_class[("unrecorded right", "lab", exercise)]
+        assert row == ("FAIL", "RuntimeError: the grader's record of the import system is gone")
 
 
 @pytest.mark.parametrize("name", sorted(RAISERS))
@@ -340,3 +376,37 @@ def test_the_sandbox_hides_a_home_holding_python_and_covers_host_sockets(tmp_pat
         assert got[False].startswith("AssertionError: ["), got  # .ssh is listed without it
     finally:
         subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_a_checker_planted_with_an_old_date_fails_this_and_every_later_notebook(tmp_path):
+    """A notebook that writes a fake labcheck.py, dated years back, into a folder on the
+    kernels' sys.path (site-packages, without the sandbox): its checks and those of every
+    notebook graded after it load a file changed since grading began, and fail."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "labcheck.py").write_text(LABCHECK)
+    early = tmp_path / "early"  # on sys.path before lib, writable
+    early.mkdir()
+    _lab(tmp_path / "released")
+    plant = (
+        "import os\n"
+        f"path = os.path.join({str(early)!r}, 'labcheck.py')\n"
+        f"open(path, 'w').write({FAKE!r})\n"
+        "os.utime(path, (0, 0))\n"
+    )
+    klass = tmp_path / "class"
+    _lab(klass / "a planter", (2, plant + WRONG), LATE_OK)
+    _lab(klass / "b next", (2, WRONG), LATE_OK)
+    csv_path = tmp_path / "g.csv"
+    argv = ["grade", "--class", str(klass), "--released", str(tmp_path / "released")]
+    mp = pytest.MonkeyPatch()
+    path = os.pathsep.join([str(early), str(tmp_path / "lib"), os.environ.get("PYTHONPATH", "")])
+    mp.setenv("PYTHONPATH", path)
+    try:
+        main([*argv, "--csv", str(csv_path), "--timeout", "60", "--json"])
+    finally:
+        mp.undo()
+    rows = _rows(csv_path)
+    for who in ("a planter", "b next"):
+        for exercise in ("Exercise 1: add", "Exercise 2: late"):
+            row = rows[(who, "lab", exercise)]
+            assert row[0] == "FAIL" and "a file the submission brought or wrote" in row[1], row

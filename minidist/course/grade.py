@@ -31,6 +31,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -259,7 +260,10 @@ def _writable(option: str, given: str, path: Path) -> None:
 
 def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path]):
     """grade(student, notebook) -> rows; a notebook the grader fails on is appended to
-    `failed` and gets an ERROR row."""
+    `failed` and gets an ERROR row. A checker module changed after this call (by any
+    notebook graded since, say one that planted a fake checker with an old date for the
+    next students) fails the checks that load it."""
+    since = time.time()
 
     def grade(student: str, path: Path) -> list[Result]:
         if path.is_dir() and path.suffix != ".ipynb":  # a student with no notebooks
@@ -273,7 +277,9 @@ def _grader(args, released: Path | None, sandbox: dict | None, failed: list[Path
             )
             return unreadable(path, [], why, student)
         try:
-            rows, executed = grade_one(path, args.timeout, released, args.slack, sandbox, student)
+            rows, executed = grade_one(
+                path, args.timeout, released, args.slack, sandbox, student, since
+            )
         except Exception as exc:  # one notebook never stops the class: ERROR rows, go on
             failed.append(path)
             print(

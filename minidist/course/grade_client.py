@@ -28,6 +28,9 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
     class Client(NotebookClient):
         timed_out = False
         abandoned: str | None = None
+        output_cell = None  # the cell whose output bytes are counted (`over_limit`)
+        output_kept = output_errors = 0
+        output_noted = False
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.timed_out = True
@@ -36,8 +39,11 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
         def process_message(self, msg, cell, cell_index):
             """nbclient's, except that a malformed message (the learner's code can send any
             on the kernel's sockets: a stream without a `name`) becomes an error output of
-            this cell instead of an exception that would stop the grader."""
+            this cell instead of an exception that would stop the grader, and that a cell's
+            outputs past OUTPUT_LIMIT bytes are dropped (`over_limit`)."""
             try:
+                if over_limit(self, msg, cell):
+                    return None
                 return super().process_message(msg, cell, cell_index)
             except CellExecutionComplete:
                 raise
@@ -57,6 +63,41 @@ def client_for(nb, path: Path, timeout_s: float, sandbox: dict | None, scratch: 
         kernel_name="python3",
     )
     return client, env
+
+
+OUTPUT_LIMIT = 32 << 20  # bytes of output kept per notebook (the rest: dropped, said so)
+KEPT_ERRORS = 20  # error outputs kept per cell past the limit (a row may name one)
+
+
+def over_limit(client, msg, cell) -> bool:
+    """Whether to drop this output message: the notebook's outputs already hold
+    OUTPUT_LIMIT bytes. A cell printing in a loop until its timeout would otherwise keep
+    every line in the grader's memory (4 GB in 15 s) and stop the whole class; past the
+    limit, a note in each cell says so and a cell's first KEPT_ERRORS error outputs are
+    still kept."""
+    if not isinstance(msg, dict) or msg.get("msg_type") not in OUTPUTS:
+        return False
+    if client.output_cell is not cell:  # a new cell
+        client.output_cell, client.output_errors, client.output_noted = cell, 0, False
+    size = len(repr(msg.get("content")))
+    if client.output_kept + size <= OUTPUT_LIMIT:
+        client.output_kept += size
+        return False
+    if msg["msg_type"] == "error" and client.output_errors < KEPT_ERRORS:
+        client.output_errors += 1
+        return False
+    if not client.output_noted:  # the cell's first dropped message: say so, once
+        import nbformat
+
+        client.output_noted = True
+        note = f"\n[output past the notebook's {OUTPUT_LIMIT >> 20} MB dropped by the grader]\n"
+        cell.setdefault("outputs", []).append(
+            nbformat.v4.new_output("stream", name="stderr", text=note)
+        )
+    return True
+
+
+OUTPUTS = {"stream", "display_data", "execute_result", "error", "update_display_data"}
 
 
 def malformed_output(kind: str, exc: Exception):
@@ -87,6 +128,23 @@ def run_cell(client, cell, index: int, timeout_s: float) -> str | None:
         client.shutdown_kernel = "immediate"  # a graceful shutdown would wait for it
         return f"cell {index} hung past {timeout_s:g} s and ignored the interrupt"
     return None
+
+
+def run_hidden(client, source: str) -> None:
+    """Run the grader's own `source` in the kernel, outside the notebook and its history
+    (`grade_kernel.IMPORTS`, before the first cell); a kernel that dies here is found dead
+    by the notebook's first cell."""
+    import nbformat
+    from nbclient.exceptions import DeadKernelError
+
+    cell = nbformat.v4.new_code_cell(source)
+    client.nb.cells.append(cell)
+    try:
+        client.execute_cell(cell, len(client.nb.cells) - 1, store_history=False)
+    except DeadKernelError:
+        pass
+    finally:
+        client.nb.cells.pop()
 
 
 def kernel_exited(client) -> bool:

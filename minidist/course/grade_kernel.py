@@ -16,9 +16,13 @@ or printed: a pass is a cell that raised nothing and whose every checker call re
 is written as one line, tagged with a token made for this cell, on the pipe, which the
 grader reads after the cell: lines with another token are ignored, a second line with this
 one fails the exercise (forged). Display hooks, `showtraceback`, `sys.stdout`, `print` and
-printed verdict lines never reach the pipe. A released check cell's checker modules must
-not come from the submission's folder nor have been written while the notebook ran (a
-`labcheck.py` or `minidist/` beside the notebook would shadow the course's).
+printed verdict lines never reach the pipe. While a check cell runs, the import system is
+the one the kernel started with (`IMPORTS`, recorded before the first cell: a learner's
+finder on `sys.meta_path`, folder on `sys.path` or `__import__` is set aside, then put
+back). A released check cell's checker modules must not come from the submission's folder
+nor have changed since grading began (their ctime, which no `os.utime` resets: a
+`labcheck.py` or `minidist/` beside the notebook would shadow the course's, a fake one
+planted with an old date would fool the notebooks graded after).
 
 This is not a security boundary: code in the same process as the checker, written against
 the grader, can still patch what the runner and the checker call (`os.write`, `json`,
@@ -41,90 +45,132 @@ FORGED = "two verdicts came back for this check cell: one was forged (not graded
 
 RUNNER = r"""
 def _minidist_check(source, slack, fresh, machinery, checks, fd, token, folder, since, course):
-    import functools, importlib, json, os, sys
-    from IPython import get_ipython
+    import builtins, sys
 
-    ns = get_ipython().user_ns
-    for name in list(sys.modules):
-        if any(name == f or name.startswith(f + ".") for f in (*fresh, *machinery)):
-            del sys.modules[name]
-    mine = any(f.startswith("minidist.") and f not in machinery for f in fresh)
-    if slack != 1 and (mine or "minidist" in sys.modules):
-        import minidist.course.catalogue as catalogue
-        import minidist.course.failures as failures
+    # The import system as the kernel started, before any learner's cell (IMPORTS): a
+    # finder the learner put on sys.meta_path, a folder put on sys.path, a patched
+    # __import__ would hand the check cell a checker of their own.
+    ns = __import__("IPython").get_ipython().user_ns
+    record = sys.modules.get("_minidist_grade_imports")
+    theirs = (sys.meta_path[:], sys.path_hooks[:], sys.path[:], builtins.__import__)
+    their_builtins = ns.get("__builtins__", builtins)
+    if record is not None:
+        sys.meta_path[:], sys.path_hooks[:] = record.meta_path, record.path_hooks
+        sys.path[:], builtins.__import__ = record.path, record.import_
+    else:  # removed by the learner's code: no check can be trusted
+        source = "raise RuntimeError(\"the grader's record of the import system is gone\")"
+    sys.path_importer_cache.clear()
+    ns["__builtins__"] = builtins
 
-        launch, time_limit = catalogue.launch, failures.time_limit
+    def run():
+        import functools, importlib, json, os, sys
+        from IPython import get_ipython
 
-        def stretched_launch(*args, **kwargs):
-            for limit in ("timeout_s", "cpu_s"):  # idle_s is no CPU at all, on any machine
-                if kwargs.get(limit) is not None:
-                    kwargs[limit] = kwargs[limit] * slack
-            return launch(*args, **kwargs)
+        ns = get_ipython().user_ns
+        for name in list(sys.modules):
+            if any(name == f or name.startswith(f + ".") for f in (*fresh, *machinery)):
+                del sys.modules[name]
+        mine = any(f.startswith("minidist.") and f not in machinery for f in fresh)
+        if slack != 1 and (mine or "minidist" in sys.modules):
+            import minidist.course.catalogue as catalogue
+            import minidist.course.failures as failures
 
-        catalogue.launch = stretched_launch
-        failures.time_limit = lambda seconds: time_limit(seconds * slack)
-    modules = []
-    for name in fresh:
-        try:
-            modules.append(importlib.import_module(name))
-        except Exception:  # the cell's own import raises it again, in its row
-            pass
-    # the machinery the checkers imported, which must come from the course's files too
-    modules += [sys.modules[n] for n in machinery if n in sys.modules and n not in fresh]
-    calls = {"made": 0, "returned": 0, "depth": 0}
+            launch, time_limit = catalogue.launch, failures.time_limit
 
-    def counted(check):
-        @functools.wraps(check)
-        def call(*args, **kwargs):
-            outer = calls["depth"] == 0  # a checker calling another counts once
-            calls["made"] += outer
-            calls["depth"] += 1
+            def stretched_launch(*args, **kwargs):
+                for limit in ("timeout_s", "cpu_s"):  # idle_s is no CPU at all, on any machine
+                    if kwargs.get(limit) is not None:
+                        kwargs[limit] = kwargs[limit] * slack
+                return launch(*args, **kwargs)
+
+            catalogue.launch = stretched_launch
+            failures.time_limit = lambda seconds: time_limit(seconds * slack)
+        modules = []
+        for name in fresh:
             try:
-                result = check(*args, **kwargs)
-            finally:
-                calls["depth"] -= 1
-            calls["returned"] += outer
-            return result
+                modules.append(importlib.import_module(name))
+            except Exception:  # the cell's own import raises it again, in its row
+                pass
+        # the machinery the checkers imported, which must come from the course's files too
+        modules += [sys.modules[n] for n in machinery if n in sys.modules and n not in fresh]
+        calls = {"made": 0, "returned": 0, "depth": 0}
 
-        return call
+        def counted(check):
+            @functools.wraps(check)
+            def call(*args, **kwargs):
+                outer = calls["depth"] == 0  # a checker calling another counts once
+                calls["made"] += outer
+                calls["depth"] += 1
+                try:
+                    result = check(*args, **kwargs)
+                finally:
+                    calls["depth"] -= 1
+                calls["returned"] += outer
+                return result
 
-    tracked = False
-    for name in checks:
-        owner = next((m for m in modules if callable(getattr(m, name, None))), None)
-        if owner is not None:
-            setattr(owner, name, counted(getattr(owner, name)))
-        elif callable(ns.get(name)):
-            ns[name] = counted(ns[name])
-        else:
-            continue
-        tracked = True
-    verdict = {"token": token, "passed": False, "error": None}
-    try:
-        for module in modules:  # a file beside the notebook, or written by it, shadows it
-            path = os.path.realpath(getattr(module, "__file__", None) or "")
-            if folder and os.path.isfile(path):
-                beside = path.startswith(folder + os.sep) and not path.startswith(course)
-                if beside or os.stat(path).st_mtime >= since:
-                    raise ImportError(
-                        f"the checker module {module.__name__} was loaded from {path}, "
-                        "a file the submission brought or wrote, not the course's"
-                    )
-        exec(compile(source, "<check cell>", "exec"), ns)
-        if tracked and calls["made"] == 0:
-            verdict["error"] = "the check cell called no checker"
-        elif calls["returned"] < calls["made"]:
-            verdict["error"] = "a checker did not return"
-        else:
-            verdict["passed"] = True
-    except BaseException as exc:
-        # short: the line stays below PIPE_BUF, written at once, never interleaved
-        verdict["error"] = f"{type(exc).__name__}: {exc}"[:400]
-        raise
-    finally:
+            return call
+
+        tracked = False
+        for name in checks:
+            owner = next((m for m in modules if callable(getattr(m, name, None))), None)
+            if owner is not None:
+                setattr(owner, name, counted(getattr(owner, name)))
+            elif callable(ns.get(name)):
+                ns[name] = counted(ns[name])
+            else:
+                continue
+            tracked = True
+        verdict = {"token": token, "passed": False, "error": None}
         try:
-            os.write(fd, (json.dumps(verdict) + "\n").encode())
-        except OSError:  # the channel was closed: no verdict, which fails
-            pass
+            for module in modules:  # a file beside the notebook, or written by it, shadows it
+                path = os.path.realpath(getattr(module, "__file__", None) or "")
+                if folder and os.path.isfile(path):
+                    beside = path.startswith(folder + os.sep) and not path.startswith(course)
+                    if beside or os.stat(path).st_ctime >= since:  # ctime: no utime resets it
+                        raise ImportError(
+                            f"the checker module {module.__name__} was loaded from {path}, "
+                            "a file the submission brought or wrote, not the course's"
+                        )
+            exec(compile(source, "<check cell>", "exec"), ns)
+            if tracked and calls["made"] == 0:
+                verdict["error"] = "the check cell called no checker"
+            elif calls["returned"] < calls["made"]:
+                verdict["error"] = "a checker did not return"
+            else:
+                verdict["passed"] = True
+        except BaseException as exc:
+            # short: the line stays below PIPE_BUF, written at once, never interleaved
+            verdict["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            raise
+        finally:
+            try:
+                os.write(fd, (json.dumps(verdict) + "\n").encode())
+            except OSError:  # the channel was closed: no verdict, which fails
+                pass
+
+    try:
+        return run()
+    finally:
+        sys.meta_path[:], sys.path_hooks[:], sys.path[:], builtins.__import__ = theirs
+        sys.path_importer_cache.clear()
+        ns["__builtins__"] = their_builtins
+"""
+# Run once, hidden, before the notebook's first cell: the import system as the kernel
+# started, restored by RUNNER while a check cell runs.
+IMPORTS = """
+def _minidist_imports():
+    import builtins, sys, types
+
+    record = types.ModuleType("_minidist_grade_imports")
+    record.meta_path, record.path_hooks = list(sys.meta_path), list(sys.path_hooks)
+    record.path, record.import_ = list(sys.path), builtins.__import__
+    sys.modules[record.__name__] = record
+
+
+try:
+    _minidist_imports()
+finally:
+    del _minidist_imports
 """
 CALL = """
 try:
@@ -226,16 +272,36 @@ def verdict_pipe():
         os.close(pipe.read_fd)
 
 
+MESSAGE_LIMIT = 32 << 20  # bytes: a larger message from the kernel is never received
+
+
 def kernel_manager_class(prefix: list[str] | None, scratch: Path):
     """jupyter_client's kernel manager talking over ipc sockets in `scratch` (no TCP port:
-    a sandbox has no network), its command prefixed by the sandbox's when `prefix` is given."""
+    a sandbox has no network), its command prefixed by the sandbox's when `prefix` is given;
+    its client's sockets refuse any message past MESSAGE_LIMIT (zmq's MAXMSGSIZE: the
+    connection drops it and reconnects). ipykernel sends what a cell prints in one message
+    per flush: a cell printing in a loop sent messages of hundreds of MB, each held whole in
+    the grader's memory (3 GB after 8 s), and the whole class ended with the grader."""
+    import traitlets
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.asynchronous import AsyncKernelClient
     from jupyter_client.manager import AsyncKernelManager
+
+    class GraderKernelClient(AsyncKernelClient):
+        @traitlets.default("context")
+        def _context_default(self):
+            self._created_context = True
+            context = zmq.asyncio.Context()
+            context.setsockopt(zmq.MAXMSGSIZE, MESSAGE_LIMIT)  # every socket it makes
+            return context
 
     class GraderKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs):
             kwargs.update(transport="ipc", ip=str(scratch / "kernel"))
             kwargs["connection_file"] = str(scratch / "kernel.json")
             super().__init__(**kwargs)
+            self.client_factory = GraderKernelClient
             if prefix:  # a signal to bwrap's process group would not reach the kernel
                 self.kernel_spec.interrupt_mode = "message"
 

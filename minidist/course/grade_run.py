@@ -115,15 +115,25 @@ class Run:
     """One notebook in one kernel: its cells in order, each error kept for the rows."""
 
     def __init__(
-        self, nb, path: Path, timeout_s: float, slack: float, sandbox: dict | None, released: bool
+        self,
+        nb,
+        path: Path,
+        timeout_s: float,
+        slack: float,
+        sandbox: dict | None,
+        released: bool,
+        since: float | None = None,
     ):
         self.nb, self.path, self.timeout_s, self.slack = nb, path, timeout_s, slack
         self.sandbox = sandbox
-        self.guard = (str(path.parent.resolve()), time.time()) if released else None
+        # a checker module changed since grading began (by this notebook or an earlier one)
+        # is the learner's, whatever date it claims
+        since = time.time() if since is None else since
+        self.guard = (str(path.parent.resolve()), since) if released else None
         self.errors: list[tuple[int, str]] = []  # (cell, "Kind: message") outside checks
 
     def cells(self, rows) -> list[Result]:
-        from .grade_client import client_for, run_cell
+        from .grade_client import client_for, run_cell, run_hidden
 
         checks = {index: (ex, modified) for index, ex, modified in rows if index is not None}
         marker = uuid.uuid4().hex
@@ -141,6 +151,7 @@ class Run:
                     kernel = getattr(client.km.provisioner, "pid", None)
                     pgid = getattr(client.km.provisioner, "pgid", None)
                     grade_reap.started(marker, kernel)
+                    run_hidden(client, grade_kernel.IMPORTS)  # before any learner's code
                     for index, cell in enumerate(self.nb.cells[: max(checks, default=-1) + 1]):
                         if cell.cell_type != "code":
                             continue
@@ -311,14 +322,16 @@ def grade_one(
     slack: float = 3.0,
     sandbox: dict | None = None,
     student: str = "",
+    since: float | None = None,
 ):
-    """(rows, the executed notebook or None) for one notebook; never raises for a bad file."""
+    """(rows, the executed notebook or None) for one notebook; never raises for a bad file.
+    `since`: when grading began (default: now), after which no checker module may change."""
     nb, rows, twin = plan(path, released)
     if isinstance(nb, str):
         return unreadable(path, [ex for _, ex, _ in rows], nb, student), None
     if not rows:
         return [], None
-    run = Run(nb, path, timeout_s, slack, sandbox, twin)
+    run = Run(nb, path, timeout_s, slack, sandbox, twin, since)
     try:
         results = run.cells(rows)
     except KernelStartError as exc:
