@@ -18,6 +18,7 @@ the system's Chromium, so Playwright's own browser download is never used.
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import os
@@ -353,14 +354,16 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     (built / "index.html").unlink()
     (built / "index.html").write_text("my own page")
     manifest = (built / site_output.MARKER).read_text()
-    (built / site_output.MARKER).write_text(manifest.replace("\nindex.html\n", "\n"))
+    unlisted = re.sub(r"\n[0-9a-f]{64} index\.html\n", "\n", manifest)
+    (built / site_output.MARKER).write_text(unlisted)
     assert main(["site", "--out", "build/site"]) == 2
     assert "index.html was not written by a site build" in capsys.readouterr().err
     assert (built / "index.html").read_text() == "my own page"
     assert [p.name for p in (tmp_path / "build").iterdir()] == ["site"]  # no staging left
     (built / "index.html").unlink()
     # A forged manifest line that climbs out of the folder removes nothing outside it.
-    (built / site_output.MARKER).write_text(manifest + "../../mine/thesis.tex\n")
+    thesis = hashlib.sha256(b"years of work").hexdigest()
+    (built / site_output.MARKER).write_text(manifest + f"{thesis} ../../mine/thesis.tex\n")
     assert main(["site", "--out", "build/site"]) == 0
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "years of work"
     (tmp_path / "notebooks" / "01_b.ipynb").write_text("{not json")
@@ -375,6 +378,45 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
         assert main(["site", "--out", str(locked / "site")]) == 2
+
+
+def test_a_marker_the_user_wrote_or_a_page_they_edited_is_not_the_build_s(tmp_path, monkeypatch):
+    """A `.minidist-site` the user wrote (or copied with a folder) listing their own files,
+    or one that is a link to such a list, claims nothing: those files stay; a built page the
+    user edited since is theirs: the rebuild refuses to replace it (status 2, one line)."""
+    from minidist.__main__ import main
+    from minidist.course import site_output
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (tmp_path / "README.md").write_text("# x\n")
+    (tmp_path / "notebooks").mkdir()
+    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 00 · A"]}
+    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    (tmp_path / "notebooks" / "00_a.ipynb").write_text(nb)
+    monkeypatch.chdir(tmp_path)
+    forged = tmp_path / "forged"
+    (forged / "sub").mkdir(parents=True)
+    (forged / "thesis.tex").write_text("years of work")
+    (forged / "sub" / "data.csv").write_text("1,2")
+    listing = site_output.MARKER_TEXT + "thesis.tex\nsub/data.csv\n"
+    digest = hashlib.sha256(b"elsewhere").hexdigest()
+    listing += f"{digest} thesis.tex\n{digest} sub/data.csv\n"  # the new form, wrong sums
+    (forged / site_output.MARKER).write_text(listing)
+    assert main(["site", "--out", "forged"]) == 0
+    assert (forged / "thesis.tex").read_text() == "years of work"
+    assert (forged / "sub" / "data.csv").read_text() == "1,2"
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "keep.txt").write_text("mine")
+    (tmp_path / "list").write_text(listing + "keep.txt\n")
+    (linked / site_output.MARKER).symlink_to(tmp_path / "list")
+    assert main(["site", "--out", "linked"]) == 2  # a link is no marker: not ours
+    assert (linked / "keep.txt").read_text() == "mine"
+    assert main(["site", "--out", "built"]) == 0
+    (tmp_path / "built" / "index.html").write_text("my edits")
+    assert main(["site", "--out", "built"]) == 2
+    assert (tmp_path / "built" / "index.html").read_text() == "my edits"
+    assert main(["site", "--out", "forged"]) == 0  # a rebuild of its own files still works
 
 
 PHONE_LESSON = "13_planner.html"

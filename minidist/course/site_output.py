@@ -1,10 +1,12 @@
 """Where the site may be written, checked before anything is read or removed (`site.build_site`).
 
 An output folder is only ever written when it is empty or a previous build: each build
-leaves a manifest, `MARKER`, at its root, listing every file it wrote. A rebuild removes
-only the files the previous manifest lists and leaves everything else (a `.git`, a `CNAME`
-added to publish the folder); a new file that would land on a file no build wrote is
-refused. Refused, with one line naming `--out` and the rule:
+leaves a manifest, `MARKER`, at its root, listing every file it wrote with its sha256. A
+rebuild removes only the files the previous manifest lists that still have that content,
+and leaves everything else (a `.git`, a `CNAME` added to publish the folder, a built page
+the user edited, the files a marker written by hand or copied with a folder lists); a new
+file that would land on a file that is not such a file is refused. Refused, with one line
+naming `--out` and the rule:
 
 - a folder that holds, or lies inside, a source of the site or the checkout itself
   (`--out notebooks` would delete the course's notebooks, `--out .` the checkout);
@@ -27,7 +29,7 @@ from pathlib import Path, PurePosixPath
 MARKER = ".minidist-site"
 MARKER_TEXT = (
     "a site built by `python -m minidist site`; the next build replaces the files listed "
-    "below, and only those\n"
+    "below (sha256, path), and only those still as written\n"
 )
 # What the site is built from (a folder holding or inside any of these is refused).
 SOURCES = ("README.md", "pyproject.toml", "notebooks", "exercises", "solutions", "minidist", ".git")
@@ -67,7 +69,8 @@ def check_output(root: Path, out: Path) -> Path:
             )
     if target.exists() and not target.is_dir():
         raise SiteError(f"--out {out}: exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / MARKER).is_file():
+    marker = target / MARKER
+    if target.is_dir() and any(target.iterdir()) and (marker.is_symlink() or not marker.is_file()):
         raise SiteError(
             f"--out {out}: the folder holds files that no site build wrote (no {MARKER}); "
             "the build replaces its output folder, so give an empty or new one"
@@ -92,24 +95,23 @@ def staging(target: Path) -> Path:
 
 
 def swap_in(built: Path, target: Path) -> None:
-    """Put the new build where the old one was: the files the previous manifest lists are
-    removed or replaced, every other file in `target` stays."""
-    new = _files(built)
+    """Put the new build where the old one was: the files the previous manifest lists, and
+    that are still as it wrote them, are removed or replaced; every other file in `target`
+    stays (one the user changed since, or listed by a marker the user wrote)."""
+    new = {rel: _digest(built / rel) for rel in _files(built)}
     if not target.exists():
         _write_manifest(built, new)
         built.rename(target)
         return
-    old = read_manifest(target)
+    old = _still_ours(target, read_manifest(target))
     try:
         _check_no_clash(target, new, old)
     except SiteError:
         shutil.rmtree(built)
         raise
-    _write_manifest(target, old | new)  # an interrupted move still lists all it wrote
-    for rel in sorted(old - new):
-        path = target / rel
-        if _inside_without_links(target, rel) and (path.is_symlink() or path.is_file()):
-            path.unlink()
+    _write_manifest(target, {**old, **new})  # an interrupted move still lists all it wrote
+    for rel in sorted(set(old) - set(new)):
+        (target / rel).unlink()
     for rel in sorted(new):
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(built / rel, target / rel)
@@ -124,14 +126,49 @@ def swap_in(built: Path, target: Path) -> None:
     shutil.rmtree(built)
 
 
-def read_manifest(target: Path) -> set[str]:
-    """The files a previous build says it wrote (relative, inside `target`: a forged line
-    that climbs out, or is absolute, is not ours and is ignored); none for an empty folder."""
-    if not (target / MARKER).is_file():
-        return set()
-    lines = (target / MARKER).read_text(errors="replace").splitlines()[1:]
-    clean = (PurePosixPath(line) for line in lines if line)
-    return {str(p) for p in clean if not p.is_absolute() and ".." not in p.parts}
+def read_manifest(target: Path) -> dict[str, str]:
+    """{file: its sha256} that a previous build says it wrote (relative, inside `target`: a
+    line that climbs out, or is absolute, is not ours and is ignored); none for a folder
+    without a marker, or whose marker is a link (the build writes a regular file)."""
+    marker = target / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return {}
+    out = {}
+    for line in marker.read_text(errors="replace").splitlines()[1:]:
+        digest, _, rel = line.partition(" ")
+        path = PurePosixPath(rel) if rel else None
+        if len(digest) == 64 and path and not path.is_absolute() and ".." not in path.parts:
+            out[str(path)] = digest
+    return out
+
+
+def _still_ours(target: Path, listed: dict[str, str]) -> dict[str, str]:
+    """The listed files that are still what the build wrote: reached without a link, and
+    with the content it recorded (a marker forged by hand, or copied with a folder, lists
+    the user's files; a built file the user edited since is theirs now)."""
+    return {
+        rel: digest
+        for rel, digest in listed.items()
+        if _inside_without_links(target, rel) and _digest(target / rel) == digest
+    }
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a file's bytes (of a link's target text), None when it is neither."""
+    import hashlib
+
+    try:
+        if path.is_symlink():
+            return hashlib.sha256(b"link:" + os.readlink(path).encode()).hexdigest()
+        if not path.is_file():
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+    except OSError:
+        return None
 
 
 def _files(built: Path) -> set[str]:
@@ -156,20 +193,22 @@ def _inside_without_links(target: Path, rel: str) -> bool:
     return True
 
 
-def _check_no_clash(target: Path, new: set[str], old: set[str]) -> None:
-    """Every new file lands where nothing is, or on a file the previous build wrote."""
+def _check_no_clash(target: Path, new: dict[str, str], old: dict[str, str]) -> None:
+    """Every new file lands where nothing is, or on a file the previous build wrote and
+    nobody changed since."""
     for rel in sorted(new):
         path = target / rel
         there = path.is_symlink() or path.exists()
-        theirs = rel not in old or (path.is_dir() and not path.is_symlink())
-        if not _inside_without_links(target, rel) or (there and theirs):
+        if not _inside_without_links(target, rel) or (there and rel not in old):
             raise SiteError(
-                f"--out {target}: {rel} was not written by a site build (not in {MARKER}) "
-                "and the new build would replace it; move it away or give another folder"
+                f"--out {target}: {rel} was not written by a site build, or was changed "
+                f"since (not as {MARKER} lists it), and the new build would replace it; move "
+                "it away or give another folder"
             )
 
 
-def _write_manifest(folder: Path, files: set[str]) -> None:
+def _write_manifest(folder: Path, files: dict[str, str | None]) -> None:
     tmp = folder / f"{MARKER}.{os.getpid()}"
-    tmp.write_text(MARKER_TEXT + "".join(f"{rel}\n" for rel in sorted(files)))
+    lines = "".join(f"{digest} {rel}\n" for rel, digest in sorted(files.items()) if digest)
+    tmp.write_text(MARKER_TEXT + lines)
     os.replace(tmp, folder / MARKER)
