@@ -649,7 +649,7 @@ def test_a_world_that_hangs_or_loses_a_rank_ends_train_with_its_story_not_a_trac
 
     monkeypatch.setattr(loop, "train_rank", _hangs_or_fails(how))
     argv = ["train", "--model", "llama", "--dp-shard", "2", "--steps", "1"]
-    assert main([*argv, "--idle-timeout", "2"]) == 1
+    assert main([*argv, "--idle-timeout", "2", "--timeout", "60"]) == 1
     err = capsys.readouterr().err
     story = err[err.index("\npython -m minidist train: ") :]
     assert "minidist/runtime/parent.py" not in err and "Traceback" not in err[: err.index(story)]

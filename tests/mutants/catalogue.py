@@ -2003,6 +2003,78 @@ MUTANTS = [
         "        self.fds = {}",
         "a pin that never closes its files",
     ),
+    # == issue 36, this session: the long worlds' idle limit, train's options and CLI, the
+    # == grader's import system and CSV rule, the site's manifest, links in a checkpoint ====
+    (
+        "runtime",
+        "runtime/collect.py",
+        "        return max(_POLL_S, limit / 20)",
+        "        return _POLL_S",
+        "a world's /proc read five times a second whatever its limits",
+    ),
+    (
+        "trainer",
+        "trainer/checks.py",
+        "        check_config_path(args.save)",
+        "        pass",
+        "a user's file where the run's configuration is saved overwritten",
+    ),
+    (
+        "trainer",
+        "trainer/cli.py",
+        "command_rank, world, args, dims, timeout_s=args.timeout, idle_s=args.idle_timeout",
+        "command_rank, world, args, dims, timeout_s=args.timeout",
+        "a hung train run waits out --timeout (--idle-timeout ignored)",
+    ),
+    (
+        "trainer",
+        "trainer/plots.py",
+        "    if not isinstance(r, dict):",
+        "    if False:",
+        "plot-run reads a log line that is not an object",
+    ),
+    (
+        "trainer",
+        "trainer/checks.py",
+        '        check_hf_weights(model, config["path"])',
+        "        pass",
+        "--init-from-hf weights not checked in the parent",
+    ),
+    (
+        "grade",
+        "course/grade_class.py",
+        '    if hidden or unicodedata.normalize("NFKC", first).startswith(FORMULA_START):',
+        "    if first.startswith(FORMULA_START):",
+        "a CSV formula behind a blank or in a full-width form kept",
+    ),
+    (
+        "grade",
+        "course/grade_kernel.py",
+        "os.stat(path).st_ctime >= since",
+        "os.stat(path).st_mtime >= since",
+        "a checker planted with an old date (os.utime) trusted",
+    ),
+    (
+        "grade",
+        "course/grade_kernel.py",
+        "        sys.meta_path[:], sys.path_hooks[:] = record.meta_path, record.path_hooks",
+        "        pass",
+        "a learner's finder on sys.meta_path left in place while the check cell runs",
+    ),
+    (
+        "site",
+        "course/site_output.py",
+        "        if _inside_without_links(target, rel) and _digest(target / rel) == digest",
+        "        if _inside_without_links(target, rel)",
+        "a rebuild removes what a forged manifest lists, or a page the user edited",
+    ),
+    (
+        "checkpoint_files",
+        "checkpoint_pin.py",
+        "os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=dfd",
+        "os.O_RDONLY | os.O_NONBLOCK, dir_fd=dfd",
+        "a checkpoint's file read through a symbolic link",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
@@ -2037,6 +2109,8 @@ TESTS = {
         "tests/test_checkpoint_races.py",
         "tests/test_checkpoint.py",
     ],
+    # the one-line refusals and the CLI before the worlds that train
+    "trainer": ["tests/test_trainer.py"],
     "embedding_checkpoint": [
         "tests/test_checkpoint_data.py",
         "tests/test_checkpoint_races.py",
