@@ -1852,9 +1852,9 @@ MUTANTS = [
     (
         "grade",
         "course/grade_class.py",
-        'FORMULA_START = ("=", "+", "-", "@", "\\t", "\\r")',
-        'FORMULA_START = ("=", "+", "@")',
-        "CSV fields starting with -, a tab or a carriage return not neutralised",
+        'FORMULA_START = ("=", "+", "-", "@", "|")',
+        'FORMULA_START = ("=", "+", "@", "|")',
+        "CSV fields starting with - not neutralised",
     ),
     (
         "grade",
