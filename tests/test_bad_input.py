@@ -3,6 +3,7 @@ rule, before anything starts or changes (a bool is not an int here, NaN is not a
 seconds); and a loss scaler that skips every step says why."""
 
 import math
+import os
 import warnings
 
 import pytest
@@ -82,3 +83,21 @@ def test_a_scaler_that_skips_every_step_warns_once_naming_the_cause():
     assert len(stuck) == 1 and "5 steps skipped in a row" in str(stuck[0].message)
     assert "NaN or inf in the input batch" in str(stuck[0].message)
     assert torch.equal(weight.detach(), torch.ones(3))  # every step skipped, as before
+
+
+def test_a_world_past_the_file_limit_or_memory_is_refused_before_any_rank(monkeypatch):
+    """Each rank of gloo's full mesh holds a socket to every peer, and at least RANK_BYTES
+    of its own: a world past the process's file limit could not connect, one past memory
+    cannot start (`launch(fn, 100000)` forked until the machine ran out of processes).
+    Refused by arithmetic, before any process starts."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, 64))
+    with pytest.raises(ValueError, match=r"world_size=65 ranks .* \(ulimit -n 64\)"):
+        minidist.launch(never_runs, 65)
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: unlimited)
+    if os.path.exists("/proc/meminfo"):  # 76 TiB at 8 MiB a rank
+        with pytest.raises(ValueError, match=r"world_size=10000000 local processes need at"):
+            minidist.launch(never_runs, 10**7)
+    assert minidist.launch(lambda: 1, 2) == [1, 1]  # a world within the limit still runs
