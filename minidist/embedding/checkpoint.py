@@ -51,6 +51,7 @@ from ..checkpoint_files import (
     write_json,
 )
 from ..checkpoint_pin import ATTEMPTS, Pinned, pin, raise_everywhere, same_everywhere
+from ..checkpoint_schema import check_embedding_manifest, check_embedding_state
 from .distributed import (
     DistributedSlotSparseEmbeddingHash,
     LocalizedSlotSparseEmbeddingHash,
@@ -157,9 +158,10 @@ def _read_rank(pinned: Pinned, name: str) -> dict:
     data = pinned.read(name)
     try:
         state = torch.load(io.BytesIO(data), weights_only=True)
-        tensors = _tensors(state)
     except Exception as e:  # a damaged file: pickle and zip raise many kinds
         raise CheckpointError(f"{path} cannot be read as an embedding state ({e!r})") from e
+    check_embedding_state(state, path, pinned.record)  # as embedding_state_dict writes it
+    tensors = _tensors(state)
     extra = sorted(set(tensors) - set(record["tensors"]))
     if extra:
         raise CheckpointError(f"{path}: tensors {extra} are not in the checkpoint's record")
@@ -238,4 +240,13 @@ def _pin(directory: Path, who: str) -> Pinned:
     if pinned.record.get("format") != FORMAT:
         pinned.close()
         raise CheckpointError(f"{who}: {directory}: unknown format {pinned.record.get('format')!r}")
+    try:  # every field's type, before any is used
+        check_embedding_manifest(pinned.record, directory / CHECKSUMS, FORMAT, _rank_name)
+    except CheckpointError:
+        pinned.close()
+        raise
     return pinned
+
+
+def _rank_name(rank: int) -> str:
+    return rank_path(".", rank).name

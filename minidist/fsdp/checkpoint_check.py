@@ -23,9 +23,11 @@ import json
 import warnings
 from pathlib import Path
 
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
+from ..checkpoint_files import CheckpointError
 from ..checkpoint_pin import Pinned, pin
+from ..checkpoint_schema import check_fsdp_layout
 from .checkpoint_layout import (
     FORMAT,
     LAYOUT_KEY,
@@ -68,13 +70,20 @@ def _read(path: Path) -> tuple[Pinned, Metadata, dict]:
         meta = verify(pinned)
         if LAYOUT_KEY not in meta.state_dict_metadata:
             raise ValueError(f"{path} is a DCP checkpoint but not minidist's (no {LAYOUT_KEY})")
+        if not isinstance(meta.state_dict_metadata[LAYOUT_KEY], BytesStorageMetadata):
+            raise CheckpointError(f"{path}: {LAYOUT_KEY} is not stored as a string")
         record = {LAYOUT_KEY: None}
         with warnings.catch_warnings():  # no_dist warns that it is a single-process read
             warnings.simplefilter("ignore")
             dcp_load(record, pinned, no_dist=True)
-        layout = json.loads(record[LAYOUT_KEY])
-        if layout.get("format") != FORMAT:
-            raise ValueError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
+        where = f"{path}: {LAYOUT_KEY}"
+        try:
+            layout = json.loads(record[LAYOUT_KEY])
+        except (TypeError, ValueError) as e:  # not a string, not JSON
+            raise CheckpointError(f"{where} is not a JSON layout record ({e})") from None
+        if isinstance(layout, dict) and layout.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: unknown checkpoint format {layout.get('format')!r}")
+        check_fsdp_layout(layout, meta, where, FORMAT, _unit_key)  # every field's type
     except BaseException:
         pinned.close()
         raise

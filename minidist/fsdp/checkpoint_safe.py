@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.metadata import (
 
 from ..checkpoint_files import CHECKSUMS, CheckpointError, file_record, sha256_file, write_json
 from ..checkpoint_pin import Pinned
+from ..checkpoint_schema import check_metadata
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
@@ -93,6 +94,7 @@ def _unpickle(raw: bytes, where: Path) -> Metadata:
         raise CheckpointError(f"{where} cannot be read ({e!r})") from e
     if not isinstance(meta, Metadata):
         raise CheckpointError(f"{where} holds a {type(meta).__name__}, not DCP's")
+    check_metadata(meta, where)  # its fields' types, before anything reads one
     return meta
 
 

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from .. import comm
 from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, is_complete, unfinished_path
 from ..checkpoint_pin import pin, raise_everywhere
+from ..checkpoint_schema import check_universal_record, tensor_entry
 from ..fsdp.checkpoint_safe import cover, read_metadata, seal
 from ..pieces import Piece
 from .chunks import Chunk, piece_chunks, piece_nbytes
@@ -196,6 +197,10 @@ def read_record(pinned) -> tuple[dict, object, dict]:
             f"{path}/{info.relative_path}: {RECORD} is not a record this format writes "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ) from e
+    where = f"{path}/{info.relative_path}: {RECORD}"
+    check_universal_record(record, meta, where, RECORD_KEYS, FORMAT)  # every field's type
+    for name in meta.state_dict_metadata:  # this format stores tensors only
+        tensor_entry(meta, path / ".metadata", name)
     return sums, meta, record
 
 
@@ -293,8 +298,14 @@ def _load(pinned, pieces: list[Piece], layout: dict | None, group, strict: bool)
                 raise ValueError(f"load: two pieces of {c.name} start at {c.offsets}")
             wanted.setdefault(key, torch.empty(c.sizes, dtype=c.tensor.dtype, device="cpu"))
             targets.append((c.tensor, key))
-    rng_keys = {}
-    if same:
+    rng_keys, missing = {}, None
+    if same:  # this rank's streams (rank 0's were checked with the record): every rank agrees
+        try:
+            for name in record["rng_streams"]:
+                tensor_entry(meta, path / ".metadata", f"rng.{rank}.{name}", torch.uint8, 1)
+        except CheckpointError as e:
+            missing = f"{e} (rank {rank}'s random stream {name!r}, which the record lists)"
+        raise_everywhere(group, missing)
         for name in record["rng_streams"]:
             md = meta.state_dict_metadata[f"rng.{rank}.{name}"]
             rng_keys[name] = (f"rng.{rank}.{name}", (0,))
