@@ -376,9 +376,11 @@ def test_a_crafted_checkpoint_never_runs_its_payload(saved, tmp_path):
     with pytest.raises(CheckpointError, match=r"refers to io\.open.*refused unread"):
         checkpoint.load_full(crafted)
     assert not marker.exists()
-    # a crafted non-tensor entry: DCP itself would torch.load it with weights_only=False
+    # a crafted non-tensor entry: DCP itself would torch.load it with weights_only=False (an
+    # object where the layout wants a tensor, `model.extra`, is refused before any read; a
+    # param group's hyperparameter is an object, read by the safe planner)
     layout = {"format": FORMAT, "units": [], "aliases": {}, "optimizer": None}
-    evil = {LAYOUT_KEY: json.dumps(layout), "model.extra": _Payload(marker)}
+    evil = {LAYOUT_KEY: json.dumps(layout), "optim.param_groups.0.extra": _Payload(marker)}
     dcp.save(evil, checkpoint_id=tmp_path / "evil", no_dist=True)
     _reseal(tmp_path / "evil")
     with pytest.raises(CheckpointError, match="reading failed"):

@@ -23,7 +23,10 @@ untrusted source"). Here:
   tensor's chunks lie inside its shape, do not overlap and cover it exactly, each is stored
   in a listed file's byte range at least as long as its elements, and every stored item has
   a checksum (`cover`: a crafted `.metadata` claiming 2^34 elements is refused, not
-  allocated).
+  allocated); before that, every field of it has the type DCP writes
+  (`minidist.checkpoint_schema.check_metadata`, run by `read_metadata`: a dtype that is no
+  dtype, a size that is no list of ints, a byte range that is no int is a `CheckpointError`
+  naming the field, never an `AttributeError` inside `cover`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ the one-process model's names (`planners.py`): a load on any layout is DCP's res
   the pieces (a tensor missing on either side, another shape or dtype: a different number
   of layers, a different model) before anything changes, naming both layouts, and one whose
   metadata does not describe its files (the FSDP format's `cover`: every tensor's rectangles
-  inside it, not overlapping, covering it exactly; the record plain data); reads only the
+  inside it, not overlapping, covering it exactly; the record plain data, each of its fields
+  as `save` writes it and nothing else, its random streams stored: `checkpoint_schema`, a
+  `CheckpointError` naming the field, also in `train --resume`'s parent); reads only the
   stored rectangles that overlap this rank's pieces, verifying each one's checksum; copies
   into the pieces only once every rank has read everything. Returns a `LoadReport`: the
   `TrainingState` and the bytes this rank read beside the bytes of its own pieces.
