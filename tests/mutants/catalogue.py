@@ -2075,6 +2075,27 @@ MUTANTS = [
         "os.O_RDONLY | os.O_NONBLOCK, dir_fd=dfd",
         "a checkpoint's file read through a symbolic link",
     ),
+    (
+        "checkpoint_files",
+        "checkpoint_schema.py",
+        "        if not isinstance(dtype, torch.dtype):",
+        "        if dtype is None:",
+        "a forged .metadata dtype reaches the load (AttributeError, not CheckpointError)",
+    ),
+    (
+        "checkpoint_files",
+        "checkpoint_schema.py",
+        '    if not isinstance(record["layout"], dict):',
+        "    if False:",
+        "a universal record's layout that is no object reaches refuse_another_run",
+    ),
+    (
+        "checkpoint_files",
+        "checkpoint_schema.py",
+        '    for name in streams:  # rank 0\'s: the record lists its streams\n        tensor_entry(meta, where, f"rng.0.{name}", torch.uint8, 1)',
+        "    pass",
+        "a universal record naming a random stream it does not store",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
@@ -2098,6 +2119,7 @@ TESTS = {
     "resilience": ["tests/test_resilience_theory.py", "tests/test_check_resilience.py"],
     # the files and the pins: the races and the forged files first, the worlds that train after
     "checkpoint_files": [
+        "tests/test_checkpoint_records.py",
         "tests/test_checkpoint_races.py",
         "tests/test_checkpoint_data.py",
         "tests/test_checkpoint.py",
