@@ -265,18 +265,36 @@ def stale_first_read(path, other, module, name):
         fsdp = tiny_fsdp()
         checkpoint.load(path, fsdp)
         return {float(x) for t in fsdp.full_parameters().values() for x in t.reshape(-1)}
+    if module is universal:
+        rank, mine = dist.get_rank(), torch.empty(2, 4)
+        universal.load(path, [Piece("w", (4, 4), (2 * rank, 0), (2, 4), None, mine)])
+        return {float(x) for x in mine.reshape(-1)}
     layer = embedding_layer()
     embedding_checkpoint.load(layer, None, path)
     return {float(x) for x in layer.local.weight[: layer.local.table.size].reshape(-1)}
 
 
-@pytest.mark.parametrize("kind", ["fsdp", "embedding"])
+def universal_saves(path, versions):
+    """Version v: every element of the one tensor equals v (each rank owns half of it)."""
+    rank = dist.get_rank()
+    for v in range(versions):
+        piece = Piece("w", (4, 4), (2 * rank, 0), (2, 4), None, torch.full((2, 4), float(v)))
+        universal.save(path, [piece], TrainingState(step=v), {"dp": 2})
+    return "saved"
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "embedding", "universal"])
 def test_ranks_that_pinned_different_versions_pin_again(tmp_path, kind):
-    """Deterministic: rank 1 first pins version 1, rank 0 version 2; they agree on 2."""
-    saves = {"fsdp": fsdp_saves, "embedding": embedding_saves}[kind]
-    minidist.launch(saves, 2, tmp_path / "v1", 2)
-    minidist.launch(saves, 2, tmp_path / "v2", 3)
-    module, name = (checkpoint, "_read") if kind == "fsdp" else (embedding_checkpoint, "_pin")
+    """Deterministic: rank 1 first pins version 1, rank 0 version 2; they agree on 2. The
+    universal load pinned each rank's own version: rank 1 loaded 1.0 beside rank 0's 2.0."""
+    saves = {"fsdp": fsdp_saves, "embedding": embedding_saves, "universal": universal_saves}
+    minidist.launch(saves[kind], 2, tmp_path / "v1", 2)
+    minidist.launch(saves[kind], 2, tmp_path / "v2", 3)
+    module, name = {
+        "fsdp": (checkpoint, "_read"),
+        "embedding": (embedding_checkpoint, "_pin"),
+        "universal": (universal, "pin"),
+    }[kind]
     loaded = minidist.launch(stale_first_read, 2, tmp_path / "v2", tmp_path / "v1", module, name)
     assert loaded == [{2.0}, {2.0}]
 

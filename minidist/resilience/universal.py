@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import comm
 from ..checkpoint_files import CHECKSUMS, CheckpointError, Staging, is_complete, unfinished_path
-from ..checkpoint_pin import pin, raise_everywhere
+from ..checkpoint_pin import ATTEMPTS, pin, raise_everywhere, same_everywhere
 from ..checkpoint_schema import check_universal_record, tensor_entry
 from ..fsdp.checkpoint_safe import cover, read_metadata, seal
 from ..pieces import Piece
@@ -271,13 +271,29 @@ def load(
     `strict`: refuse a checkpoint holding tensors that no rank's pieces load (another model).
     """
     path = Path(path)
-    with pin(path) as pinned:
-        return _load(pinned, pieces, layout, group, strict)
+    for _ in range(ATTEMPTS):  # every rank the same version: a save may replace it meanwhile
+        pinned = None
+        try:
+            pinned = pin(path)
+            read = read_record(pinned)
+        except Exception as e:  # on every rank, so that none waits in a collective
+            if pinned is not None:
+                pinned.close()
+            same_everywhere(group, None, e)
+        if same_everywhere(group, pinned.digest):
+            break
+        pinned.close()
+    else:
+        raise CheckpointError(f"load: the ranks kept reading different versions of {path}")
+    with pinned:
+        return _load(pinned, read, pieces, layout, group, strict)
 
 
-def _load(pinned, pieces: list[Piece], layout: dict | None, group, strict: bool) -> LoadReport:
+def _load(
+    pinned, read, pieces: list[Piece], layout: dict | None, group, strict: bool
+) -> LoadReport:
     path = pinned.path
-    sums, meta, record = read_record(pinned)
+    sums, meta, record = read
     problems = _refusals(meta, pieces, group)
     if not strict:
         problems = [p for p in problems if "no rank loads" not in p]

@@ -2096,6 +2096,13 @@ MUTANTS = [
         "    pass",
         "a universal record naming a random stream it does not store",
     ),
+    (
+        "checkpoint_files",
+        "resilience/universal.py",
+        "        if same_everywhere(group, pinned.digest):",
+        "        if True:",
+        "the universal load's ranks each keep the version they pinned (a mixed load)",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
