@@ -2103,6 +2103,13 @@ MUTANTS = [
         "        if True:",
         "the universal load's ranks each keep the version they pinned (a mixed load)",
     ),
+    (
+        "course",
+        "course/failures.py",
+        "    start = {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_PROF: time.process_time()}\n    outer = {t: signal.getitimer(t) for t in (signal.ITIMER_REAL, signal.ITIMER_PROF)}",
+        "    outer = {t: signal.getitimer(t) for t in (signal.ITIMER_REAL, signal.ITIMER_PROF)}\n    start = {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_PROF: time.process_time()}",
+        "an outer timer re-armed later than it would have fired (clocks read after it)",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
