@@ -2,6 +2,7 @@
 rule, before anything starts or changes (a bool is not an int here, NaN is not a number of
 seconds); and a loss scaler that skips every step says why."""
 
+import functools
 import math
 import os
 import warnings
@@ -101,3 +102,72 @@ def test_a_world_past_the_file_limit_or_memory_is_refused_before_any_rank(monkey
         with pytest.raises(ValueError, match=r"world_size=10000000 local processes need at"):
             minidist.launch(never_runs, 10**7)
     assert minidist.launch(lambda: 1, 2) == [1, 1]  # a world within the limit still runs
+
+
+async def an_async_fn():
+    return 1
+
+
+def a_generator_fn(x):
+    yield x
+
+
+LAUNCH_CASES = {
+    "fn not callable": ((3, 2), {}, TypeError, "fn must be callable"),
+    "fn async": ((an_async_fn, 2), {}, TypeError, "is an async function"),
+    "fn generator (partial)": (
+        (functools.partial(a_generator_fn, 1), 2),
+        {},
+        TypeError,
+        "is a generator function",
+    ),
+    "start_method forkserver": (
+        (never_runs, 2),
+        {"start_method": "forkserver"},
+        ValueError,
+        "start_method must be 'fork', 'spawn' or None",
+    ),
+    "start_method unknown": (
+        (never_runs, 2),
+        {"start_method": "bogus"},
+        ValueError,
+        "start_method must be 'fork', 'spawn' or None .*got 'bogus'",
+    ),
+    **{
+        f"threads_per_rank {bad!r}": (
+            (never_runs, 2),
+            {"threads_per_rank": bad},
+            ValueError,
+            "threads_per_rank must be None or an int from 1 to the",
+        )
+        for bad in (0, -1, 10**6, 2.5, "2", True)
+    },
+    "backend empty": ((never_runs, 2), {"backend": ""}, ValueError, "backend must be one of"),
+    **{
+        f"timeout_s {bad:g}": (
+            (never_runs, 2),
+            {"timeout_s": bad},
+            ValueError,
+            "timeout_s must be > 0 and finite, at most 604800",
+        )
+        for bad in (1e9, 1e308)
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+def test_bad_launch_arguments_are_refused_before_any_rank_starts(case, monkeypatch):
+    """Each refused naming the argument and the rule, before a rank starts: before, a fn that
+    cannot be called (or whose call returns a coroutine or generator), threads_per_rank 0 /
+    -1 / 2.5 / True, backend '' and start_method 'forkserver' started a world that failed
+    (or, for 0 and '', ran with the default); timeout_s=1e9 raised OverflowError once the
+    ranks ran; start_method 'bogus' said only "cannot find context"."""
+    from minidist.runtime import parent
+
+    def no_world(*args, **kwargs):
+        raise AssertionError("a world started despite bad arguments")
+
+    monkeypatch.setattr(parent, "_run_world", no_world)
+    args, kwargs, error, message = LAUNCH_CASES[case]
+    with pytest.raises(error, match=message):
+        minidist.launch(*args, **kwargs)

@@ -43,6 +43,21 @@ def start_method_for(backend: str | None = None, world_size: int = 1) -> str:
     return _pick_start_method(None, backend or default_backend(world_size), None)
 
 
+START_METHODS = ("fork", "spawn")
+
+
+def _check_threads(threads) -> None:
+    """`threads_per_rank`: None (the default) or an int from 1 to this machine's cores."""
+    if threads is None:
+        return
+    cores = os.cpu_count() or 1
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= cores:
+        raise ValueError(
+            f"launch: threads_per_rank must be None or an int from 1 to the {cores} cores of "
+            f"this machine, got {threads!r}"
+        )
+
+
 def _pick_start_method(start_method: str | None, backend: str, threads: int | None) -> str:
     """Fork where it is safe: Linux, gloo, no CUDA in the parent, one intra-op thread.
 
@@ -51,7 +66,14 @@ def _pick_start_method(start_method: str | None, backend: str, threads: int | No
     region (any torch op on a tensor big enough). So forked ranks use one intra-op thread,
     and asking for more means spawn.
     """
+    _check_threads(threads)
     if start_method is not None:
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"launch: start_method must be 'fork', 'spawn' or None (the default), got "
+                f"{start_method!r} (not 'forkserver': its ranks are no children of the "
+                "launching process, which must stop them and which they must die with)"
+            )
         if start_method == "fork" and threads is not None and threads > 1:
             raise ValueError(
                 f"launch: threads_per_rank={threads} needs start_method='spawn': a forked rank "

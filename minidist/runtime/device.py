@@ -30,7 +30,7 @@ def world_backend(device: str | None, backend: str | None, world_size: int) -> s
     naming both counts); "auto" is NCCL when there are at least `world_size` GPUs, else gloo.
     """
     if device is None:
-        backend = backend or default_backend(world_size)
+        backend = default_backend(world_size) if backend is None else backend
         _check_backend(backend, world_size, "launch: backend")
         return backend
     if device not in DEVICES:

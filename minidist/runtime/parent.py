@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import math
 import multiprocessing as mp
 import os
@@ -115,14 +116,18 @@ def launch(
         threads_per_rank: torch intra-op threads per rank (default: 1 under fork, else
             cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
     """
+    _check_fn(fn)
+    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (number and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(
+            f"launch: timeout_s must be > 0 and finite, at most {MAX_TIMEOUT_S:.0f} (seconds, "
+            f"a week), got {timeout_s!r}"
+        )
     if under_torchrun():
         return _join_torchrun_world(fn, world_size, args, kwargs, backend, timeout_s, device)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
     _check_world_fits(world_size)
-    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-    if not (number and math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"launch: timeout_s must be > 0 and finite (seconds), got {timeout_s!r}")
     for name, limit in (("idle_s", idle_s), ("cpu_s", cpu_s)):
         number = isinstance(limit, (int, float)) and not isinstance(limit, bool)
         if limit is not None and not (number and math.isfinite(limit) and limit > 0):
@@ -162,6 +167,32 @@ def launch(
         )
     finally:
         _clean_up(procs, conns, errs, folder)
+
+
+# Past this a wait's timeout overflows (poll(2) counts int milliseconds: 24.8 days) and so,
+# much further, do a collective's (a timedelta, C++ nanoseconds): 1e9 raised OverflowError
+# in the parent only once the ranks had started.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _check_fn(fn) -> None:
+    """`fn` is something a rank can call and whose return value it can send back: not a
+    coroutine or generator function, whose call returns an object that never runs there."""
+    if not callable(fn):
+        raise TypeError(f"launch: fn must be callable (each rank calls fn(*args)), got {fn!r}")
+    name = getattr(fn, "__qualname__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"launch: fn={name} is an async function: a rank calls fn and sends back what it "
+            "returns, here a coroutine that never runs; pass a plain function, e.g. "
+            "`lambda *a: asyncio.run(fn(*a))`"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"launch: fn={name} is a generator function: a rank calls fn and sends back what "
+            "it returns, here a generator that cannot leave the rank; return a list instead "
+            "(`lambda *a: list(fn(*a))`)"
+        )
 
 
 # What a forked rank holds of its own at least: 5 MB private after a gloo all-reduce
