@@ -174,3 +174,37 @@ def test_two_interrupts_kill_ranks_that_trap_sigterm_and_remove_the_folder(tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+def starts_a_sleeper(folder, fail):
+    """Each rank starts a process that would outlive the world, and one forks itself."""
+    sleeper = subprocess.Popen(["sleep", "120"])
+    pids = [sleeper.pid]
+    if dist.get_rank() == 0:
+        child = os.fork()
+        if child == 0:
+            time.sleep(120)
+            os._exit(0)
+        pids.append(child)
+    with open(os.path.join(folder, f"rank{dist.get_rank()}"), "w") as f:
+        f.write(" ".join(map(str, pids)))
+    if fail and dist.get_rank() == 1:
+        raise ValueError("rank 1 fails")
+    return len(pids)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_no_process_a_rank_started_outlives_the_world(tmp_path, fail):
+    """A subprocess a rank started, or a fork of it, died only when it chose to: it outlived
+    launch and the caller. Each rank is a process group of its own, killed at the end."""
+    if fail:
+        with pytest.raises(RankFailedError, match="rank 1 fails"):
+            minidist.launch(starts_a_sleeper, 2, str(tmp_path), fail, timeout_s=60)
+    else:
+        assert minidist.launch(starts_a_sleeper, 2, str(tmp_path), fail, timeout_s=60) == [2, 1]
+    pids = [int(p) for f in tmp_path.glob("rank*") for p in f.read_text().split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 5  # init reaps the killed orphans
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if _alive(p)] == []

@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -310,7 +311,8 @@ def _clean_up(procs, conns, errs, folder: str) -> None:
 
 def _reap(procs, patient: bool = True) -> None:
     """SIGTERM every rank still running, wait up to 3 s, SIGKILL the rest (at once when not
-    `patient`: the user interrupted again while we waited)."""
+    `patient`: the user interrupted again while we waited), then every process a rank
+    started and left running (its process group)."""
     if patient:
         for p in procs:
             if p.is_alive():
@@ -322,6 +324,13 @@ def _reap(procs, patient: bool = True) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+    # What the ranks started (a subprocess, an os.fork) is in the rank's process group
+    # (`rank._rank_main`): killed with it. The group's id, the rank's pid, stays taken while
+    # the group has a member, so this reaches no stranger's group.
+    for p in procs:
+        if p.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 _STALE = re.compile(r"^minidist-(?:offload-)?(\d+)-")

@@ -15,12 +15,15 @@
   (`prctl(PR_SET_PDEATHSIG)`, prctl(2)); elsewhere a watchdog thread polls the parent's pid.
   A parent killed by SIGKILL leaves no rank behind (its folders are swept by the next
   `launch`, `parent._sweep_stale`).
+- Its own process group (`os.setpgid`): the processes the rank starts are in it, and the
+  parent kills the group when the world ends (`parent._reap`).
 - Where it is: `comm` writes the collective this rank is inside to the world's call board
   (`board.py`), which the parent reads when the world hangs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -82,6 +85,11 @@ def _rank_main(payload: Any, rank: int, world_size: int, cfg: dict, conn, err_co
         # parent with the rest of this rank's stderr
         faulthandler.enable(file=2)
     _die_with_parent(cfg["parent_pid"])
+    # A process group of its own, which every process the rank starts joins: `_reap` kills
+    # the group when the world ends, so that none outlives the world (`sleep 30` started by
+    # a rank lived on after launch returned, and after its caller exited).
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     comm._board = CallBoard(cfg["board_path"], rank)
     joined, peak = False, None
     try:
