@@ -104,8 +104,9 @@ def launch(
             default: the device of `backend`. `minidist.rank_device()` tells a rank its own.
             Whatever device a rank computes on, the tensors its result holds come back on the
             CPU (`host.py`).
-        timeout_s: the whole world is stopped after this many seconds (under torchrun, where
-            nothing can be stopped, it is the timeout of every collective).
+        timeout_s: the whole world is stopped after this many seconds, at most a week
+            (under torchrun, where nothing can be stopped, it is the timeout of every
+            collective).
         idle_s: also stop it once its running ranks have together used no CPU for this
             many seconds: all of them waiting, as ranks inside a collective that never
             completes do. Unlike `timeout_s`, a loaded machine does not make a healthy world
@@ -114,8 +115,9 @@ def launch(
             that never ends); where CPU time cannot be read (no /proc, no psutil), this
             many seconds of wall clock (ignored under torchrun).
         start_method: "fork" or "spawn"; default fork where it is safe, spawn otherwise.
-        threads_per_rank: torch intra-op threads per rank (default: 1 under fork, else
-            cores / world_size); more than 1 selects spawn (see `_pick_start_method`).
+        threads_per_rank: torch intra-op threads per rank, 1 to the machine's cores (default:
+            1 under fork, else cores / world_size); more than 1 selects spawn (see
+            `_pick_start_method`).
     """
     _check_fn(fn)
     number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
