@@ -2110,6 +2110,20 @@ MUTANTS = [
         "    outer = {t: signal.getitimer(t) for t in (signal.ITIMER_REAL, signal.ITIMER_PROF)}\n    start = {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_PROF: time.process_time()}",
         "an outer timer re-armed later than it would have fired (clocks read after it)",
     ),
+    (
+        "runtime",
+        "runtime/rank.py",
+        "        os.setpgid(0, 0)",
+        "        pass",
+        "a process a rank started outlives the world (the rank in its parent's group)",
+    ),
+    (
+        "runtime",
+        "runtime/parent.py",
+        "    _check_fn(fn)\n",
+        "",
+        "an async or generator fn, or one that cannot be called, starts a world",
+    ),
 ]
 
 # Tests a package's bugs run beyond tests/test_<package>*.py (sweep.py adds them), first.
