@@ -1331,7 +1331,7 @@ MUTANTS = [
     (
         "runtime",
         "runtime/parent.py",
-        "if not (number and math.isfinite(timeout_s) and timeout_s > 0):",
+        "if not (number and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):",
         "if not (number and timeout_s > 0):",
         "an infinite timeout accepted",
     ),
