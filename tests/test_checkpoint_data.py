@@ -413,6 +413,7 @@ def test_an_embedding_rank_file_with_a_payload_runs_nothing(tmp_path):
     [
         "longer",
         "fifo",
+        "a link to a fifo",
         "a path as a name",
         "a link outside",
         "sizes not numbers",
@@ -449,11 +450,15 @@ def test_files_that_are_not_what_the_checksums_list_are_refused(saved, tmp_path,
     elif how == "longer":  # every chunk intact, bytes appended
         shard.write_bytes(shard.read_bytes() + b"\0" * 8)
         want = f"{shard.name} is longer"
-    elif how == "fifo":  # a symlink to a FIFO: refused, never waited on
+    elif how == "fifo":  # the FIFO itself in the shard's place: refused, never waited on
+        shard.unlink()
+        os.mkfifo(shard)
+        want = f"{shard.name} is not a regular file"
+    elif how == "a link to a fifo":  # refused as a link, before anything opens the FIFO
         os.mkfifo(tmp_path / "fifo")
         shard.unlink()
         shard.symlink_to(tmp_path / "fifo")
-        want = f"{shard.name} is not a regular file"
+        want = f"{shard.name} is not a regular file (a symbolic link"
     else:
         record["files"]["../elsewhere"] = {"bytes": 0}
         write_json(crafted / CHECKSUMS, record)
