@@ -517,8 +517,9 @@ def test_bad_world_size_is_named(bad):
 def test_bad_backend_and_timeout_are_named():
     with pytest.raises(ValueError, match="backend must be one of"):
         minidist.launch(rank_and_size, 2, backend="mpi-ish")
-    with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        minidist.launch(rank_and_size, 2, timeout_s=0)
+    for bad in (0, float("inf"), float("nan"), 1e9):  # 1e9: a wait's poll(2) overflows
+        with pytest.raises(ValueError, match="timeout_s must be > 0 and finite, at most"):
+            minidist.launch(rank_and_size, 2, timeout_s=bad)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="nccl.*one GPU per rank"):
             minidist.launch(rank_and_size, 2, backend="nccl")
