@@ -52,7 +52,7 @@ def tests_of(package: str) -> list[str]:
     # before a suite that executes every notebook (course) or starts many worlds
     first = {
         "course": ["tests/test_course_cli.py", "tests/test_course_check.py"],
-        "runtime": ["tests/test_runtime_faults.py"],
+        "runtime": ["tests/test_bad_input.py", "tests/test_runtime_faults.py"],  # launch's checks
         "pipeline_simulate": ["tests/test_pipeline_simulate.py"],
         **getattr(catalogue, "TESTS", {}),
     }
