@@ -296,6 +296,16 @@ def test_every_figure_says_what_it_shows():
     assert site.alt_text("fig = f()", nb, "", "t") == "Figure: one of t"
 
 
+def _one_notebook_course(root) -> None:
+    """A checkout the site builds from: a pyproject, a README and one notebook."""
+    (root / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (root / "README.md").write_text("# x\n")
+    (root / "notebooks").mkdir()
+    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 00 · A"]}
+    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    (root / "notebooks" / "00_a.ipynb").write_text(nb)
+
+
 def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     """`site --out` refuses a folder that holds or lies inside a source, the checkout, a
     folder no build wrote, a file or an unwritable place (one line, status 2), before
@@ -304,12 +314,7 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
     from minidist.__main__ import main
     from minidist.course import site_output
 
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    (tmp_path / "README.md").write_text("# x\n")
-    (tmp_path / "notebooks").mkdir()
-    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 00 · A"]}
-    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-    (tmp_path / "notebooks" / "00_a.ipynb").write_text(nb)
+    _one_notebook_course(tmp_path)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("years of work")
     (tmp_path / "afile").write_text("")
@@ -331,7 +336,9 @@ def test_output_folder_is_never_a_source(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (out, err)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing touched
-    (tmp_path / "notebooks" / "01_b.ipynb").write_text(nb.replace("00 · A", "01 · B"))
+    (tmp_path / "notebooks" / "01_b.ipynb").write_text(
+        (tmp_path / "notebooks" / "00_a.ipynb").read_text().replace("00 · A", "01 · B")
+    )
     assert main(["site", "--out", "empty"]) == 0  # an empty folder is a new one
     assert (tmp_path / "empty" / "00_a.html").is_file()
     assert main(["site", "--out", "build/site"]) == 0
@@ -387,12 +394,7 @@ def test_a_marker_the_user_wrote_or_a_page_they_edited_is_not_the_build_s(tmp_pa
     from minidist.__main__ import main
     from minidist.course import site_output
 
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    (tmp_path / "README.md").write_text("# x\n")
-    (tmp_path / "notebooks").mkdir()
-    cell = {"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 00 · A"]}
-    nb = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-    (tmp_path / "notebooks" / "00_a.ipynb").write_text(nb)
+    _one_notebook_course(tmp_path)
     monkeypatch.chdir(tmp_path)
     forged = tmp_path / "forged"
     (forged / "sub").mkdir(parents=True)
